@@ -1,0 +1,274 @@
+"""Hardware profiles: what a machine is, as numbers a backend can run on.
+
+A profile describes one host with one or more devices: for each device the
+host<->device link as a bandwidth curve over copy size (pinned and pageable,
+each direction), the number of copy engines per direction, the host's cost of
+each CUDA call, the device memory, and a GPU compute model. Profiles are data
+files (JSON) beside this module (``backends/presets``) or written by
+``kvpipe calibrate``; they carry their source so a reader knows whether a
+number was measured, derived or estimated.
+
+Units: seconds and bytes inside. The files use GB/s (10^9 B/s), microseconds,
+milliseconds and MiB, with the unit in every field name; conversion happens
+here, once, in :func:`load_profile`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+PRESET_DIR = Path(__file__).with_name("presets")
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class LinkCurve:
+    """Time of one copy as a function of its size.
+
+    ``seconds(n) = latency_s + n / bw(n)``, with ``bw`` interpolated
+    log-linearly in size between measured points ``(sizes_bytes[i],
+    bytes_per_s[i])`` and held flat outside them. A single point gives the
+    plain latency + bytes/bandwidth model.
+    """
+
+    sizes_bytes: tuple[float, ...]
+    bytes_per_s: tuple[float, ...]
+    latency_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.sizes_bytes or len(self.sizes_bytes) != len(self.bytes_per_s):
+            raise ValueError("LinkCurve needs one bandwidth per size and at least one point")
+        if any(b <= 0 for b in self.bytes_per_s) or any(s <= 0 for s in self.sizes_bytes):
+            raise ValueError("LinkCurve sizes and bandwidths must be > 0")
+        if list(self.sizes_bytes) != sorted(self.sizes_bytes):
+            raise ValueError("LinkCurve sizes must be ascending")
+        if self.latency_s < 0:
+            raise ValueError(f"LinkCurve latency_s must be >= 0, got {self.latency_s}")
+
+    def bandwidth(self, nbytes: float) -> float:
+        """Effective bytes per second of a copy of ``nbytes`` (excluding latency)."""
+        xs, ys = self.sizes_bytes, self.bytes_per_s
+        if nbytes <= xs[0]:
+            return ys[0]
+        if nbytes >= xs[-1]:
+            return ys[-1]
+        i = bisect.bisect_right(xs, nbytes)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        t = (math.log(nbytes) - math.log(x0)) / (math.log(x1) - math.log(x0))
+        return y0 + t * (y1 - y0)
+
+    def seconds(self, nbytes: float) -> float:
+        """Seconds one copy of ``nbytes`` occupies its copy engine."""
+        if nbytes <= 0:
+            return 0.0
+        return self.latency_s + nbytes / self.bandwidth(nbytes)
+
+    def peak_bytes_per_s(self) -> float:
+        return max(self.bytes_per_s)
+
+    def scaled(self, factor: float) -> LinkCurve:
+        """The same curve with every bandwidth multiplied by ``factor``."""
+        return replace(self, bytes_per_s=tuple(b * factor for b in self.bytes_per_s))
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    """Host-thread time of each call, in seconds, as the backend pays it."""
+
+    launch_s: float = 4e-6
+    copy_issue_s: float = 3e-6
+    event_s: float = 2e-6
+    host_wait_s: float = 5e-6
+    graph_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name, value in self.__dict__.items():
+            if value < 0:
+                raise ValueError(f"HostCosts.{name} must be >= 0, got {value}")
+
+    def zero(self) -> HostCosts:
+        return HostCosts(0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class ComputeModel:
+    """GPU time of a split from the layers it holds (decode, one new row).
+
+    A layer costs ``layer_s + layer_weight_bytes / weight_bytes_per_s``; an
+    attention layer adds ``attn_s + window_bytes / attn_bytes_per_s`` where
+    ``window_bytes`` is the K+V window its attention reads. A CPU split costs
+    ``cpu_split_s`` of host time. ``weight_bytes_per_s`` of 0 ignores weights.
+    """
+
+    layer_s: float = 0.0
+    weight_bytes_per_s: float = 0.0
+    attn_s: float = 0.0
+    attn_bytes_per_s: float = 0.0
+    head_s: float = 0.0
+    cpu_split_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name, value in self.__dict__.items():
+            if value < 0:
+                raise ValueError(f"ComputeModel.{name} must be >= 0, got {value}")
+
+    def layer_seconds(self, weight_bytes: float) -> float:
+        w = weight_bytes / self.weight_bytes_per_s if self.weight_bytes_per_s > 0 else 0.0
+        return self.layer_s + w
+
+    def attention_seconds(self, window_bytes: float) -> float:
+        a = window_bytes / self.attn_bytes_per_s if self.attn_bytes_per_s > 0 else 0.0
+        return self.attn_s + a
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """One device and its link to the host."""
+
+    name: str
+    memory_total_bytes: int
+    memory_used_bytes: int
+    h2d_pinned: LinkCurve
+    h2d_pageable: LinkCurve
+    d2h_pinned: LinkCurve
+    d2h_pageable: LinkCurve
+    h2d_engines: int = 1
+    d2h_engines: int = 1
+    duplex_slowdown: float = 1.0
+    alignment_bytes: int = 256
+    compute: ComputeModel = field(default_factory=ComputeModel)
+
+    def __post_init__(self) -> None:
+        if self.memory_total_bytes <= 0:
+            raise ValueError(f"{self.name}: memory_total must be > 0")
+        if not 0 <= self.memory_used_bytes <= self.memory_total_bytes:
+            raise ValueError(f"{self.name}: memory_used must be within 0..memory_total")
+        if self.h2d_engines < 1 or self.d2h_engines < 1:
+            raise ValueError(f"{self.name}: copy engines per direction must be >= 1")
+        if self.duplex_slowdown < 1.0:
+            raise ValueError(f"{self.name}: duplex_slowdown must be >= 1, got {self.duplex_slowdown}")
+        if self.alignment_bytes < 1 or self.alignment_bytes & (self.alignment_bytes - 1):
+            raise ValueError(f"{self.name}: alignment_bytes must be a power of two, got {self.alignment_bytes}")
+
+    @property
+    def memory_free_bytes(self) -> int:
+        return self.memory_total_bytes - self.memory_used_bytes
+
+    def link(self, to_device: bool, pinned: bool) -> LinkCurve:
+        if to_device:
+            return self.h2d_pinned if pinned else self.h2d_pageable
+        return self.d2h_pinned if pinned else self.d2h_pageable
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """A host thread with its call costs and one or more devices."""
+
+    name: str
+    devices: tuple[DeviceProfile, ...]
+    host: HostCosts = field(default_factory=HostCosts)
+    source: str = ""
+    estimate: bool = False
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.devices:
+            raise ValueError(f"hardware {self.name!r} has no device")
+
+    def with_zero_host_costs(self) -> HardwareProfile:
+        return replace(self, host=self.host.zero())
+
+
+# ---------------------------------------------------------------- file format
+
+
+def _curve(d: dict[str, Any], where: str) -> LinkCurve:
+    try:
+        points = d["points"]  # [[size_mib, GB/s], ...]
+        return LinkCurve(
+            sizes_bytes=tuple(float(p[0]) * MIB for p in points),
+            bytes_per_s=tuple(float(p[1]) * 1e9 for p in points),
+            latency_s=float(d.get("latency_us", 0.0)) * 1e-6,
+        )
+    except (KeyError, TypeError, IndexError, ValueError) as exc:
+        raise ValueError(f"{where}: bad link curve ({exc})") from exc
+
+
+def _device(d: dict[str, Any], where: str) -> DeviceProfile:
+    c = d.get("compute", {})
+    compute = ComputeModel(
+        layer_s=float(c.get("layer_us", 0.0)) * 1e-6,
+        weight_bytes_per_s=float(c.get("weight_GBps", 0.0)) * 1e9,
+        attn_s=float(c.get("attn_us", 0.0)) * 1e-6,
+        attn_bytes_per_s=float(c.get("attn_GBps", 0.0)) * 1e9,
+        head_s=float(c.get("head_us", 0.0)) * 1e-6,
+        cpu_split_s=float(c.get("cpu_split_us", 0.0)) * 1e-6,
+    )
+    links = d["links"]
+    return DeviceProfile(
+        name=str(d["name"]),
+        memory_total_bytes=int(float(d["memory_total_mib"]) * MIB),
+        memory_used_bytes=int(float(d.get("memory_used_mib", 0.0)) * MIB),
+        h2d_pinned=_curve(links["h2d_pinned"], f"{where}.h2d_pinned"),
+        h2d_pageable=_curve(links["h2d_pageable"], f"{where}.h2d_pageable"),
+        d2h_pinned=_curve(links["d2h_pinned"], f"{where}.d2h_pinned"),
+        d2h_pageable=_curve(links.get("d2h_pageable", links["d2h_pinned"]), f"{where}.d2h_pageable"),
+        h2d_engines=int(d.get("h2d_engines", 1)),
+        d2h_engines=int(d.get("d2h_engines", 1)),
+        duplex_slowdown=float(d.get("duplex_slowdown", 1.0)),
+        alignment_bytes=int(d.get("alignment_bytes", 256)),
+        compute=compute,
+    )
+
+
+def profile_from_dict(data: dict[str, Any], where: str = "profile") -> HardwareProfile:
+    """Build a profile from the JSON file format. Raises ValueError naming the bad field."""
+    try:
+        h = data.get("host", {})
+        host = HostCosts(
+            launch_s=float(h.get("launch_us", 4.0)) * 1e-6,
+            copy_issue_s=float(h.get("copy_issue_us", 3.0)) * 1e-6,
+            event_s=float(h.get("event_us", 2.0)) * 1e-6,
+            host_wait_s=float(h.get("host_wait_us", 5.0)) * 1e-6,
+            graph_s=float(h.get("graph_us", 0.0)) * 1e-6,
+        )
+        devices = tuple(_device(d, f"{where}.devices[{i}]") for i, d in enumerate(data["devices"]))
+        return HardwareProfile(
+            name=str(data["name"]),
+            devices=devices,
+            host=host,
+            source=str(data.get("source", "")),
+            estimate=bool(data.get("estimate", False)),
+            meta={k: v for k, v in data.items() if k not in {"name", "devices", "host", "source", "estimate"}},
+        )
+    except KeyError as exc:
+        raise ValueError(f"{where}: missing field {exc}") from exc
+    except (TypeError, AttributeError) as exc:
+        raise ValueError(f"{where}: malformed ({exc})") from exc
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
+
+
+def load_profile(name_or_path: str) -> HardwareProfile:
+    """Load a preset by name or a profile JSON file by path. Raises ValueError with a one-line reason."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PRESET_DIR / f"{name_or_path}.json"
+        if not path.exists():
+            raise ValueError(f"unknown hardware {name_or_path!r}; presets: {', '.join(preset_names())} or a .json file")
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read hardware profile {str(path)!r}: {exc.strerror}") from exc
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"hardware profile {str(path)!r} is not valid JSON: {exc.msg} at line {exc.lineno}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"hardware profile {str(path)!r} must hold a JSON object")
+    return profile_from_dict(data, where=str(path))

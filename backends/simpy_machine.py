@@ -1,0 +1,271 @@
+"""The SimPy machine: a simulated host, GPU streams, copy engines and memory.
+
+A host thread, streams and copy engines are SimPy actors:
+
+* The *host thread* is the process that runs the scheduler's generator. Each
+  backend call costs it the profile's issue time (a timeout) and blocks it
+  where the real call blocks (synchronize, host event wait, a copy from
+  pageable memory, a CPU split).
+* A *stream* is a process that takes items from a ``simpy.Store`` in order and
+  runs each to completion before the next: a copy, a kernel, an event record,
+  an event wait.
+* A *copy engine* per direction is a ``simpy.Resource`` shared by every
+  stream: copies in one direction run one at a time in the order their streams
+  reached them (FIFO across streams, as measured on the H200), so a small
+  blocking copy waits behind queued deliveries. Host->device and
+  device->host run at once (full duplex, with the profile's slowdown when both
+  are busy).
+* *Kernels* occupy the device's compute (a Resource of capacity 1: only the
+  consumer stream runs kernels in this design).
+* *Events* are generations of SimPy events: ``record`` makes a new one that
+  fires when the stream reaches it; ``wait_event`` captures the generation
+  current at enqueue time, as CUDA does.
+* *Memory* is a ledger per device, so budget, headroom and reservation
+  failures happen as they would.
+
+In *functional* mode buffers hold NumPy arrays: a copy reads its source when
+the engine starts it and lands in its destination when it completes; a kernel
+runs its ``Work.run`` with NumPy when it completes. Same scheduler, real bytes.
+
+Units: seconds and bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import simpy
+
+from backends.base import (
+    Buffer,
+    BackendError,
+    CopyRange,
+    Event,
+    HostOp,
+    OutOfDeviceMemory,
+    Span,
+    Stream,
+    Work,
+)
+from backends.profile import HardwareProfile
+
+
+@dataclass(eq=False)
+class _Item:
+    """One entry of a stream's queue."""
+
+    kind: str  # "copy" | "kernel" | "record" | "wait"
+    name: str
+    done: simpy.Event
+    payload: Any = None
+
+
+class SimMachine:
+    """A simulated machine behind the backend Protocol. Construct, then run a host program with :meth:`run`."""
+
+    name = "simpy"
+
+    def __init__(self, profile: HardwareProfile, functional: bool = False, trace: bool = True) -> None:
+        self.profile = profile
+        self.functional = functional
+        self.tracing = trace
+        self.env = simpy.Environment()
+        self.spans: list[Span] = []
+        n = len(profile.devices)
+        self._used = [d.memory_used_bytes for d in profile.devices]
+        self._h2d = [simpy.Resource(self.env, d.h2d_engines) for d in profile.devices]
+        self._d2h = [simpy.Resource(self.env, d.d2h_engines) for d in profile.devices]
+        self._gpu = [simpy.Resource(self.env, 1) for _ in range(n)]
+        self._streams: list[Stream] = []
+        self.host_busy_s = 0.0
+
+    # ----------------------------------------------------------- driving
+
+    def run(self, program: HostOp) -> Any:
+        """Run a host program (a generator of backend ops) to completion; returns its value."""
+        proc = self.env.process(program)
+        self.env.run(until=proc)
+        return proc.value
+
+    def _span(self, track: str, name: str, start: float, **args: Any) -> None:
+        if self.tracing:
+            self.spans.append(Span(track, name, start, self.env.now, args))
+
+    def _host(self, seconds: float, what: str) -> HostOp:
+        if seconds > 0:
+            t = self.env.now
+            yield self.env.timeout(seconds)
+            self.host_busy_s += seconds
+            self._span("host", what, t)
+
+    # --------------------------------------------------------- Protocol
+
+    def now_s(self) -> float:
+        return float(self.env.now)
+
+    def device_count(self) -> int:
+        return len(self.profile.devices)
+
+    def create_stream(self, device: int, name: str) -> Stream:
+        self._check_device(device)
+        st = Stream(name, device, handle={"queue": simpy.Store(self.env), "tail": None})
+        self._streams.append(st)
+        self.env.process(self._stream_loop(st))
+        return st
+
+    def create_event(self, device: int, name: str) -> Event:
+        self._check_device(device)
+        return Event(name, device, handle=None)
+
+    def record(self, event: Event, stream: Stream) -> HostOp:
+        yield from self._host(self.profile.host.event_s, f"record {event.name}")
+        gen = self.env.event()
+        event.handle = gen
+        event.recorded = True
+        self._enqueue(stream, _Item("record", event.name, self.env.event(), gen))
+
+    def wait_event(self, stream: Stream, event: Event) -> HostOp:
+        yield from self._host(self.profile.host.event_s, f"wait {event.name}")
+        if event.handle is not None:
+            self._enqueue(stream, _Item("wait", event.name, self.env.event(), event.handle))
+
+    def copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], tag: str = "") -> HostOp:
+        if src.on_host == dst.on_host:
+            raise BackendError(f"copy {src.name}->{dst.name}: one side must be host memory, the other a device")
+        for r in ranges:
+            if r.src_offset + r.nbytes > src.nbytes or r.dst_offset + r.nbytes > dst.nbytes:
+                raise BackendError(f"copy {tag or src.name}: range {r} outside {src.name} ({src.nbytes} B) or {dst.name} ({dst.nbytes} B)")
+        yield from self._host(self.profile.host.copy_issue_s, f"issue {tag}")
+        item = _Item("copy", tag or f"{src.name}->{dst.name}", self.env.event(), (dst, src, tuple(ranges)))
+        self._enqueue(stream, item)
+        host_side = src if src.on_host else dst
+        if not host_side.pinned:
+            yield from self._wait_done(item.done, f"pageable {tag}")
+
+    def launch(self, stream: Stream, work: Work) -> HostOp:
+        yield from self._host(self.profile.host.launch_s * work.n_launches, f"launch {work.name}")
+        self._enqueue(stream, _Item("kernel", work.name, self.env.event(), work))
+
+    def run_host(self, work: Work) -> HostOp:
+        t = self.env.now
+        if work.duration_s > 0:
+            yield self.env.timeout(work.duration_s)
+            self.host_busy_s += work.duration_s
+        if self.functional and work.run is not None:
+            work.run(np)
+        self._span("host", work.name, t)
+
+    def synchronize(self, stream: Stream) -> HostOp:
+        tail = stream.handle["tail"]
+        if tail is not None:
+            yield from self._wait_done(tail, f"sync {stream.name}")
+        else:
+            yield from self._host(self.profile.host.host_wait_s, f"sync {stream.name}")
+
+    def wait_host(self, event: Event) -> HostOp:
+        if event.handle is not None:
+            yield from self._wait_done(event.handle, f"wait {event.name}")
+
+    def alloc(self, device: int, nbytes: int, name: str) -> Buffer:
+        self._check_device(device)
+        if nbytes > self.free_bytes(device):
+            raise OutOfDeviceMemory(f"{name}: {nbytes} B > {self.free_bytes(device)} B free on device {device}")
+        self._used[device] += nbytes
+        return Buffer(name, nbytes, device, True, self._array(nbytes))
+
+    def alloc_host(self, nbytes: int, name: str, pinned: bool = True) -> Buffer:
+        return Buffer(name, nbytes, -1, pinned, self._array(nbytes))
+
+    def free(self, buffer: Buffer) -> None:
+        if buffer.device >= 0:
+            self._used[buffer.device] -= buffer.nbytes
+        buffer.array = None
+
+    def free_bytes(self, device: int) -> int:
+        return self.profile.devices[device].memory_total_bytes - self._used[device]
+
+    def timeline(self) -> list[Span]:
+        return list(self.spans)
+
+    # ------------------------------------------------------------ inside
+
+    def _check_device(self, device: int) -> None:
+        if not 0 <= device < len(self.profile.devices):
+            raise BackendError(f"device {device} out of range; this machine has {len(self.profile.devices)}")
+
+    def _array(self, nbytes: int) -> Any:
+        return np.zeros(nbytes, dtype=np.uint8) if self.functional else None
+
+    def _wait_done(self, ev: simpy.Event, what: str) -> HostOp:
+        t = self.env.now
+        if not ev.processed:
+            yield ev
+        yield from self._host(self.profile.host.host_wait_s, "wake")
+        self._span("host", what, t)
+
+    def _enqueue(self, stream: Stream, item: _Item) -> None:
+        stream.handle["queue"].put(item)
+        stream.handle["tail"] = item.done
+
+    def _stream_loop(self, stream: Stream) -> Any:
+        queue: simpy.Store = stream.handle["queue"]
+        run: dict[str, Callable[[Stream, _Item], Any]] = {
+            "copy": self._run_copy,
+            "kernel": self._run_kernel,
+            "record": self._run_record,
+            "wait": self._run_wait,
+        }
+        while True:
+            item = yield queue.get()
+            yield from run[item.kind](stream, item)
+            item.done.succeed()
+
+    def _run_record(self, stream: Stream, item: _Item) -> Any:
+        item.payload.succeed()
+        return
+        yield  # pragma: no cover - makes this a generator
+
+    def _run_wait(self, stream: Stream, item: _Item) -> Any:
+        t = self.env.now
+        if not item.payload.processed:
+            yield item.payload
+        if self.env.now > t:
+            self._span(stream.name, f"wait {item.name}", t)
+
+    def _run_kernel(self, stream: Stream, item: _Item) -> Any:
+        work: Work = item.payload
+        with self._gpu[stream.device].request() as req:
+            yield req
+            t = self.env.now
+            yield self.env.timeout(work.duration_s)
+            if self.functional and work.run is not None:
+                work.run(np)
+            self._span(stream.name, work.name, t)
+
+    def _run_copy(self, stream: Stream, item: _Item) -> Any:
+        dst, src, ranges = item.payload
+        to_device = src.on_host
+        dev_buf = dst if to_device else src
+        host_buf = src if to_device else dst
+        dev = self.profile.devices[dev_buf.device]
+        engines = self._h2d if to_device else self._d2h
+        other = self._d2h if to_device else self._h2d
+        link = dev.link(to_device, host_buf.pinned)
+        with engines[dev_buf.device].request() as req:
+            yield req
+            t = self.env.now
+            data = [src.array[r.src_offset : r.src_offset + r.nbytes].copy() for r in ranges] if self.functional else None
+            seconds = sum(link.seconds(r.nbytes) for r in ranges)
+            if other[dev_buf.device].count:
+                seconds *= dev.duplex_slowdown
+            yield self.env.timeout(seconds)
+            if data is not None and dst.array is not None:
+                for r, d in zip(ranges, data, strict=True):
+                    dst.array[r.dst_offset : r.dst_offset + r.nbytes] = d
+            track = f"{'h2d' if to_device else 'd2h'}{dev_buf.device}"
+            nbytes = sum(r.nbytes for r in ranges)
+            self._span(track, item.name, t, bytes=nbytes, stream=stream.name)
+            self._span(stream.name, item.name, t, bytes=nbytes)

@@ -1,0 +1,145 @@
+"""Run one workload point on a backend and report it as a row.
+
+A *point* is (model, hardware, cache type, context, depth, budget): decode
+``tokens`` tokens starting at ``context`` on the given backend with the
+transport scheduler, and average the per-graph telemetry. The row schema is
+the one every command writes (``simulate --json``, ``sweep``, ``validate``).
+
+``run_decode`` is the loop shared by the simulation and the GPU: it builds
+each token's graph and hands it to the scheduler; the backend decides whether
+time is simulated or real.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from backends.base import Backend, Buffer, HostOp, Span
+from backends.profile import HardwareProfile
+from sim.graph import DecodeGraph, decode_graph
+from sim.scheduler import MIB, GraphStats, Program, TransportConfig, TransportScheduler
+from sim.workload import Workload
+
+GRAPH_BASE_BYTES = 16 * MIB
+
+
+@dataclass(frozen=True)
+class Point:
+    """One configuration to run."""
+
+    workload: Workload
+    hardware: HardwareProfile
+    transport: TransportConfig
+
+    @property
+    def context(self) -> int:
+        return max(self.workload.context)
+
+
+@dataclass
+class RunResult:
+    """What a run of ``tokens`` graphs produced: per-graph stats and the timeline."""
+
+    point: Point
+    graphs: list[GraphStats]
+    spans: list[Span] = field(default_factory=list)
+    window_rows: int = 0
+    wall_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def graphs_for(point: Point, start_token: int = 0) -> Iterator[DecodeGraph]:
+    """The decode graphs of ``point``: one per token, the new row at context + i."""
+    wl = point.workload
+    compute = point.hardware.devices[0].compute
+    for i in range(wl.tokens):
+        yield decode_graph(wl, compute, position=point.context + i, token=start_token + i)
+
+
+def run_decode(
+    backend: Backend,
+    point: Point,
+    program: Program | None = None,
+    graphs: Callable[[Point], Iterator[DecodeGraph]] = graphs_for,
+    host_cache: Buffer | None = None,
+) -> HostOp:
+    """The host program: set up the scheduler, run every graph, return (scheduler, stats list)."""
+    wl = point.workload
+    first = next(iter(graphs(point)))
+    if host_cache is None:
+        host_cache = backend.alloc_host(first.host_cache_bytes, "host_kv_cache", pinned=wl.pinned)
+    n_dev = backend.device_count()
+    sched = TransportScheduler(
+        backend,
+        point.transport,
+        host_cache,
+        alignment_bytes=[point.hardware.devices[d].alignment_bytes for d in range(n_dev)],
+        graph_base_bytes=[GRAPH_BASE_BYTES] * n_dev,
+        program=program,
+    )
+    stats = []
+    for g in graphs(point):
+        stats.append((yield from sched.run_graph(g)))
+    return sched, stats
+
+
+def simulate(point: Point, trace: bool = False, functional: bool = False, program: Program | None = None) -> RunResult:
+    """Run ``point`` on a fresh SimPy machine. Blocks for the wall time of the simulation (not simulated time)."""
+    from backends.simpy_machine import SimMachine
+
+    t = time.perf_counter()
+    machine = SimMachine(point.hardware, functional=functional, trace=trace)
+    _, stats = machine.run(run_decode(machine, point, program))
+    first = next(iter(graphs_for(point)))
+    return RunResult(point, stats, machine.timeline() if trace else [], first.window_rows, time.perf_counter() - t)
+
+
+def mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def row(result: RunResult, model: str = "", hardware: str = "", cache_type: str = "") -> dict[str, Any]:
+    """The result row (schema shared by simulate --json, sweep and validate)."""
+    g = result.graphs
+    p = result.point
+    ms = mean([s.total_s for s in g]) * 1e3
+    last = g[-1]
+    declined = any(s.declined for s in g) and not any(s.deliveries for s in g)
+    return {
+        "model": model or p.workload.model.name,
+        "hardware": hardware or p.hardware.name,
+        "cache_type": cache_type or p.workload.cache_k.name,
+        "context": p.context,
+        "depth": p.transport.depth,
+        "budget_mib": p.transport.budget_mib,
+        "tokens": len(g),
+        "window_rows": result.window_rows,
+        "tokens_per_s": 1e3 / ms if ms > 0 else 0.0,
+        "ms_per_token": ms,
+        "ring_mib": last.ring_need_bytes / MIB,
+        "ring_alloc_mib": last.ring_alloc_bytes / MIB if not declined else 0.0,
+        "declined": declined,
+        "decline_reason": next((s.decline_reason for s in g if s.decline_reason), ""),
+        "early_mib": mean([s.early_bytes for s in g]) / MIB,
+        "late_mib": mean([s.late_bytes for s in g]) / MIB,
+        "ordered_mib": mean([s.ordered_bytes for s in g]) / MIB,
+        "ordered_copies": mean([s.ordered_copies for s in g]),
+        "deliveries": mean([s.deliveries for s in g]),
+        "depth_stops": mean([s.depth_stops for s in g]),
+        "recycle_waits": mean([s.recycle_waits for s in g]),
+        "breakdown_ms": {
+            "total": ms,
+            "blocked_in_ordered_copies": mean([s.blocked_ordered_s for s in g]) * 1e3,
+            "waiting_for_consumer": mean([s.consumer_wait_s for s in g]) * 1e3,
+            "issuing_deliveries": mean([s.issue_s for s in g]) * 1e3,
+            "boundary_wait": mean([s.boundary_wait_s for s in g]) * 1e3,
+        },
+        **result.extra,
+    }
+
+
+def with_depth(point: Point, depth: int) -> Point:
+    return replace(point, transport=replace(point.transport, depth=depth))
