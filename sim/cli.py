@@ -1,0 +1,60 @@
+"""The ``kvpipe`` command line: thin entry points over the library.
+
+Each command lives in its own module under ``sim/commands`` with
+``register(subparsers)`` and ``run(args) -> int``; this file only dispatches.
+Bad input anywhere becomes one line on stderr and exit code 2, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from sim.grid import UsageError
+
+COMMANDS = ("simulate", "bench", "sweep", "plan", "plot", "calibrate", "validate")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="kvpipe", description="Predict and prove pipelined host->device KV-cache delivery.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"sim.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"sim.commands.{name}":
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parser = build_parser()
+        if not argv:
+            argv = ["simulate"]
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 2
+        return int(args.func(args) or 0)
+    except UsageError as exc:
+        print(f"kvpipe: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kvpipe: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Telemetry out: readable tables, CSV/JSON rows and Chrome traces.
+
+Rows are plain dicts (see ``sim.simulate.row``); a timeline is a list of
+``backends.base.Span``. Both machines produce the same shapes, so a GPU trace
+opens beside a simulated one in Perfetto (ui.perfetto.dev) or
+chrome://tracing. Files are written atomically: a temporary file renamed into
+place, so a failed run leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from backends.base import Span
+
+TRACK_ORDER = ("host", "consumer", "transfer", "h2d", "d2h")
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file in the same folder. Blocks on the write."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def flatten(row: dict[str, Any]) -> dict[str, Any]:
+    """One level of nesting flattened: ``breakdown_ms.total`` and friends."""
+    out: dict[str, Any] = {}
+    for k, v in row.items():
+        if isinstance(v, dict):
+            for k2, v2 in v.items():
+                out[f"{k}.{k2}"] = v2
+        elif isinstance(v, list | tuple):
+            out[k] = json.dumps(v)
+        else:
+            out[k] = v
+    return out
+
+
+def rows_to_csv(rows: Sequence[dict[str, Any]]) -> str:
+    flat = [flatten(r) for r in rows]
+    fields: list[str] = []
+    for r in flat:
+        fields += [k for k in r if k not in fields]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields)
+    w.writeheader()
+    w.writerows(flat)
+    return buf.getvalue()
+
+
+def _track_key(track: str) -> tuple[int, str]:
+    for i, prefix in enumerate(TRACK_ORDER):
+        if track.startswith(prefix):
+            return i, track
+    return len(TRACK_ORDER), track
+
+
+def chrome_trace(timelines: Iterable[tuple[str, Sequence[Span]]]) -> dict[str, Any]:
+    """A Chrome trace (JSON object format): one process per labelled timeline, one thread per track."""
+    events: list[dict[str, Any]] = []
+    for pid, (label, spans) in enumerate(timelines):
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": label}})
+        tracks = sorted({s.track for s in spans}, key=_track_key)
+        tid_of = {t: i for i, t in enumerate(tracks)}
+        for t, tid in tid_of.items():
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": t}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+        for s in spans:
+            events.append(
+                {
+                    "ph": "X",
+                    "name": s.name,
+                    "pid": pid,
+                    "tid": tid_of[s.track],
+                    "ts": s.start_s * 1e6,
+                    "dur": max(0.0, (s.end_s - s.start_s) * 1e6),
+                    "args": dict(s.args),
+                }
+            )
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def gains(rows: Sequence[dict[str, Any]]) -> list[float | None]:
+    """Each row's gain over the depth-0 row of the same model/hardware/cache/context/budget, if present."""
+    base: dict[tuple[Any, ...], float] = {}
+    key = ("model", "hardware", "cache_type", "context", "budget_mib", "parallel")
+    for r in rows:
+        if r["depth"] == 0:
+            base[tuple(r.get(k) for k in key)] = r["tokens_per_s"]
+    out: list[float | None] = []
+    for r in rows:
+        b = base.get(tuple(r.get(k) for k in key))
+        out.append(r["tokens_per_s"] / b - 1.0 if b else None)
+    return out
+
+
+def table(rows: Sequence[dict[str, Any]]) -> str:
+    """A readable fixed-width table of result rows, with the gain over depth 0."""
+    head = ["model", "hw", "cache", "context", "window", "depth", "budget", "t/s", "ms/tok", "gain", "ring MiB",
+            "early", "late", "ordered", "blocked ms", "consumer ms", "note"]
+    lines = [head]
+    for r, g in zip(rows, gains(rows), strict=True):
+        b = r["breakdown_ms"]
+        note = ("declined: " + r["decline_reason"]) if r["declined"] else ""
+        if r.get("hazards"):
+            note = (note + "; " if note else "") + f"{r['hazards']} hazards"
+        lines.append([
+            r["model"], r["hardware"], r["cache_type"], f"{r['context']:,}", f"{r['window_rows']:,}", str(r["depth"]),
+            "none" if not r["budget_mib"] else f"{r['budget_mib']:g}",
+            f"{r['tokens_per_s']:.2f}", f"{r['ms_per_token']:.2f}", "" if g is None else f"{g:+.1%}",
+            f"{r['ring_mib']:.1f}", f"{r['early_mib']:.1f}", f"{r['late_mib']:.2f}", f"{r['ordered_mib']:.2f}",
+            f"{b['blocked_in_ordered_copies']:.2f}", f"{b['waiting_for_consumer']:.2f}", note,
+        ])
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
+    out = []
+    for n, line in enumerate(lines):
+        out.append("  ".join(str(c).rjust(w) if 3 <= i < 16 else str(c).ljust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True))).rstrip())
+        if n == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
