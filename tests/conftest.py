@@ -1,0 +1,132 @@
+"""Shared fixtures: the reference preset, a recording backend wrapper, toy shapes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+
+from backends.base import Buffer, CopyRange, Event, HostOp, Stream, Work
+from backends.profile import HardwareProfile, load_profile
+from sim.workload import ModelShape, Workload, cache_type, load_model
+
+
+@pytest.fixture(scope="session")
+def rtx4070() -> HardwareProfile:
+    return load_profile("rtx4070-gen4x16")
+
+
+@pytest.fixture(scope="session")
+def qwen() -> ModelShape:
+    return load_model("qwen3.8-27b")
+
+
+def reference_workload(context: int, tokens: int = 2, **kw: Any) -> Workload:
+    q = cache_type("q8_0")
+    return Workload(load_model("qwen3.8-27b"), q, q, (context,), tokens=tokens, **kw)
+
+
+def toy_model(n_layers: int = 4, every: int = 1, **kw: Any) -> ModelShape:
+    base = dict(
+        name="toy",
+        n_layers=n_layers,
+        attn_layers=tuple(i for i in range(n_layers) if i % every == every - 1),
+        n_head=8,
+        n_head_kv=2,
+        head_dim_k=64,
+        head_dim_v=64,
+        hidden=512,
+        ffn=1024,
+        vocab=1000,
+        weight_bytes=n_layers * 1_000_000,
+        small_inputs_bytes=(4, 16, 4096),
+    )
+    base.update(kw)
+    return ModelShape(**base)  # type: ignore[arg-type]
+
+
+@dataclass
+class Call:
+    """One backend call as the host made it."""
+
+    index: int
+    time_s: float
+    op: str
+    target: str
+    detail: Any = None
+
+
+@dataclass
+class Recorder:
+    """Wraps a backend and logs every host call in order, with its simulated time."""
+
+    inner: Any
+    calls: list[Call] = field(default_factory=list)
+    name: str = "recorder"
+
+    def _log(self, op: str, target: str, detail: Any = None) -> None:
+        self.calls.append(Call(len(self.calls), self.inner.now_s(), op, target, detail))
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    def create_stream(self, device: int, name: str) -> Stream:
+        self._log("create_stream", name)
+        return self.inner.create_stream(device, name)
+
+    def create_event(self, device: int, name: str) -> Event:
+        self._log("create_event", name)
+        return self.inner.create_event(device, name)
+
+    def record(self, event: Event, stream: Stream) -> HostOp:
+        self._log("record", event.name, stream.name)
+        yield from self.inner.record(event, stream)
+
+    def wait_event(self, stream: Stream, event: Event) -> HostOp:
+        self._log("wait_event", event.name, stream.name)
+        yield from self.inner.wait_event(stream, event)
+
+    def copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Any, tag: str = "") -> HostOp:
+        self._log("copy", tag, (stream.name, dst, src, tuple(ranges)))
+        yield from self.inner.copy(stream, dst, src, ranges, tag)
+
+    def launch(self, stream: Stream, work: Work) -> HostOp:
+        self._log("launch", work.name, (stream.name, work))
+        yield from self.inner.launch(stream, work)
+
+    def synchronize(self, stream: Stream) -> HostOp:
+        self._log("synchronize", stream.name)
+        yield from self.inner.synchronize(stream)
+
+    def wait_host(self, event: Event) -> HostOp:
+        self._log("wait_host", event.name)
+        yield from self.inner.wait_host(event)
+
+    def alloc(self, device: int, nbytes: int, name: str) -> Buffer:
+        self._log("alloc", name, nbytes)
+        return self.inner.alloc(device, nbytes, name)
+
+    def free(self, buffer: Buffer) -> None:
+        self._log("free", buffer.name, buffer.nbytes)
+        self.inner.free(buffer)
+
+    def of(self, op: str) -> list[Call]:
+        return [c for c in self.calls if c.op == op]
+
+
+def ranges_cover(ranges: list[CopyRange]) -> list[tuple[int, int]]:
+    return sorted((r.src_offset, r.src_offset + r.nbytes) for r in ranges if r.nbytes)
+
+
+def fast_profile(base: HardwareProfile, h2d_gbps: float, memory_free_mib: float | None = None) -> HardwareProfile:
+    """``base`` with zero host costs, zero latencies, a flat H2D link and an instant D2H link."""
+    from backends.profile import LinkCurve
+
+    dev = base.devices[0]
+    h2d = LinkCurve((1.0,), (h2d_gbps * 1e9,), 0.0)
+    d2h = LinkCurve((1.0,), (1e18,), 0.0)
+    dev = replace(dev, h2d_pinned=h2d, h2d_pageable=h2d, d2h_pinned=d2h, d2h_pageable=d2h)
+    if memory_free_mib is not None:
+        dev = replace(dev, memory_used_bytes=dev.memory_total_bytes - int(memory_free_mib * 2**20))
+    return replace(base, devices=(dev,), host=base.host.zero())
