@@ -6,17 +6,20 @@ A host thread, streams and copy engines are SimPy actors:
   backend call costs it the profile's issue time (a timeout) and blocks it
   where the real call blocks (synchronize, host event wait, a copy from
   pageable memory, a CPU split).
-* A *stream* is a process that takes items from a ``simpy.Store`` in order and
-  runs each to completion before the next: a copy, a kernel, an event record,
-  an event wait.
+* A *stream* is a process that takes items from its queue in order and runs
+  each to completion before the next: a copy, a kernel, an event record, an
+  event wait. An idle stream sleeps on a SimPy event the next enqueue fires;
+  ``synchronize`` waits on an event fired when the stream's last item so far
+  completes.
 * A *copy engine* per direction is a ``simpy.Resource`` shared by every
   stream: copies in one direction run one at a time in the order their streams
   reached them (FIFO across streams, as measured on the H200), so a small
   blocking copy waits behind queued deliveries. Host->device and
   device->host run at once (full duplex, with the profile's slowdown when both
   are busy).
-* *Kernels* occupy the device's compute (a Resource of capacity 1: only the
-  consumer stream runs kernels in this design).
+* *Kernels* run on their stream for their duration. Only the consumer stream
+  of a device runs kernels in this design (the transfer stream only copies),
+  so kernels of one device never compete and need no shared compute resource.
 * *Events* are generations of SimPy events: ``record`` makes a new one that
   fires when the stream reaches it; ``wait_event`` captures the generation
   current at enqueue time, as CUDA does.
@@ -32,8 +35,9 @@ Units: seconds and bytes.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -59,8 +63,18 @@ class _Item:
 
     kind: str  # "copy" | "kernel" | "record" | "wait"
     name: str
-    done: simpy.Event
     payload: Any = None
+
+
+@dataclass(eq=False)
+class _StreamState:
+    """A stream's queue and progress: items run in order; waiters wake when item k has completed."""
+
+    queue: deque[_Item] = field(default_factory=deque)
+    enqueued: int = 0
+    completed: int = 0
+    wake: simpy.Event | None = None
+    waiters: list[tuple[int, simpy.Event]] = field(default_factory=list)
 
 
 class SimMachine:
@@ -68,17 +82,18 @@ class SimMachine:
 
     name = "simpy"
 
-    def __init__(self, profile: HardwareProfile, functional: bool = False, trace: bool = True) -> None:
+    def __init__(
+        self, profile: HardwareProfile, functional: bool = False, trace: bool = True, env: simpy.Environment | None = None
+    ) -> None:
         self.profile = profile
         self.functional = functional
         self.tracing = trace
-        self.env = simpy.Environment()
+        self.env = env if env is not None else simpy.Environment()
         self.spans: list[Span] = []
         n = len(profile.devices)
         self._used = [d.memory_used_bytes for d in profile.devices]
         self._h2d = [simpy.Resource(self.env, d.h2d_engines) for d in profile.devices]
         self._d2h = [simpy.Resource(self.env, d.d2h_engines) for d in profile.devices]
-        self._gpu = [simpy.Resource(self.env, 1) for _ in range(n)]
         self._streams: list[Stream] = []
         self.host_busy_s = 0.0
 
@@ -111,7 +126,7 @@ class SimMachine:
 
     def create_stream(self, device: int, name: str) -> Stream:
         self._check_device(device)
-        st = Stream(name, device, handle={"queue": simpy.Store(self.env), "tail": None})
+        st = Stream(name, device, handle=_StreamState())
         self._streams.append(st)
         self.env.process(self._stream_loop(st))
         return st
@@ -125,12 +140,12 @@ class SimMachine:
         gen = self.env.event()
         event.handle = gen
         event.recorded = True
-        self._enqueue(stream, _Item("record", event.name, self.env.event(), gen))
+        self._enqueue(stream, _Item("record", event.name, gen))
 
     def wait_event(self, stream: Stream, event: Event) -> HostOp:
         yield from self._host(self.profile.host.event_s, f"wait {event.name}")
         if event.handle is not None:
-            self._enqueue(stream, _Item("wait", event.name, self.env.event(), event.handle))
+            self._enqueue(stream, _Item("wait", event.name, event.handle))
 
     def copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], tag: str = "") -> HostOp:
         if src.on_host == dst.on_host:
@@ -139,15 +154,15 @@ class SimMachine:
             if r.src_offset + r.nbytes > src.nbytes or r.dst_offset + r.nbytes > dst.nbytes:
                 raise BackendError(f"copy {tag or src.name}: range {r} outside {src.name} ({src.nbytes} B) or {dst.name} ({dst.nbytes} B)")
         yield from self._host(self.profile.host.copy_issue_s, f"issue {tag}")
-        item = _Item("copy", tag or f"{src.name}->{dst.name}", self.env.event(), (dst, src, tuple(ranges)))
-        self._enqueue(stream, item)
+        item = _Item("copy", tag or f"{src.name}->{dst.name}", (dst, src, tuple(ranges)))
+        k = self._enqueue(stream, item)
         host_side = src if src.on_host else dst
         if not host_side.pinned:
-            yield from self._wait_done(item.done, f"pageable {tag}")
+            yield from self._wait_done(self._completion(stream, k), "pageable copy")
 
     def launch(self, stream: Stream, work: Work) -> HostOp:
         yield from self._host(self.profile.host.launch_s * work.n_launches, f"launch {work.name}")
-        self._enqueue(stream, _Item("kernel", work.name, self.env.event(), work))
+        self._enqueue(stream, _Item("kernel", work.name, work))
 
     def run_host(self, work: Work) -> HostOp:
         t = self.env.now
@@ -159,11 +174,8 @@ class SimMachine:
         self._span("host", work.name, t)
 
     def synchronize(self, stream: Stream) -> HostOp:
-        tail = stream.handle["tail"]
-        if tail is not None:
-            yield from self._wait_done(tail, f"sync {stream.name}")
-        else:
-            yield from self._host(self.profile.host.host_wait_s, f"sync {stream.name}")
+        st: _StreamState = stream.handle
+        yield from self._wait_done(self._completion(stream, st.enqueued), "sync")
 
     def wait_host(self, event: Event) -> HostOp:
         if event.handle is not None:
@@ -199,19 +211,34 @@ class SimMachine:
     def _array(self, nbytes: int) -> Any:
         return np.zeros(nbytes, dtype=np.uint8) if self.functional else None
 
-    def _wait_done(self, ev: simpy.Event, what: str) -> HostOp:
+    def _wait_done(self, ev: simpy.Event | None, what: str) -> HostOp:
         t = self.env.now
-        if not ev.processed:
+        if ev is not None and not ev.processed:
             yield ev
         yield from self._host(self.profile.host.host_wait_s, "wake")
-        self._span("host", what, t)
+        if self.tracing:
+            self._span("host", what, t)
 
-    def _enqueue(self, stream: Stream, item: _Item) -> None:
-        stream.handle["queue"].put(item)
-        stream.handle["tail"] = item.done
+    def _completion(self, stream: Stream, k: int) -> simpy.Event | None:
+        """An event that fires when item ``k`` (1-based) of ``stream`` has completed; None if it has."""
+        st: _StreamState = stream.handle
+        if st.completed >= k:
+            return None
+        ev = self.env.event()
+        st.waiters.append((k, ev))
+        return ev
+
+    def _enqueue(self, stream: Stream, item: _Item) -> int:
+        st: _StreamState = stream.handle
+        st.queue.append(item)
+        st.enqueued += 1
+        if st.wake is not None:
+            wake, st.wake = st.wake, None
+            wake.succeed()
+        return st.enqueued
 
     def _stream_loop(self, stream: Stream) -> Any:
-        queue: simpy.Store = stream.handle["queue"]
+        st: _StreamState = stream.handle
         run: dict[str, Callable[[Stream, _Item], Any]] = {
             "copy": self._run_copy,
             "kernel": self._run_kernel,
@@ -219,9 +246,18 @@ class SimMachine:
             "wait": self._run_wait,
         }
         while True:
-            item = yield queue.get()
+            if not st.queue:
+                st.wake = self.env.event()
+                yield st.wake
+                continue
+            item = st.queue.popleft()
             yield from run[item.kind](stream, item)
-            item.done.succeed()
+            st.completed += 1
+            if st.waiters:
+                ready = [w for w in st.waiters if w[0] <= st.completed]
+                st.waiters = [w for w in st.waiters if w[0] > st.completed]
+                for _, ev in ready:
+                    ev.succeed()
 
     def _run_record(self, stream: Stream, item: _Item) -> Any:
         item.payload.succeed()
@@ -237,13 +273,11 @@ class SimMachine:
 
     def _run_kernel(self, stream: Stream, item: _Item) -> Any:
         work: Work = item.payload
-        with self._gpu[stream.device].request() as req:
-            yield req
-            t = self.env.now
-            yield self.env.timeout(work.duration_s)
-            if self.functional and work.run is not None:
-                work.run(np)
-            self._span(stream.name, work.name, t)
+        t = self.env.now
+        yield self.env.timeout(work.duration_s)
+        if self.functional and work.run is not None:
+            work.run(np)
+        self._span(stream.name, work.name, t)
 
     def _run_copy(self, stream: Stream, item: _Item) -> Any:
         dst, src, ranges = item.payload

@@ -1,0 +1,99 @@
+"""How fast the SimPy machine simulates, against SimPy itself.
+
+Three figures: the machine's event rate (SimPy events processed per wall
+second while it simulates the reference preset), the event rate of a bare
+SimPy loop (processes that only yield timeouts) in the same process, their
+ratio, and wall milliseconds per simulated decode token. Timings, not tests:
+``kvpipe bench`` prints them; docs/performance.md records them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import simpy
+
+from sim.simulate import Point, run_decode
+
+
+class CountingEnvironment(simpy.Environment):
+    """A SimPy environment that counts the events it processes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps = 0
+
+    def step(self) -> None:
+        self.steps += 1
+        super().step()
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    machine_events: int
+    machine_wall_s: float
+    bare_events: int
+    bare_wall_s: float
+    tokens: int
+
+    @property
+    def machine_events_per_s(self) -> float:
+        return self.machine_events / self.machine_wall_s
+
+    @property
+    def bare_events_per_s(self) -> float:
+        return self.bare_events / self.bare_wall_s
+
+    @property
+    def ratio(self) -> float:
+        return self.machine_events_per_s / self.bare_events_per_s
+
+    @property
+    def ms_per_token(self) -> float:
+        return self.machine_wall_s / self.tokens * 1e3
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "machine_events_per_s": self.machine_events_per_s,
+            "bare_simpy_events_per_s": self.bare_events_per_s,
+            "ratio": self.ratio,
+            "wall_ms_per_simulated_token": self.ms_per_token,
+            "machine_events": self.machine_events,
+            "tokens": self.tokens,
+        }
+
+
+def bare_loop(n_events: int, n_procs: int = 8) -> tuple[int, float]:
+    """Run ``n_procs`` processes that each yield timeouts until ``n_events`` are processed. Returns (events, wall s)."""
+    env = CountingEnvironment()
+    per = n_events // n_procs
+
+    def proc(env: simpy.Environment) -> Any:
+        for _ in range(per):
+            yield env.timeout(1e-6)
+
+    for _ in range(n_procs):
+        env.process(proc(env))
+    t = time.perf_counter()
+    env.run()
+    return env.steps, time.perf_counter() - t
+
+
+def run_bench(point: Point, repeats: int = 3, trace: bool = False) -> BenchResult:
+    """Simulate ``point`` ``repeats`` times (best wall time kept) and a bare loop of as many events. Blocks for both."""
+    from backends.simpy_machine import SimMachine
+
+    best: tuple[int, float] | None = None
+    for _ in range(repeats):
+        env = CountingEnvironment()
+        machine = SimMachine(point.hardware, trace=trace, env=env)
+        t = time.perf_counter()
+        machine.run(run_decode(machine, point))
+        wall = time.perf_counter() - t
+        if best is None or wall < best[1]:
+            best = (env.steps, wall)
+    assert best is not None
+    bare = min((bare_loop(best[0]) for _ in range(repeats)), key=lambda r: r[1])
+    return BenchResult(best[0], best[1], bare[0], bare[1], point.workload.tokens)

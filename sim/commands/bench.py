@@ -1,0 +1,45 @@
+"""``kvpipe bench``: the simulator's speed (events/s vs bare SimPy, wall ms per simulated token)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from sim.grid import UsageError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("bench", help="measure the simulator's speed on the reference preset")
+    p.add_argument("--model", default="qwen3.8-27b")
+    p.add_argument("--hardware", default="rtx4070-gen4x16")
+    p.add_argument("--cache-type", default="q8_0")
+    p.add_argument("--context", type=int, default=16384)
+    p.add_argument("--depth", type=int, default=1)
+    p.add_argument("--tokens", type=int, default=64, help="simulated decode tokens per repeat (default 64)")
+    p.add_argument("--repeats", type=int, default=3, help="repeats; the best wall time is kept (default 3)")
+    p.add_argument("--trace", action="store_true", help="record the timeline too (as --trace does)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sim.bench import run_bench
+    from sim.grid import points_from_args
+
+    if args.repeats < 1:
+        raise UsageError(f"--repeats {args.repeats} out of range; allowed: >= 1")
+    ns = argparse.Namespace(model=args.model, hardware=args.hardware, cache_type=args.cache_type, context=str(args.context),
+                            depth=str(args.depth), budget="0", tokens=args.tokens, pageable=False, mutate="")
+    point = points_from_args(ns)[0]
+    r = run_bench(point, repeats=args.repeats, trace=args.trace)
+    if args.json:
+        print(json.dumps(r.as_dict(), indent=1))
+        return 0
+    print(f"point: {args.model} on {args.hardware}, {args.cache_type}, context {args.context:,}, depth {args.depth}, "
+          f"{args.tokens} tokens, best of {args.repeats}, timeline {'on' if args.trace else 'off'}")
+    print(f"machine events/s        {r.machine_events_per_s:12,.0f}   ({r.machine_events:,} events in {r.machine_wall_s * 1e3:.1f} ms)")
+    print(f"bare SimPy events/s     {r.bare_events_per_s:12,.0f}")
+    print(f"ratio                   {r.ratio:12.1%}")
+    print(f"wall ms / sim. token    {r.ms_per_token:12.3f}")
+    return 0

@@ -1,0 +1,91 @@
+"""The command line: the default run, JSON schema, traces, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sim.cli import main
+
+ROW_KEYS = {
+    "context", "depth", "budget_mib", "tokens_per_s", "ms_per_token", "ring_mib", "ring_alloc_mib", "declined",
+    "decline_reason", "early_mib", "late_mib", "ordered_mib", "breakdown_ms",
+}
+
+
+def test_default_run_prints_reference_table(capsys):  # type: ignore[no-untyped-def]
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    for ctx in ("4,096", "16,384", "32,768"):
+        assert ctx in out
+    assert "gain" in out and "qwen3.8-27b" in out and "declined" in out  # 32,768 is over the default budget
+
+
+def test_json_rows_have_the_schema(capsys):  # type: ignore[no-untyped-def]
+    assert main(["simulate", "--context", "4096", "--depth", "0,1", "--budget", "0", "--tokens", "2", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 2 and all(ROW_KEYS <= set(r) for r in rows)
+    ordered, piped = rows
+    assert ordered["ring_mib"] == 0 and piped["ring_mib"] > 0
+    assert piped["tokens_per_s"] > ordered["tokens_per_s"]
+    assert set(piped["breakdown_ms"]) >= {"total", "blocked_in_ordered_copies", "waiting_for_consumer", "issuing_deliveries"}
+
+
+def test_aliases_and_csv_and_trace(tmp_path, capsys):  # type: ignore[no-untyped-def]
+    csv_path, trace_path = tmp_path / "rows.csv", tmp_path / "t.json"
+    code = main(["simulate", "--context", "4096", "-kvpd", "1", "--kv-pipeline-budget", "0", "--tokens", "1",
+                 "--csv", str(csv_path), "--trace", str(trace_path)])
+    assert code == 0
+    header = csv_path.read_text().splitlines()[0].split(",")
+    assert "breakdown_ms.total" in header and "ring_mib" in header
+    trace = json.loads(trace_path.read_text())
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    assert {"host", "consumer0", "transfer0", "h2d0", "d2h0"} <= names
+    assert any(e["ph"] == "X" and e["name"].startswith("delivery") for e in trace["traceEvents"])
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--depth", "15"], "depth 15 out of range; allowed: 0..14"),
+        (["--depth", "-1"], "depth -1 out of range"),
+        (["--budget", "-1"], "budget -1 MiB out of range"),
+        (["--budget", "70000"], "budget 70000 MiB out of range"),
+        (["--context", "0"], "context 0 out of range"),
+        (["--context", "abc"], "--context 'abc' is not valid"),
+        (["--model", "nope"], "unknown model 'nope'"),
+        (["--hardware", "nope"], "unknown hardware 'nope'"),
+        (["--cache-type", "q9"], "unknown cache type 'q9'"),
+        (["--model", "/nonexistent/m.gguf"], "cannot read GGUF file"),
+        (["--mutate", "nope"], "unknown mutation 'nope'"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args, needle, capsys, tmp_path):  # type: ignore[no-untyped-def]
+    out_csv = tmp_path / "x.csv"
+    assert main(["simulate", *args, "--csv", str(out_csv)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not out_csv.exists()  # nothing half-written
+
+
+def test_unreadable_files_are_one_line_errors(tmp_path, capsys):  # type: ignore[no-untyped-def]
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf file at all")
+    assert main(["simulate", "--model", str(bad)]) == 2
+    assert main(["simulate", "--hardware", str(tmp_path / "missing.json")]) == 2
+    errs = capsys.readouterr().err.strip().splitlines()
+    assert len(errs) == 2 and "GGUF" in errs[0] and "cannot read hardware profile" in errs[1]
+
+
+def test_console_script_exit_code_without_traceback():  # type: ignore[no-untyped-def]
+    r = subprocess.run([sys.executable, "-m", "sim.cli", "simulate", "--depth", "99"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_bench_reports_positive_rates(capsys):  # type: ignore[no-untyped-def]
+    assert main(["bench", "--tokens", "2", "--repeats", "1", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["machine_events_per_s"] > 0 and r["bare_simpy_events_per_s"] > 0 and r["machine_events"] > 100
