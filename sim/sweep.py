@@ -1,0 +1,355 @@
+"""Sweeps: many points in parallel, written as rows, resumable.
+
+A sweep is a list of points (the cross product of the grid flags) run on an
+executor -- a ``concurrent.futures.ProcessPoolExecutor`` over local cores, or
+a Dask cluster through ``dask.distributed``'s executor, which has the same
+interface -- each point through :func:`sim.checks.run_checked`, so whatever
+checks a plain ``simulate`` applies apply here too. Points travel in small
+chunks (a point costs a few milliseconds per simulated token, so one point per
+task would spend a fair share of the time on pickling).
+
+Every row has exactly the schema of ``kvpipe simulate --json``. A point is
+identified by its *grid coordinates*, the row fields that name it (model,
+hardware, cache type, context, depth, budget, tokens). With an output folder
+each finished row is appended to a journal (``rows.jsonl``, one JSON object a
+line, flushed as it lands), and ``rows.json`` / ``rows.csv`` are rewritten
+atomically every few seconds and at the end; rerunning into the same folder
+skips every point whose coordinates the folder already holds, so an
+interrupted sweep loses at most the points in flight. Settings that are not in
+the row (pageable cache, mutations) are kept in ``sweep.json`` and a rerun with
+different ones is refused rather than mixed in.
+
+Units: seconds inside; the rows carry their own units in their field names.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sim.grid import UsageError
+from sim.simulate import Point, row
+from sim.telemetry import rows_to_csv, write_atomic
+
+#: Row fields that identify a point (its grid coordinates).
+KEY_FIELDS = ("model", "hardware", "cache_type", "context", "depth", "budget_mib", "tokens")
+SNAPSHOT_EVERY_S = 2.0
+ROWS_JSON, ROWS_CSV, JOURNAL, MANIFEST = "rows.json", "rows.csv", "rows.jsonl", "sweep.json"
+
+Key = tuple[Any, ...]
+
+
+def key_of_row(r: dict[str, Any]) -> Key:
+    """The grid coordinates of a result row (budget normalized to float)."""
+    return (str(r["model"]), str(r["hardware"]), str(r["cache_type"]), int(r["context"]), int(r["depth"]),
+            float(r["budget_mib"]), int(r["tokens"]))
+
+
+def key_of_point(p: Point) -> Key:
+    """The grid coordinates the row of ``p`` will carry (the labels ``sim.simulate.row`` uses)."""
+    wl = p.workload
+    return (wl.model.name, p.hardware.name, wl.cache_k.name, p.context, p.transport.depth,
+            float(p.transport.budget_mib), wl.tokens)
+
+
+def settings_of(points: Sequence[Point]) -> dict[str, Any]:
+    """What a sweep's rows depend on but do not record (checked on resume)."""
+    pinned = sorted({p.workload.pinned for p in points})
+    mutations = sorted({m for p in points for m in p.transport.mutations})
+    return {"pinned": pinned, "mutations": mutations}
+
+
+def expand_ranges(text: str) -> str:
+    """Expand ``START:STOP:STEP`` items of a comma list into their values (STOP included).
+
+    ``"1024:4096:1024,8192"`` -> ``"1024,2048,3072,4096,8192"``. Other items pass
+    through unchanged. Raises UsageError on a malformed or empty range.
+    """
+    out: list[str] = []
+    for item in str(text).split(","):
+        if ":" not in item:
+            out.append(item)
+            continue
+        parts = item.strip().split(":")
+        try:
+            start, stop, step = (float(x.replace("_", "")) for x in parts)
+        except ValueError:  # not three numbers
+            start = stop = step = math.nan
+        if not step > 0 or not stop >= start:
+            raise UsageError(f"range {item.strip()!r} is not valid; allowed: START:STOP:STEP with STEP > 0 and STOP >= START")
+        n = int(math.floor((stop - start) / step + 1e-9)) + 1
+        if n > 100_000:
+            raise UsageError(f"range {item.strip()!r} has {n} values; allowed: at most 100000")
+        integral = all(float(x).is_integer() for x in (start, step))
+        out += [str(int(start + i * step)) if integral else f"{start + i * step:g}" for i in range(n)]
+    return ",".join(out)
+
+
+# ------------------------------------------------------------- executors
+
+
+def run_chunk(points: Sequence[Point]) -> list[dict[str, Any] | str]:
+    """Simulate each point (in a worker); a row per point, or a one-line error. Blocks for the simulations."""
+    from sim import checks
+
+    out: list[dict[str, Any] | str] = []
+    for p in points:
+        try:
+            out.append(row(checks.run_checked(p)))
+        except Exception as exc:  # one bad point must not sink the sweep; reported at the end
+            out.append(f"{type(exc).__name__}: {exc}")
+    return out
+
+
+class _Serial(Executor):
+    """This process, one task after another (``--jobs 1``: no pool, easy to debug and profile)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        f: Future[Any] = Future()
+        f.set_result(fn(*args, **kwargs))
+        return f
+
+
+@contextmanager
+def executor_for(jobs: int | None = None, dask_address: str | None = None) -> Iterator[Executor]:
+    """An executor: Dask at ``dask_address``, else ``jobs`` local processes (default: all cores; 1 = this process).
+
+    Raises UsageError if dask.distributed is missing or the scheduler cannot be reached.
+    """
+    if dask_address:
+        try:
+            from dask.distributed import Client
+        except ImportError:
+            raise UsageError("--dask needs dask.distributed: pip install 'kvpipe[cluster]'") from None
+        try:
+            client = Client(dask_address, timeout="10s")
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise UsageError(f"cannot reach the Dask scheduler at {dask_address!r}: {exc}") from None
+        try:
+            yield client.get_executor(pure=False)
+        finally:
+            client.close()
+        return
+    n = jobs or os.cpu_count() or 1
+    if n < 1:
+        raise UsageError(f"--jobs {n} out of range; allowed: >= 1")
+    if n == 1:
+        yield _Serial()
+        return
+    pool = ProcessPoolExecutor(max_workers=n)
+    try:
+        yield pool
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def chunks(points: Sequence[Point], workers: int) -> list[list[Point]]:
+    """Split points into chunks: about 8 per worker, at most 16 points each (progress stays live)."""
+    if not points:
+        return []
+    size = max(1, min(16, math.ceil(len(points) / (max(1, workers) * 8))))
+    return [list(points[i : i + size]) for i in range(0, len(points), size)]
+
+
+# ------------------------------------------------------------------ store
+
+
+class RowStore:
+    """The output folder of a sweep: journal, snapshots, manifest. ``None`` folder = rows kept in memory only."""
+
+    def __init__(self, out_dir: str | Path | None, settings: dict[str, Any]) -> None:
+        self.dir = Path(out_dir) if out_dir else None
+        self.rows: dict[Key, dict[str, Any]] = {}
+        self._journal: Any = None
+        self._last_snapshot = 0.0
+        if self.dir is None:
+            return
+        if self.dir.exists() and not self.dir.is_dir():
+            raise UsageError(f"--out {str(self.dir)!r} exists and is not a folder")
+        manifest = self.dir / MANIFEST
+        if manifest.exists():
+            old = _read_json(manifest)
+            if old.get("settings") != settings:
+                raise UsageError(f"{str(self.dir)!r} holds a sweep with settings {old.get('settings')}, not {settings}; "
+                                 "use another --out")
+        for r in self._load():
+            self.rows[key_of_row(r)] = r
+        write_atomic(manifest, json.dumps({"settings": settings, "key_fields": list(KEY_FIELDS)}, indent=1))
+        # Compact the journal (drops a line cut short by an interruption) before appending to it.
+        write_atomic(self.dir / JOURNAL, "".join(json.dumps(r) + "\n" for r in self.rows.values()))
+        self._journal = open(self.dir / JOURNAL, "a")  # noqa: SIM115 - closed in close()
+
+    def _load(self) -> list[dict[str, Any]]:
+        assert self.dir is not None
+        rows: list[dict[str, Any]] = []
+        if (self.dir / ROWS_JSON).exists():
+            data = _read_json(self.dir / ROWS_JSON)
+            if not isinstance(data, list):
+                raise UsageError(f"{str(self.dir / ROWS_JSON)!r} does not hold a list of rows")
+            rows += data
+        journal = self.dir / JOURNAL
+        if journal.exists():
+            for line in journal.read_text().splitlines():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue  # the line an interruption cut short; that point runs again
+        try:
+            for r in rows:
+                key_of_row(r)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"{str(self.dir)!r} holds a row without grid coordinates ({exc}); use another --out") from None
+        return rows
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self.rows
+
+    def add(self, r: dict[str, Any], order: Sequence[Key]) -> None:
+        """Keep a finished row; append it to the journal; snapshot the files now and then. Blocks on the writes."""
+        self.rows[key_of_row(r)] = r
+        if self._journal is not None:
+            self._journal.write(json.dumps(r) + "\n")
+            self._journal.flush()
+            if time.monotonic() - self._last_snapshot > SNAPSHOT_EVERY_S:
+                self.snapshot(order)
+
+    def ordered(self, order: Sequence[Key]) -> list[dict[str, Any]]:
+        """Rows in grid order, then any rows of earlier sweeps into the same folder that this grid lacks."""
+        seen = set(order)
+        first = [self.rows[k] for k in order if k in self.rows]
+        return first + [r for k, r in self.rows.items() if k not in seen]
+
+    def snapshot(self, order: Sequence[Key]) -> None:
+        """Rewrite rows.json and rows.csv atomically. Blocks on the writes."""
+        self._last_snapshot = time.monotonic()
+        if self.dir is None:
+            return
+        rows = self.ordered(order)
+        write_atomic(self.dir / ROWS_JSON, json.dumps(rows, indent=1))
+        write_atomic(self.dir / ROWS_CSV, rows_to_csv(rows) if rows else "")
+
+    def close(self, order: Sequence[Key]) -> None:
+        self.snapshot(order)
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"cannot read {str(path)!r}: {exc}") from None
+
+
+# ------------------------------------------------------------------ sweep
+
+
+@dataclass
+class SweepResult:
+    """What a sweep produced: every row (grid order), how many ran now or were resumed, which failed."""
+
+    rows: list[dict[str, Any]]
+    ran: int = 0
+    resumed: int = 0
+    failed: list[tuple[Key, str]] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def run_sweep(
+    points: Sequence[Point],
+    out_dir: str | Path | None = None,
+    jobs: int | None = None,
+    dask_address: str | None = None,
+    progress: bool = True,
+) -> SweepResult:
+    """Run every point not already in ``out_dir``; returns all rows in grid order.
+
+    Blocks until the sweep is done (wall time ~ points x tokens x a few ms / workers).
+    Raises UsageError on an empty grid or an unusable output folder. A point that
+    raises is reported in ``failed`` and left out of the rows (a rerun retries it).
+    """
+    if not points:
+        raise UsageError("the grid is empty; give at least one value per flag")
+    t0 = time.perf_counter()
+    order: list[Key] = []
+    todo: list[Point] = []
+    seen: set[Key] = set()
+    store = RowStore(out_dir, settings_of(points))
+    for p in points:
+        k = key_of_point(p)
+        if k in seen:
+            continue
+        seen.add(k)
+        order.append(k)
+        if k not in store:
+            todo.append(p)
+    result = SweepResult(rows=[], resumed=len(order) - len(todo))
+    try:
+        with executor_for(jobs, dask_address) as ex:
+            workers = 1 if isinstance(ex, _Serial) else (jobs or os.cpu_count() or 1)
+            _collect(ex, chunks(todo, workers), store, order, result, progress)
+    finally:
+        store.close(order)
+    result.rows = store.ordered(order) if out_dir else [store.rows[k] for k in order if k in store.rows]
+    result.wall_s = time.perf_counter() - t0
+    return result
+
+
+def _collect(ex: Executor, work: list[list[Point]], store: RowStore, order: Sequence[Key], result: SweepResult,
+             progress: bool) -> None:
+    from tqdm import tqdm
+
+    total = sum(len(c) for c in work)
+    with tqdm(total=total, desc="sweep", unit="pt", file=sys.stderr, disable=not progress or not total,
+              dynamic_ncols=True) as bar:
+        for chunk, rows in _results(ex, work):
+            for p, r in zip(chunk, rows, strict=True):
+                if isinstance(r, str):
+                    result.failed.append((key_of_point(p), r))
+                else:
+                    store.add(r, order)
+                    result.ran += 1
+            bar.update(len(chunk))
+
+
+def _results(ex: Executor, work: list[list[Point]]) -> Iterator[tuple[list[Point], list[dict[str, Any] | str]]]:
+    """(chunk, rows) as chunks finish: inline for the serial executor, else in completion order."""
+    if isinstance(ex, _Serial):
+        for c in work:
+            yield c, run_chunk(c)
+        return
+    futures = {ex.submit(run_chunk, c): c for c in work}
+    for fut in as_completed(futures):
+        yield futures[fut], fut.result()
+
+
+def gain_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each row with ``gain`` added: tokens/s over the depth-0 row of the same model/hardware/cache/context/tokens.
+
+    The ordered path does not depend on the budget, so a depth-0 row at any budget
+    serves as the baseline. Rows without a baseline get ``gain`` None. Does not block.
+    """
+    rows = list(rows)
+    base: dict[Key, float] = {}
+    for r in rows:
+        if r["depth"] == 0:
+            base[_base_key(r)] = r["tokens_per_s"]
+    out = []
+    for r in rows:
+        b = base.get(_base_key(r))
+        out.append({**r, "gain": (r["tokens_per_s"] / b - 1.0) if b else None})
+    return out
+
+
+def _base_key(r: dict[str, Any]) -> Key:
+    return (r["model"], r["hardware"], r["cache_type"], r["context"], r["tokens"], r.get("parallel"))

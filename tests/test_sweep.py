@@ -1,0 +1,160 @@
+"""kvpipe sweep: same rows as simulate, parallel, resumable, Dask, one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from sim import sweep
+from sim.cli import main
+from sim.grid import UsageError
+
+GRID = ["--context", "2048,16384", "--depth", "0,1", "--budget", "0,128", "--tokens", "2"]
+
+
+def _simulate_json(capsys: pytest.CaptureFixture[str], args: list[str]) -> list[dict]:
+    assert main(["simulate", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _sweep(tmp: Path, args: list[str], *extra: str) -> int:
+    return main(["sweep", *args, "--out", str(tmp), "--quiet", *extra])
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_rows_match_simulate_json_and_csv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    expected = _simulate_json(capsys, GRID)
+    assert _sweep(tmp_path, GRID, "--jobs", "1") == 0
+    got = json.loads((tmp_path / "rows.json").read_text())
+    assert got == expected  # same schema, same values, grid order
+    main(["simulate", *GRID, "--csv", str(tmp_path / "sim.csv")])
+    sim_csv = list(csv.DictReader(io.StringIO((tmp_path / "sim.csv").read_text())))
+    sweep_csv = list(csv.DictReader(io.StringIO((tmp_path / "rows.csv").read_text())))
+    assert sweep_csv == sim_csv
+
+
+def test_parallel_processes_give_the_same_rows(tmp_path: Path) -> None:
+    assert _sweep(tmp_path / "a", GRID, "--jobs", "1") == 0
+    assert _sweep(tmp_path / "b", GRID, "--jobs", "2") == 0
+    a = json.loads((tmp_path / "a" / "rows.json").read_text())
+    b = json.loads((tmp_path / "b" / "rows.json").read_text())
+    assert a == b and len(a) == 8
+
+
+def test_rerun_skips_done_points_and_extends(tmp_path: Path) -> None:
+    first = sweep.run_sweep(sweep_points(GRID), tmp_path, jobs=1, progress=False)
+    assert (first.ran, first.resumed) == (8, 0)
+    again = sweep.run_sweep(sweep_points(GRID), tmp_path, jobs=1, progress=False)
+    assert (again.ran, again.resumed) == (0, 8) and again.rows == first.rows
+    bigger = GRID[:1] + ["2048,16384,32768"] + GRID[2:]
+    more = sweep.run_sweep(sweep_points(bigger), tmp_path, jobs=1, progress=False)
+    assert (more.ran, more.resumed) == (4, 8)
+    assert [r["context"] for r in more.rows] == [2048] * 4 + [16384] * 4 + [32768] * 4
+
+
+def test_interrupted_sweep_keeps_finished_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = sweep.run_chunk
+    calls = []
+
+    def flaky(points):  # type: ignore[no-untyped-def]
+        calls.append(len(points))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(points)
+
+    monkeypatch.setattr(sweep, "run_chunk", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(sweep_points(GRID), tmp_path, jobs=1, progress=False)
+    kept = json.loads((tmp_path / "rows.json").read_text())
+    assert len(kept) == sum(calls[:2]) > 0
+    journal = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert journal == kept
+    # Killed before the last snapshot: the journal alone resumes, and a line cut short is ignored, not fatal.
+    (tmp_path / "rows.json").unlink()
+    with open(tmp_path / "rows.jsonl", "a") as f:
+        f.write('{"model": "qwen3.8-27b", "hard')
+    monkeypatch.setattr(sweep, "run_chunk", real)
+    rest = sweep.run_sweep(sweep_points(GRID), tmp_path, jobs=1, progress=False)
+    assert (rest.ran, rest.resumed) == (8 - len(kept), len(kept))
+    fresh = sweep.run_sweep(sweep_points(GRID), None, jobs=1, progress=False)
+    assert rest.rows == fresh.rows
+
+
+def test_failed_point_reported_others_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from sim import checks
+
+    real = checks.run_checked
+
+    def broken(point, **kw):  # type: ignore[no-untyped-def]
+        if point.context == 16384 and point.transport.depth == 1:
+            raise RuntimeError("boom")
+        return real(point, **kw)
+
+    monkeypatch.setattr(checks, "run_checked", broken)
+    assert _sweep(tmp_path, GRID, "--jobs", "1") == 1
+    err = capsys.readouterr().err
+    assert "boom" in err and "16384" in err
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert len(rows) == 6 and not any(r["context"] == 16384 and r["depth"] == 1 for r in rows)
+
+
+def test_dask_local_cluster_gives_the_same_rows(tmp_path: Path) -> None:
+    distributed = pytest.importorskip("dask.distributed", reason="the 'cluster' extra is part of dev: CI installs it")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, protocol="tcp",
+                                  dashboard_address=None) as cluster:
+        assert _sweep(tmp_path / "dask", GRID, "--dask", cluster.scheduler_address) == 0
+    assert _sweep(tmp_path / "local", GRID, "--jobs", "1") == 0
+    a = json.loads((tmp_path / "dask" / "rows.json").read_text())
+    assert a == json.loads((tmp_path / "local" / "rows.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--budget=-1,128"], "budget -1"),
+        (["--context", ","], "empty value"),
+        (["--jobs", "-1"], "--jobs"),
+        (["--context", "4096:1024:256"], "range"),
+        (["--depth", "0,15"], "depth 15"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
+                                      message: str) -> None:
+    assert _sweep(tmp_path, ["--tokens", "1", *args]) == 2
+    assert message in _one_line_error(capsys)
+    assert not (tmp_path / "rows.json").exists()
+
+
+def test_empty_grid_and_changed_settings_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(UsageError, match="empty"):
+        sweep.run_sweep([], tmp_path)
+    assert _sweep(tmp_path, ["--context", "4096", "--tokens", "1", "--jobs", "1"]) == 0
+    assert _sweep(tmp_path, ["--context", "4096", "--tokens", "1", "--jobs", "1", "--pageable"]) == 2
+    assert "another --out" in _one_line_error(capsys)
+
+
+def test_expand_ranges() -> None:
+    assert sweep.expand_ranges("1024:4096:1024,65536") == "1024,2048,3072,4096,65536"
+    assert sweep.expand_ranges("0:1:0.5") == "0,0.5,1"
+    for bad in ("1:2", "a:b:c", "4:1:1", "1:4:0"):
+        with pytest.raises(UsageError, match="range"):
+            sweep.expand_ranges(bad)
+
+
+def sweep_points(args: list[str]):  # type: ignore[no-untyped-def]
+    from sim.cli import build_parser
+
+    ns = build_parser().parse_args(["sweep", *args])
+    from sim.commands.sweep import grid_points
+
+    return grid_points(ns)
