@@ -1,0 +1,370 @@
+"""The CuPy machine: the backend Protocol on a real CUDA GPU.
+
+Every operation does the CUDA call and yields nothing, so ``backends.base.drive``
+runs the scheduler's host program here exactly as SimPy runs it there:
+
+* *Streams* are non-blocking ``cupy.cuda.Stream`` objects (one consumer and
+  one transfer stream per device, as the scheduler asks).
+* *Events* are ``cupy.cuda.Event`` objects without timing (ready/release per
+  ring slot); every copy and kernel is also bracketed by a pair of *timing*
+  events, from which :meth:`CupyGPU.timeline` builds spans in seconds relative
+  to a base event recorded at construction -- the same tracks the SimPy
+  machine writes (``consumer0``, ``transfer0``, ``host``, and the copy engines
+  ``h2d0``/``d2h0``), so the two Chrome traces read alike.
+* *Copies* are raw ``cudaMemcpyAsync`` (one range) or ``cudaMemcpy2DAsync``
+  (several ranges sharing a length and a stride) on the given stream. From
+  pageable host memory the host blocks until the copy is done, as the SimPy
+  machine models it (and as CUDA roughly does).
+* *Device memory* is ``cupy.cuda.memory.Memory``: one ``cudaMalloc`` per
+  request, outside the memory pool, held by the Buffer until :meth:`free`, so
+  nothing can hand a ring slot to someone else while a copy is in flight.
+  Host memory is pinned (``cupyx.empty_pinned``) or a plain NumPy array.
+* *Kernels*: ``launch`` runs ``work.run(cupy)`` inside ``with stream:`` so
+  every CuPy kernel it issues lands on that stream; a Work without ``run``
+  (timing-only) becomes one spin kernel of ``work.duration_s``.
+
+CuPy is imported when the backend is built, never at module import of
+``sim``; without CuPy or a CUDA device construction raises
+BackendUnavailable. Units: seconds and bytes; CUDA's milliseconds are
+converted once, in :meth:`timeline`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from backends.base import (
+    BackendError,
+    BackendUnavailable,
+    Buffer,
+    CopyRange,
+    Event,
+    HostOp,
+    OutOfDeviceMemory,
+    Span,
+    Stream,
+    Work,
+)
+
+H2D, D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
+
+_SPIN_SRC = r"""
+extern "C" __global__ void kvpipe_spin(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}
+"""
+
+
+def import_cupy() -> Any:
+    """CuPy, or BackendUnavailable with a one-line reason. Does not block."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise BackendUnavailable(f"CuPy is not installed ({exc.name or exc}); install kvpipe[gpu]") from None
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CUDARuntimeError without a driver or device
+        raise BackendUnavailable(f"no CUDA device: {exc}") from None
+    if n < 1:
+        raise BackendUnavailable("no CUDA device")
+    return cupy
+
+
+def ranges_2d(ranges: Sequence[CopyRange]) -> tuple[int, int, int, int] | None:
+    """``(width, height, src_pitch, dst_pitch)`` when the ranges form one 2D copy, else None.
+
+    Two or more ranges of one length whose source and destination offsets each
+    advance by a constant stride no smaller than that length.
+    """
+    if len(ranges) < 2:
+        return None
+    width = ranges[0].nbytes
+    sp = ranges[1].src_offset - ranges[0].src_offset
+    dp = ranges[1].dst_offset - ranges[0].dst_offset
+    if width <= 0 or sp < width or dp < width:
+        return None
+    for a, b in zip(ranges, ranges[1:], strict=False):
+        if b.nbytes != width or b.src_offset - a.src_offset != sp or b.dst_offset - a.dst_offset != dp:
+            return None
+    return width, len(ranges), sp, dp
+
+
+class CupyGPU:
+    """The backend Protocol on CUDA devices through CuPy. Construct once per process; raises BackendUnavailable."""
+
+    name = "cupy"
+
+    def __init__(self, trace: bool = True) -> None:
+        cp = import_cupy()
+        self.cp = cp
+        self.rt = cp.cuda.runtime
+        self.tracing = trace
+        self._n = self.rt.getDeviceCount()
+        self._pending: list[tuple[tuple[str, ...], str, Any, Any, dict[str, Any]]] = []
+        self._free_events: list[Any] = []
+        self._host_spans: list[Span] = []
+        self._resolved: list[Span] = []
+        self._spin: Any = None
+        self._base: list[Any] = []
+        for d in range(self._n):
+            with cp.cuda.Device(d):
+                ev = cp.cuda.Event()
+                ev.record(cp.cuda.Stream.null)
+                ev.synchronize()
+                self._base.append(ev)
+        self._t0 = time.perf_counter()
+
+    # --------------------------------------------------------- describe
+
+    def describe(self) -> dict[str, Any]:
+        """Device name, memory, driver, runtime and CuPy versions (plain data). Does not block."""
+        props = self.rt.getDeviceProperties(0)
+        name = props["name"]
+        free, total = self.rt.memGetInfo()
+        return {
+            "device": name.decode() if isinstance(name, bytes) else str(name),
+            "device_count": self._n,
+            "memory_total_bytes": int(total),
+            "memory_free_bytes": int(free),
+            "driver_version": int(self.rt.driverGetVersion()),
+            "runtime_version": int(self.rt.runtimeGetVersion()),
+            "cupy_version": str(self.cp.__version__),
+            "numpy_version": str(np.__version__),
+        }
+
+    # --------------------------------------------------------- Protocol
+
+    def now_s(self) -> float:
+        """Host clock in seconds since construction. Does not block."""
+        return time.perf_counter() - self._t0
+
+    def device_count(self) -> int:
+        """Number of CUDA devices. Does not block."""
+        return self._n
+
+    def create_stream(self, device: int, name: str) -> Stream:
+        """A new non-blocking CUDA stream on ``device``. Does not block."""
+        self._check_device(device)
+        with self.cp.cuda.Device(device):
+            return Stream(name, device, self.cp.cuda.Stream(non_blocking=True))
+
+    def create_event(self, device: int, name: str) -> Event:
+        """A new CUDA event (timing disabled) on ``device``. Does not block."""
+        self._check_device(device)
+        with self.cp.cuda.Device(device):
+            return Event(name, device, self.cp.cuda.Event(disable_timing=True))
+
+    def record(self, event: Event, stream: Stream) -> HostOp:
+        """cudaEventRecord at the tail of ``stream``. The host does not block."""
+        event.handle.record(stream.handle)
+        event.recorded = True
+        return
+        yield  # pragma: no cover - a host op is a generator
+
+    def wait_event(self, stream: Stream, event: Event) -> HostOp:
+        """cudaStreamWaitEvent (a never-recorded event is no wait, as in CUDA). The host does not block."""
+        if event.recorded:
+            stream.handle.wait_event(event.handle)
+        return
+        yield  # pragma: no cover
+
+    def copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], tag: str = "") -> HostOp:
+        """Enqueue raw async copies of ``ranges`` on ``stream`` (2D when they share length and stride).
+
+        The host does not block, except from pageable host memory, where it
+        waits until the stream has finished the copy.
+        """
+        if src.on_host == dst.on_host:
+            raise BackendError(f"copy {src.name}->{dst.name}: one side must be host memory, the other a device")
+        for r in ranges:
+            if r.src_offset + r.nbytes > src.nbytes or r.dst_offset + r.nbytes > dst.nbytes:
+                raise BackendError(f"copy {tag or src.name}: range {r} outside {src.name} ({src.nbytes} B) or {dst.name} ({dst.nbytes} B)")
+        to_device = src.on_host
+        dev = dst.device if to_device else src.device
+        kind = H2D if to_device else D2H
+        sp, dp, sptr = stream.handle.ptr, _ptr(dst), _ptr(src)
+        nbytes = sum(r.nbytes for r in ranges)
+        start = self._mark(stream)
+        shape = ranges_2d(ranges)
+        if shape is not None:
+            w, h, spitch, dpitch = shape
+            self.rt.memcpy2DAsync(dp + ranges[0].dst_offset, dpitch, sptr + ranges[0].src_offset, spitch, w, h, kind, sp)
+        else:
+            for r in ranges:
+                if r.nbytes:
+                    self.rt.memcpyAsync(dp + r.dst_offset, sptr + r.src_offset, r.nbytes, kind, sp)
+        engine = f"{'h2d' if to_device else 'd2h'}{dev}"
+        self._done(stream, start, (stream.name, engine), tag or f"{src.name}->{dst.name}", bytes=nbytes, stream=stream.name)
+        host_side = src if to_device else dst
+        if not host_side.pinned:
+            yield from self.synchronize(stream)
+
+    def launch(self, stream: Stream, work: Work) -> HostOp:
+        """Enqueue ``work.run(cupy)`` on ``stream`` (a spin kernel of ``duration_s`` if it has none). The host does not block."""
+        start = self._mark(stream)
+        with stream.handle:
+            if work.run is not None:
+                work.run(self.cp)
+            elif work.duration_s > 0:
+                self._spin_kernel()((1,), (1,), (np.uint64(int(work.duration_s * 1e9)),))
+        self._done(stream, start, (stream.name,), work.name)
+        return
+        yield  # pragma: no cover
+
+    def run_host(self, work: Work) -> HostOp:
+        """Run ``work.run(numpy)`` on the host thread (a sleep of ``duration_s`` if it has none). Blocks the host."""
+        t = self.now_s()
+        if work.run is not None:
+            work.run(np)
+        elif work.duration_s > 0:
+            _busy_wait(work.duration_s)
+        self._host_span(work.name, t)
+        return
+        yield  # pragma: no cover
+
+    def synchronize(self, stream: Stream) -> HostOp:
+        """cudaStreamSynchronize: blocks the host until ``stream`` is idle."""
+        t = self.now_s()
+        stream.handle.synchronize()
+        self._host_span(f"sync {stream.name}", t)
+        return
+        yield  # pragma: no cover
+
+    def wait_host(self, event: Event) -> HostOp:
+        """cudaEventSynchronize: blocks the host until ``event`` (if recorded) has completed."""
+        if event.recorded:
+            t = self.now_s()
+            event.handle.synchronize()
+            self._host_span(f"wait {event.name}", t)
+        return
+        yield  # pragma: no cover
+
+    def alloc(self, device: int, nbytes: int, name: str) -> Buffer:
+        """One cudaMalloc of ``nbytes`` outside the memory pool, kept until :meth:`free`. Raises OutOfDeviceMemory. Does not block."""
+        self._check_device(device)
+        cp = self.cp
+        with cp.cuda.Device(device):
+            try:
+                mem = cp.cuda.memory.Memory(max(int(nbytes), 1))
+            except (cp.cuda.memory.OutOfMemoryError, cp.cuda.runtime.CUDARuntimeError) as exc:
+                raise OutOfDeviceMemory(f"{name}: {nbytes} B on device {device}: {exc}") from None
+            array = cp.ndarray((int(nbytes),), dtype=cp.uint8, memptr=cp.cuda.MemoryPointer(mem, 0))
+        return Buffer(name, int(nbytes), device, True, array, mem)
+
+    def alloc_host(self, nbytes: int, name: str, pinned: bool = True) -> Buffer:
+        """Host memory: pinned (``cupyx.empty_pinned``) or pageable (NumPy). Does not block."""
+        if pinned:
+            import cupyx
+
+            array = cupyx.empty_pinned((int(nbytes),), dtype=np.uint8)
+        else:
+            array = np.empty(int(nbytes), dtype=np.uint8)
+        return Buffer(name, int(nbytes), -1, pinned, array)
+
+    def free(self, buffer: Buffer) -> None:
+        """Drop the buffer's memory (cudaFree / back to the pinned pool). The caller orders it after its last use."""
+        pinned_host = buffer.on_host and buffer.pinned
+        buffer.array = None
+        buffer.handle = None
+        if pinned_host:
+            self.cp.get_default_pinned_memory_pool().free_all_blocks()
+
+    def free_bytes(self, device: int) -> int:
+        """Free device memory in bytes (cudaMemGetInfo). Does not block."""
+        self._check_device(device)
+        with self.cp.cuda.Device(device):
+            return int(self.rt.memGetInfo()[0])
+
+    def timeline(self) -> list[Span]:
+        """Spans of every timed copy and kernel so far, in seconds from construction.
+
+        Blocks the host until the timed work has finished (it reads CUDA event
+        timestamps). Copy-engine tracks are serialised in completion order: a
+        copy starts no earlier than the previous copy of its direction ended.
+        """
+        spans = list(self._host_spans)
+        engine: dict[str, list[Span]] = {}
+        for tracks, name, ev0, ev1, args in self._pending:
+            ev1.synchronize()
+            dev = args.pop("_device", 0)
+            base = self._base[dev]
+            t0 = self.cp.cuda.get_elapsed_time(base, ev0) * 1e-3
+            t1 = self.cp.cuda.get_elapsed_time(base, ev1) * 1e-3
+            for track in tracks:
+                span = Span(track, name, t0, t1, dict(args))
+                if track[:3] in ("h2d", "d2h"):
+                    engine.setdefault(track, []).append(span)
+                else:
+                    spans.append(span)
+            self._free_events += [ev0, ev1]
+        self._pending = []
+        self._host_spans = []
+        self._resolved += spans
+        for track, lst in engine.items():
+            lst.sort(key=lambda s: s.end_s)
+            prev = -1.0
+            for s in lst:
+                start = max(s.start_s, prev)
+                self._resolved.append(Span(track, s.name, start, s.end_s, s.args))
+                prev = s.end_s
+        return sorted(self._resolved, key=lambda s: (s.start_s, s.track))
+
+    def clear_timeline(self) -> None:
+        """Forget the spans recorded so far (after reading them). Blocks until timed work has finished."""
+        self.timeline()
+        self._resolved = []
+
+    # ------------------------------------------------------------ inside
+
+    def _check_device(self, device: int) -> None:
+        if not 0 <= device < self._n:
+            raise BackendError(f"device {device} out of range; this machine has {self._n}")
+
+    def _event(self) -> Any:
+        return self._free_events.pop() if self._free_events else self.cp.cuda.Event()
+
+    def _mark(self, stream: Stream) -> Any:
+        if not self.tracing:
+            return None
+        ev = self._event()
+        ev.record(stream.handle)
+        return ev
+
+    def _done(self, stream: Stream, start: Any, tracks: tuple[str, ...], name: str, **args: Any) -> None:
+        if start is None:
+            return
+        ev = self._event()
+        ev.record(stream.handle)
+        args["_device"] = stream.device
+        self._pending.append((tracks, name, start, ev, args))
+
+    def _host_span(self, name: str, start_s: float) -> None:
+        if self.tracing:
+            self._host_spans.append(Span("host", name, start_s, self.now_s()))
+
+    def _spin_kernel(self) -> Any:
+        if self._spin is None:
+            self._spin = self.cp.RawKernel(_SPIN_SRC, "kvpipe_spin")
+        return self._spin
+
+
+def _ptr(buffer: Buffer) -> int:
+    """Raw address of a buffer's first byte (device or host)."""
+    a = buffer.array
+    if a is None:
+        raise BackendError(f"buffer {buffer.name} has no memory (freed?)")
+    if isinstance(a, np.ndarray):
+        return int(a.ctypes.data)
+    return int(a.data.ptr)
+
+
+def _busy_wait(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
