@@ -162,7 +162,7 @@ class DecodeProgram:
     def setup(self, backend: Backend, host_cache: Buffer) -> None:
         """Allocate and upload weights and state on device 0; fill the host cache. Blocks for the upload."""
         self.host_cache = host_cache
-        m, h, xp = self.model, self.hidden, self.xp
+        m, h = self.model, self.hidden
         rng = np.random.RandomState(self.cfg.seed)
         shapes: dict[str, tuple[int, ...]] = {"embed": (self.vocab, h), "out": (h, self.vocab)}
         for layer in range(m.n_layers):
