@@ -1,0 +1,50 @@
+"""``kvpipe plan``: per context, the depth and ring budget to run, and what they buy.
+
+One model on one machine (the grid flags' syntax, one value each) over a
+list of contexts; a table, or ``--json`` with one object per context. See
+``sim/plan.py`` for the method and docs/capacity-planning.md for how to read it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from sim.grid import REFERENCE_CONTEXTS, UsageError, parse_list
+from sim.plan import DEFAULT_BUDGET_MIB, PlanRequest, plan, render
+from sim.sweep import expand_ranges
+from sim.workload import MAX_CONTEXT
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("plan", help="which depth and ring budget each context needs, and the gain they buy")
+    p.add_argument("--model", default="qwen3.8-27b", help="preset, .gguf file or config.json")
+    p.add_argument("--hardware", default="rtx4070-gen4x16", help="hardware preset or profile .json")
+    p.add_argument("--cache-type", default="q8_0", help="KV cache type (q8_0, f16, ...)")
+    p.add_argument("--context", default=REFERENCE_CONTEXTS, help="contexts to plan, comma list (START:STOP:STEP ranges too)")
+    p.add_argument("--max-depth", type=int, default=4, help="deepest look-ahead to try (default 4)")
+    p.add_argument("--default-budget", type=float, default=DEFAULT_BUDGET_MIB, help="the budget to judge, MiB (default 128)")
+    p.add_argument("--budget-for-gain", type=float, metavar="FRACTION", help="also: smallest budget keeping this fraction of the uncapped gain")
+    p.add_argument("--tokens", type=int, default=4, help="decode tokens simulated per point (default 4)")
+    p.add_argument("--pageable", action="store_true", help="host cache in pageable memory (default pinned)")
+    p.add_argument("--jobs", type=int, default=0, help="local worker processes (default: all cores)")
+    p.add_argument("--json", action="store_true", help="print one JSON object per context")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    contexts = parse_list(expand_ranges(args.context), lambda t: int(t.replace("_", "")), "--context", f"integers 1..{MAX_CONTEXT}")
+    if args.tokens < 1 or args.jobs < 0:
+        raise UsageError("--tokens must be >= 1 and --jobs >= 0")
+    if not 0 <= args.default_budget <= 65536:
+        raise UsageError(f"--default-budget {args.default_budget:g} out of range; allowed: 0 (no cap) .. 65536")
+    req = PlanRequest(model=args.model, hardware=args.hardware, cache_type=args.cache_type, contexts=tuple(contexts),
+                      max_depth=args.max_depth, tokens=args.tokens, default_budget_mib=args.default_budget,
+                      budget_for_gain=args.budget_for_gain, pinned=not args.pageable, jobs=args.jobs or None)
+    plans = plan(req)
+    if args.json:
+        print(json.dumps([p.to_json() for p in plans], indent=1))
+    else:
+        print(render(plans))
+    return 0

@@ -1,0 +1,381 @@
+"""Capacity planning: which depth and ring budget to give each context size.
+
+For one model on one machine the pipeline's gain over the ordered path rises
+with the context while the token is compute-bound (each extra window row adds
+copy time the ring hides), peaks where copy ~ compute, and falls once the
+copies dominate (the ring can only hide the compute). The ring it needs grows
+linearly with the window: ``n_slots x rows x b`` for ``b`` bytes of K+V per
+row of one attention layer, so a fixed budget declines past
+``budget / (n_slots x b)`` rows and the gain drops to zero there.
+
+The plan simulates, per context, the ordered path and depths 1..max uncapped
+(the budget that keeps the ring is the ring it reports), then the best depth
+at the default budget, and places three peaks side by side:
+
+* the closed form ``rows* = compute x BW / (n_attn x b)`` with ``compute``
+  the per-token GPU compute of the decode graph (it grows with the window, so
+  rows* is solved as a fixed point) and ``BW`` the pinned H2D bandwidth of a
+  delivery of that size; the ring there is ``(n_slots / n_attn) x compute x BW``;
+* the simulated peak, from a scan of windows (256-row steps near the top);
+* the best of the contexts asked for.
+
+The closed form balances bare copy time against bare compute. The simulation
+also charges the GPU side for the late rows copied on the consumer stream and
+the host's round trip at every CPU split, and the copy side for link latency
+and the small blocking copies that queue FIFO behind deliveries; whichever
+side carries more moves the balance, and the plan says by how much.
+
+Units: seconds and bytes inside; MiB, ms and rows in the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sim.graph import decode_graph
+from sim.grid import UsageError, points_from_args
+from sim.scheduler import MIB, TransportConfig
+from sim.simulate import Point
+from sim.sweep import gain_rows, run_sweep
+from sim.workload import WINDOW_PAD_ROWS, Workload
+
+DEFAULT_BUDGET_MIB = TransportConfig().budget_mib
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What to plan: one model/hardware/cache type over contexts (grid-flag syntax for the specs)."""
+
+    model: str = "qwen3.8-27b"
+    hardware: str = "rtx4070-gen4x16"
+    cache_type: str = "q8_0"
+    contexts: tuple[int, ...] = (4096, 16384, 32768)
+    max_depth: int = 4
+    tokens: int = 4
+    default_budget_mib: float = DEFAULT_BUDGET_MIB
+    budget_for_gain: float | None = None
+    pinned: bool = True
+    jobs: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.contexts:
+            raise UsageError("--context: need at least one value")
+        if not 1 <= self.max_depth <= 14:
+            raise UsageError(f"--max-depth {self.max_depth} out of range; allowed: 1..14")
+        if self.budget_for_gain is not None and not 0 < self.budget_for_gain <= 1:
+            raise UsageError(f"--budget-for-gain {self.budget_for_gain:g} out of range; allowed: a fraction in (0, 1]")
+
+
+@dataclass(frozen=True)
+class ClosedForm:
+    """The copy = compute balance: window rows, ring MiB, and the compute (ms) and bandwidth (GB/s) used."""
+
+    rows: float
+    ring_mib: float
+    compute_ms: float
+    bw_gbps: float
+    n_slots: int
+    n_attn: int
+    row_bytes: int
+
+
+@dataclass
+class ContextPlan:
+    """One context's answer (the JSON object ``kvpipe plan --json`` prints)."""
+
+    context: int
+    window_rows: int
+    best_depth: int
+    uncapped_gain: float
+    budget_mib_for_full_gain: float
+    gain_at_default_budget: float
+    default_budget_mib: float
+    default_declines: bool
+    default_decline_rows: int | None
+    gain_per_mib: float | None
+    copy_ms: float
+    compute_ms: float
+    gain_by_depth: dict[int, float]
+    ring_mib_by_depth: dict[int, float]
+    peak_depth: int = 1
+    peak_rows_closed_form: float = 0.0
+    peak_ring_mib_closed_form: float = 0.0
+    peak_rows_simulated: int = 0
+    peak_context_simulated: int = 0
+    peak_gain_simulated: float = 0.0
+    peak_ring_mib_simulated: float = 0.0
+    peak_note: str = ""
+    budget_for_gain: float | None = None
+    budget_mib_for_gain: float | None = None
+    depth_for_gain: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(d.pop("extra"))
+        d["gain_by_depth"] = {str(k): v for k, v in self.gain_by_depth.items()}
+        d["ring_mib_by_depth"] = {str(k): v for k, v in self.ring_mib_by_depth.items()}
+        return d
+
+
+# ------------------------------------------------------------- mechanics
+
+
+def points(req: PlanRequest, contexts: list[int], depths: list[int], budget_mib: float, tokens: int | None = None) -> list[Point]:
+    """Points through the grid flags' own parser (same validation, same messages)."""
+    ns = argparse.Namespace(model=req.model, hardware=req.hardware, cache_type=req.cache_type,
+                            context=",".join(map(str, contexts)), depth=",".join(map(str, depths)), budget=f"{budget_mib:g}",
+                            tokens=tokens or req.tokens, pageable=not req.pinned, mutate="")
+    pts = points_from_args(ns)
+    if len({(p.workload.model.name, p.hardware.name, p.workload.cache_k.name) for p in pts}) != 1:
+        raise UsageError("plan takes one model, one hardware and one cache type")
+    return pts
+
+
+def _run(req: PlanRequest, pts: list[Point]) -> list[dict[str, Any]]:
+    res = run_sweep(pts, None, jobs=req.jobs, progress=False)
+    if res.failed:
+        key, msg = res.failed[0]
+        raise UsageError(f"point {key} failed: {msg}")
+    return gain_rows(res.rows)
+
+
+def gpu_compute_s(point: Point, window_rows: int) -> float:
+    """GPU compute of one decode token of ``point``'s model whose window is ``window_rows`` (its GPU splits), seconds."""
+    wl = point.workload
+    big = Workload(wl.model, wl.cache_k, wl.cache_v, (max(1, window_rows - 1),), tokens=1, pinned=wl.pinned)
+    g = decode_graph(big, point.hardware.devices[0].compute, position=max(0, window_rows - 1))
+    return sum(s.compute_s for s in g.splits if s.kind == "gpu")
+
+
+def copy_s(point: Point, window_rows: int) -> float:
+    """Bare H2D time of one token's windows (every attention layer, K and V), seconds."""
+    wl = point.workload
+    link = point.hardware.devices[0].link(True, wl.pinned)
+    return wl.model.n_attn * sum(link.seconds(window_rows * b) for b in (wl.k_row_bytes, wl.v_row_bytes))
+
+
+def peak_rows(compute_s: float, bw_bytes_per_s: float, n_attn: int, row_bytes: int) -> float:
+    """The closed-form peak ``rows* = compute x BW / (n_attn x b)``: window rows where copy equals compute."""
+    return compute_s * bw_bytes_per_s / (n_attn * row_bytes)
+
+
+def peak_ring_bytes(compute_s: float, bw_bytes_per_s: float, n_attn: int, n_slots: int) -> float:
+    """The ring at the closed-form peak, ``(n_slots / n_attn) x compute x BW``, bytes (independent of the cache type)."""
+    return n_slots / n_attn * compute_s * bw_bytes_per_s
+
+
+def closed_form(point: Point, n_slots: int) -> ClosedForm:
+    """Solve rows* = compute(rows*) x BW(rows* x b) / (n_attn x b) by fixed-point iteration. Does not block."""
+    wl = point.workload
+    b, n_attn = wl.row_bytes, wl.model.n_attn
+    link = point.hardware.devices[0].link(True, wl.pinned)
+    rows = 4096.0
+    for _ in range(200):
+        compute = gpu_compute_s(point, max(1, round(rows)))
+        bw = link.bandwidth(rows * b)
+        new = peak_rows(compute, bw, n_attn, b)
+        done = abs(new - rows) < 0.01
+        rows = new
+        if done:
+            break
+    ring = peak_ring_bytes(compute, bw, n_attn, n_slots)
+    return ClosedForm(rows, ring / MIB, compute * 1e3, bw / 1e9, n_slots, n_attn, b)
+
+
+def _context_for_window(window_rows: int) -> int:
+    """A context whose first decode window is ``window_rows`` (a multiple of the padding)."""
+    return max(1, window_rows - WINDOW_PAD_ROWS)
+
+
+def simulated_peak(req: PlanRequest, depth: int, around_rows: float, max_rows: int) -> dict[str, Any]:
+    """The window with the largest uncapped gain at ``depth``: a log scan, then 256-row steps near the top. Blocks."""
+    hi = max(4 * around_rows, max_rows, 4 * WINDOW_PAD_ROWS)
+    coarse = sorted({_pad(512 * (hi / 512) ** (i / 23)) for i in range(24)})
+    best = _best(req, coarse, depth)
+    i = coarse.index(best["window_rows"])
+    lo_w, hi_w = coarse[max(0, i - 1)], coarse[min(len(coarse) - 1, i + 1)]
+    step = max(WINDOW_PAD_ROWS, _pad((hi_w - lo_w) / 64))
+    fine = sorted(set(range(lo_w, hi_w + 1, step)) | {best["window_rows"]})
+    return _best(req, fine, depth)
+
+
+def _pad(rows: float) -> int:
+    return max(WINDOW_PAD_ROWS, int(math.ceil(rows / WINDOW_PAD_ROWS)) * WINDOW_PAD_ROWS)
+
+
+def _best(req: PlanRequest, windows: list[int], depth: int) -> dict[str, Any]:
+    rows = _run(req, points(req, [_context_for_window(w) for w in windows], [0, depth], 0, tokens=2))
+    piped = [r for r in rows if r["depth"] == depth]
+    return max(piped, key=lambda r: (r["gain"] or 0.0, -r["window_rows"]))
+
+
+def decline_rows(ring_mib: float, window_rows: int, budget_mib: float) -> int | None:
+    """Largest window the budget still holds: budget / (ring bytes per window row). None without a cap."""
+    if not budget_mib or not window_rows or not ring_mib:
+        return None
+    per_row = ring_mib * MIB / window_rows
+    return int(budget_mib * MIB // per_row)
+
+
+# ------------------------------------------------------------------- plan
+
+
+def plan(req: PlanRequest) -> list[ContextPlan]:
+    """Plan every context of ``req``. Blocks for the simulations (about a second on two cores)."""
+    depths = list(range(req.max_depth + 1))
+    rows = _run(req, points(req, list(req.contexts), depths, 0))
+    by_ctx: dict[int, dict[int, dict[str, Any]]] = {}
+    for r in rows:
+        by_ctx.setdefault(r["context"], {})[r["depth"]] = r
+    out = [_uncapped(req, c, by_ctx[c]) for c in req.contexts]
+    _at_budget(req, out)
+    peak_depth = Counter(p.best_depth for p in out if p.best_depth).most_common(1)
+    depth = peak_depth[0][0] if peak_depth else 1
+    _peak(req, out, depth)
+    if req.budget_for_gain is not None:
+        _budget_for_gain(req, out, by_ctx)
+    return out
+
+
+def _uncapped(req: PlanRequest, context: int, by_depth: dict[int, dict[str, Any]]) -> ContextPlan:
+    gains = {d: r["gain"] if not r["declined"] else 0.0 for d, r in by_depth.items() if d}
+    rings = {d: r["ring_mib"] for d, r in by_depth.items() if d}
+    best = max(gains, key=lambda d: (gains[d], -d))
+    if gains[best] <= 0:
+        best = 0
+    r = by_depth[best]
+    pt = points(req, [context], [0], 0, tokens=1)[0]
+    w = r["window_rows"]
+    uncapped = gains.get(best, 0.0)
+    ring = rings.get(best, 0.0)
+    return ContextPlan(
+        context=context, window_rows=w, best_depth=best, uncapped_gain=uncapped,
+        budget_mib_for_full_gain=float(math.ceil(ring)) if best else 0.0,
+        gain_at_default_budget=0.0, default_budget_mib=req.default_budget_mib, default_declines=False,
+        default_decline_rows=decline_rows(rings.get(best or 1, 0.0), w, req.default_budget_mib),
+        gain_per_mib=uncapped / ring if best and ring else None,
+        copy_ms=copy_s(pt, w) * 1e3, compute_ms=gpu_compute_s(pt, w) * 1e3,
+        gain_by_depth=gains, ring_mib_by_depth=rings,
+        extra={"uncapped_tokens_per_s": r["tokens_per_s"], "ordered_tokens_per_s": by_depth[0]["tokens_per_s"]},
+    )
+
+
+def _at_budget(req: PlanRequest, out: list[ContextPlan]) -> None:
+    """Simulate each context's best depth at the default budget (the gain the default actually buys)."""
+    todo = [p for p in out if p.best_depth]
+    if not todo:
+        return
+    pts = [points(req, [p.context], [0, p.best_depth], req.default_budget_mib)[i] for p in todo for i in (0, 1)]
+    rows = _run(req, pts)
+    for p, r in zip(todo, rows[1::2], strict=True):
+        p.gain_at_default_budget = 0.0 if r["declined"] else r["gain"]
+        p.default_declines = bool(r["declined"])
+
+
+def _peak(req: PlanRequest, out: list[ContextPlan], depth: int) -> None:
+    pt = points(req, [out[0].context], [depth], 0, tokens=1)[0]
+    cf = closed_form(pt, depth + 2)
+    sim = simulated_peak(req, depth, cf.rows, max(req.contexts))
+    asked = max(out, key=lambda p: p.gain_by_depth.get(depth, 0.0))
+    note = peak_note(pt, cf, sim, asked, depth)
+    for p in out:
+        p.peak_depth = depth
+        p.peak_rows_closed_form, p.peak_ring_mib_closed_form = cf.rows, cf.ring_mib
+        p.peak_rows_simulated, p.peak_context_simulated = sim["window_rows"], sim["context"]
+        p.peak_gain_simulated, p.peak_ring_mib_simulated = sim["gain"] or 0.0, sim["ring_mib"]
+        p.peak_note = note
+        p.extra.update({"peak_compute_ms_closed_form": cf.compute_ms, "peak_bw_gbps_closed_form": cf.bw_gbps,
+                        "peak_context_asked": asked.context})
+
+
+def peak_note(pt: Point, cf: ClosedForm, sim: dict[str, Any], asked: ContextPlan, depth: int) -> str:
+    """Why the simulated peak differs from the closed form, in numbers from the simulated peak's row."""
+    w, n_attn = sim["window_rows"], pt.workload.model.n_attn
+    copy_ms, compute_ms = copy_s(pt, w) * 1e3, gpu_compute_s(pt, w) * 1e3
+    g0_ms = first_split_compute_s(pt, w) * 1e3
+    late_ms = sim["late_mib"] * MIB / pt.hardware.devices[0].link(True, pt.workload.pinned).bandwidth(sim["late_mib"] * MIB / n_attn) * 1e3
+    per_split = (compute_ms - g0_ms) / n_attn
+    return (
+        f"Simulated peak at {w:,} window rows (context {sim['context']:,}, {sim['gain'] or 0:+.1%}, ring {sim['ring_mib']:.1f} MiB) "
+        f"against the closed form's {cf.rows:,.0f} rows ({(w - cf.rows) / cf.rows:+.1%}, ring {cf.ring_mib:.1f} MiB from "
+        f"{cf.compute_ms:.2f} ms of compute at {cf.bw_gbps:.2f} GB/s). The closed form balances a token's bare copy against its "
+        f"whole GPU compute. The pipeline balances split by split: the first {depth + 1} deliveries land while the GPU waits "
+        f"(the small blocking inputs queue FIFO behind them: {sim['breakdown_ms']['blocked_in_ordered_copies']:.2f} ms a token) and "
+        f"the {g0_ms:.2f} ms of compute before the first attention layer overlaps no copy; after that each delivery must fit "
+        f"under one split's compute plus the late rows it copies on the consumer stream ({late_ms / n_attn:.3f} ms a split) and "
+        f"the host's round trip at the CPU split between them, while the GPU idles. At the simulated peak a delivery takes "
+        f"{copy_ms / n_attn:.3f} ms against {per_split:.3f} ms of split compute: the {copy_ms / n_attn - per_split:+.3f} ms is "
+        f"what each split carries beside its compute. Among the contexts asked the best is {asked.context:,} "
+        f"({asked.gain_by_depth.get(depth, 0.0):+.1%} at depth {depth}, ring {asked.ring_mib_by_depth.get(depth, 0.0):.1f} MiB)."
+    )
+
+
+def first_split_compute_s(point: Point, window_rows: int) -> float:
+    """Compute of the GPU split before the first attention layer (no delivery overlaps it), seconds."""
+    wl = point.workload
+    big = Workload(wl.model, wl.cache_k, wl.cache_v, (max(1, window_rows - 1),), tokens=1, pinned=wl.pinned)
+    g = decode_graph(big, point.hardware.devices[0].compute, position=max(0, window_rows - 1))
+    return g.splits[0].compute_s
+
+
+def _budget_for_gain(req: PlanRequest, out: list[ContextPlan], by_ctx: dict[int, dict[int, dict[str, Any]]]) -> None:
+    """Smallest budget (whole MiB) at which some depth keeps >= fraction x the uncapped gain; confirmed by simulation."""
+    frac = req.budget_for_gain or 1.0
+    todo = []
+    for p in out:
+        p.budget_for_gain = frac
+        if p.uncapped_gain <= 0:
+            continue
+        ok = [d for d, g in p.gain_by_depth.items() if g >= frac * p.uncapped_gain - 1e-12]
+        d = min(ok, key=lambda d: (p.ring_mib_by_depth[d], d))
+        p.depth_for_gain, p.budget_mib_for_gain = d, float(math.ceil(p.ring_mib_by_depth[d]))
+        todo.append(p)
+    if not todo:
+        return
+    pts = [points(req, [p.context], [0, p.depth_for_gain or 1], p.budget_mib_for_gain or 0)[i] for p in todo for i in (0, 1)]
+    for p, r in zip(todo, _run(req, pts)[1::2], strict=True):
+        p.extra["gain_at_budget_for_gain"] = 0.0 if r["declined"] else r["gain"]
+
+
+# ------------------------------------------------------------------ report
+
+
+def render(plans: list[ContextPlan]) -> str:
+    """The plan as a fixed-width table, the peak lines and the note. Does not block."""
+    frac = plans[0].budget_for_gain
+    head = ["context", "window", "best depth", "uncapped gain", "budget MiB (full gain)", f"gain @{plans[0].default_budget_mib:g} MiB",
+            "default declines past", "gain %/MiB", "copy ms", "compute ms"]
+    if frac is not None:
+        head += [f"budget MiB ({frac:.0%} of gain)", "at depth"]
+    lines = [head]
+    for p in plans:
+        line = [f"{p.context:,}", f"{p.window_rows:,}", str(p.best_depth), f"{p.uncapped_gain:+.1%}",
+                f"{p.budget_mib_for_full_gain:g}" if p.best_depth else "-",
+                f"{p.gain_at_default_budget:+.1%}" + (" (declined)" if p.default_declines else ""),
+                f"{p.default_decline_rows:,} rows" if p.default_decline_rows else "never",
+                f"{p.gain_per_mib * 100:.3f}" if p.gain_per_mib else "-", f"{p.copy_ms:.2f}", f"{p.compute_ms:.2f}"]
+        if frac is not None:
+            line += [f"{p.budget_mib_for_gain:g}" if p.budget_mib_for_gain is not None else "-",
+                     str(p.depth_for_gain) if p.depth_for_gain is not None else "-"]
+        lines.append(line)
+    widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
+    text = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in lines]
+    text.insert(1, "  ".join("-" * w for w in widths))
+    p = plans[0]
+    cf_ring = p.peak_ring_mib_closed_form
+    text += [
+        "",
+        f"peak (depth {p.peak_depth}, {p.peak_depth + 2} slots): closed form rows* = compute x BW / (n_attn x b) = "
+        f"{p.extra['peak_compute_ms_closed_form']:.2f} ms x {p.extra['peak_bw_gbps_closed_form']:.2f} GB/s / (n_attn x b) = "
+        f"{p.peak_rows_closed_form:,.0f} rows, ring (n_slots / n_attn) x compute x BW = {cf_ring:.1f} MiB",
+        f"                        simulated: {p.peak_rows_simulated:,} rows (context {p.peak_context_simulated:,}), "
+        f"gain {p.peak_gain_simulated:+.1%}, ring {p.peak_ring_mib_simulated:.1f} MiB",
+        "",
+        "note: " + p.peak_note,
+    ]
+    return "\n".join(text)
