@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +70,7 @@ BREAKDOWN_19246_ORDERED = {"total_ms": 54.11, "blocked_ms": 28.30, "consumer_ms"
 
 # ------------------------------------------------------------- physical facts
 
-PHYSICAL = {
+PHYSICAL: dict[str, Any] = {
     "device": "NVIDIA GeForce RTX 4070",
     "memory_usable_mib": 11902,  # kv-transport.md: 11,902 MiB usable
     "pcie_gen4_x16_GBps": 16.0 * 16 * 128 / 130 / 8,  # 16 GT/s x 16 lanes, 128b/130b: 31.5 GB/s per direction
@@ -93,7 +92,7 @@ BORROWED_PAGEABLE_POINTS = ((1.0, 9.53), (4.0, 10.02), (16.0, 8.84), (64.0, 6.58
 
 
 def _workload(context: int, tokens: int = 1) -> Workload:
-    ct = cache_type(PHYSICAL["cache_type"])  # type: ignore[arg-type]
+    ct = cache_type(PHYSICAL["cache_type"])
     return Workload(load_model(str(PHYSICAL["model"])), ct, ct, (context,), tokens=tokens)
 
 
@@ -131,7 +130,7 @@ def _lstsq_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return my - b * mx, b
 
 
-def derive_link() -> dict[str, float]:
+def derive_link() -> dict[str, Any]:
     """The pinned link, from the blocking copies of the ordered path.
 
     A blocking copy costs the host a fixed ``f`` (issue, link latency, wake-up)
@@ -156,8 +155,8 @@ def derive_link() -> dict[str, float]:
         "h2d_GBps": bw / 1e9,
         "fixed_per_copy_us": f_s * 1e6,
         "h2d_copies_per_token": n_h2d,
-        "fit_blocking_h2d_ms": fit_ms,  # type: ignore[dict-item]
-        "pcie_line_rate_GBps": PHYSICAL["pcie_gen4_x16_GBps"],  # type: ignore[dict-item]
+        "fit_blocking_h2d_ms": fit_ms,
+        "pcie_line_rate_GBps": PHYSICAL["pcie_gen4_x16_GBps"],
         "share_of_line_rate": bw / 1e9 / float(PHYSICAL["pcie_gen4_x16_GBps"]),
     }
 
@@ -219,10 +218,10 @@ def derive_memory() -> dict[str, float]:
     ring_mib = 3 * rows * wl.row_bytes / MIB
     headroom_mib = TransportConfig().headroom_mib
     io_mib = 1.0  # the scheduler's device io buffer
-    upper = PHYSICAL["memory_usable_mib"] - headroom_mib - ring_mib - GRAPH_BASE_BYTES / MIB - io_mib  # type: ignore[operator]
+    upper = PHYSICAL["memory_usable_mib"] - headroom_mib - ring_mib - GRAPH_BASE_BYTES / MIB - io_mib
     wl262 = _workload(262144)
     ring262 = 3 * pad_rows(262144 + 1) * wl262.row_bytes / MIB
-    lower_262 = PHYSICAL["memory_usable_mib"] - headroom_mib - ring262 - GRAPH_BASE_BYTES / MIB - io_mib  # type: ignore[operator]
+    lower_262 = PHYSICAL["memory_usable_mib"] - headroom_mib - ring262 - GRAPH_BASE_BYTES / MIB - io_mib
     lower = max(weights_mib, lower_262)
     return {"weights_mib": weights_mib, "lower_mib": lower, "upper_mib": upper, "used_mib": (lower + upper) / 2}
 
@@ -253,6 +252,7 @@ def _preset(link: dict[str, Any], host: dict[str, float], mem: dict[str, float],
                 "name": PHYSICAL["device"],
                 "memory_total_mib": PHYSICAL["memory_usable_mib"],
                 "memory_used_mib": round(mem["used_mib"], 1),
+                "memory_reserved_mib": round(mem["used_mib"] - mem["weights_mib"], 1),
                 "h2d_engines": 1,
                 "d2h_engines": 1,
                 "duplex_slowdown": 1.0,

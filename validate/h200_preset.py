@@ -1,0 +1,232 @@
+"""Derive the ``h200-gen5x16`` preset from the H200 probe.
+
+The probe (``shared/reference/h200-probe.json``) timed one NVIDIA H200 on PCIe
+gen5 x16 through CuPy: copies of 256 KiB .. 1 GiB pinned and pageable in both
+directions, two copies racing on two streams, a copy under a matmul loop, an
+attention kernel over 4,096 .. 131,072 rows, a weight-streaming matvec, and the
+host cost of a copy issue, an event record + wait and a kernel launch. Every
+number of the preset follows from those by a rule stated in the function that
+applies it. The probe numbers this needs are embedded below (the probe file
+lives outside the repository); ``--probe FILE`` verifies them against the file.
+
+Run ``python -m validate.h200_preset`` to rewrite the preset, ``--check`` to
+verify the committed one. Units as in the probe: MiB, GB/s, ms, us.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from backends.profile import PRESET_DIR
+
+PRESET_PATH = PRESET_DIR / "h200-gen5x16.json"
+MIB = 1024 * 1024
+PROBE_SOURCE = "shared/reference/h200-probe.json"
+
+# Embedded from the probe (key paths in PROBE_KEYS). Copy sizes in MiB.
+PROBE: dict[str, Any] = {
+    "totalGlobalMem": 150109880320,
+    "bandwidth": {
+        "0.25": {"h2d_pinned_GBps": 13.473684808884329, "h2d_pageable_GBps": 6.9838024081263255, "d2h_pinned_GBps": 12.06480136016715},
+        "1": {"h2d_pinned_GBps": 33.781443518874674, "h2d_pageable_GBps": 9.525581716575655, "d2h_pinned_GBps": 28.718668917838023},
+        "4": {"h2d_pinned_GBps": 47.08045958137084, "h2d_pageable_GBps": 10.016965825503249, "d2h_pinned_GBps": 43.34391568799739},
+        "16": {"h2d_pinned_GBps": 51.90456469048318, "h2d_pageable_GBps": 8.841281363838664, "d2h_pinned_GBps": 50.611833093525675},
+        "64": {"h2d_pinned_GBps": 54.18157266431513, "h2d_pageable_GBps": 6.582253320127808, "d2h_pinned_GBps": 53.490590655257364},
+        "256": {"h2d_pinned_GBps": 53.072637107511525, "h2d_pageable_GBps": 5.958296445285148, "d2h_pinned_GBps": 53.8110709270323},
+        "1024": {"h2d_pinned_GBps": 54.07740013295885, "h2d_pageable_GBps": 7.655152784070471, "d2h_pinned_GBps": 55.03442092398318},
+    },
+    "small_copy_issue_us": 3.484591999999509,
+    "two_h2d_streams_ms": {"s1": 19.994176864624023, "s2": 39.733726501464844},
+    "fifo_big_h2d_then_small_d2h_ms": {"big_done": 19.46086311340332, "small_done": 0.09721600264310837},
+    "h2d_plus_d2h_ms": {"h2d": 23.048032760620117, "d2h": 20.88649559020996},
+    "attention": {
+        "4096": {"ms": 0.39344000816345215, "kv_bytes": 16777216},
+        "16384": {"ms": 0.9084799885749817, "kv_bytes": 67108864},
+        "65536": {"ms": 3.1958720684051514, "kv_bytes": 268435456},
+        "131072": {"ms": 6.405663967132568, "kv_bytes": 536870912},
+    },
+    "mlp_matvec_ms": {"ms": 0.16463999450206757, "bytes": 534773760},
+    "event_record_wait_us": 2.262932499998982,
+    "tiny_kernel_launch_us": 61.40961099999842,
+}
+
+
+def _sizes() -> list[float]:
+    return sorted(float(k) for k in PROBE["bandwidth"])
+
+
+def _times_s(key: str) -> list[tuple[float, float]]:
+    """(bytes, seconds) of each probed copy: size / measured GB/s."""
+    out = []
+    for mib in _sizes():
+        gbps = PROBE["bandwidth"][f"{mib:g}"][key]
+        out.append((mib * MIB, mib * MIB / (gbps * 1e9)))
+    return out
+
+
+def link_curve(key: str) -> dict[str, Any]:
+    """A link curve that reproduces every probed copy time exactly.
+
+    Latency: the intercept of the line time = latency + bytes / bandwidth
+    fitted to all sizes by least squares on the relative error (each point
+    weighted by 1 / time, so the 256 KiB copy counts as much as the 1 GiB one).
+    Then each size gets bandwidth = size / (time - latency), which the
+    profile's latency + bytes / bw(size) model turns back into the probed time.
+    """
+    pts = _times_s(key)
+    ns = np.array([n for n, _ in pts])
+    ts = np.array([t for _, t in pts])
+    design = np.vstack([np.ones_like(ns), ns]).T / ts[:, None]
+    latency_s = float(np.linalg.lstsq(design, np.ones_like(ts), rcond=None)[0][0])
+    return {
+        "latency_us": round(latency_s * 1e6, 3),
+        "points": [[round(n / MIB, 4), round(n / (t - latency_s) / 1e9, 3)] for n, t in pts],
+    }
+
+
+def engines() -> dict[str, Any]:
+    """Copy engines per direction and the full-duplex slowdown.
+
+    Two 1 GiB H2D copies on two streams finished at 20.0 and 39.7 ms: one
+    engine in that direction, FIFO (despite ``asyncEngineCount`` 3). A small
+    D2H issued behind a 1 GiB H2D finished after 0.1 ms: D2H has its own.
+    H2D and D2H of 1 GiB at once: H2D took 23.05 ms against 19.86 alone (the
+    1 GiB pinned time), so a copy that starts while the other direction is busy
+    runs that much slower.
+    """
+    two = PROBE["two_h2d_streams_ms"]
+    h2d_engines = 1 if two["s2"] > 1.5 * two["s1"] else 2
+    fifo = PROBE["fifo_big_h2d_then_small_d2h_ms"]
+    d2h_separate = fifo["small_done"] < 0.5 * fifo["big_done"]
+    alone_ms = dict(_times_s("h2d_pinned_GBps"))[1024 * MIB] * 1e3
+    return {
+        "h2d_engines": h2d_engines,
+        "d2h_engines": 1,
+        "d2h_separate_engine": d2h_separate,
+        "duplex_slowdown": round(PROBE["h2d_plus_d2h_ms"]["h2d"] / alone_ms, 4),
+    }
+
+
+def compute() -> dict[str, float]:
+    """GPU time: weights at the matvec's bandwidth; attention as a line in window bytes over the four kernels."""
+    mv = PROBE["mlp_matvec_ms"]
+    xs = [float(v["kv_bytes"]) for v in PROBE["attention"].values()]
+    ys = [float(v["ms"]) * 1e-3 for v in PROBE["attention"].values()]
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return {
+        "weight_GBps": round(mv["bytes"] / (mv["ms"] * 1e-3) / 1e9, 1),
+        "attn_us": round((my - slope * mx) * 1e6, 1),
+        "attn_GBps": round(1.0 / slope / 1e9, 2),
+    }
+
+
+def host() -> dict[str, float]:
+    """Host costs: copy issue and kernel launch as probed; the event record + wait round trip split in two halves."""
+    half = PROBE["event_record_wait_us"] / 2
+    return {
+        "launch_us": round(PROBE["tiny_kernel_launch_us"], 3),
+        "copy_issue_us": round(PROBE["small_copy_issue_us"], 3),
+        "event_us": round(half, 3),
+        "host_wait_us": round(half, 3),
+        "graph_us": 0.0,
+    }
+
+
+def derive() -> dict[str, Any]:
+    """The preset as a dict (the file's format)."""
+    eng = engines()
+    pageable = link_curve("h2d_pageable_GBps")
+    return {
+        "name": "h200-gen5x16",
+        "source": (
+            "NVIDIA H200 on PCIe gen5 x16, every number derived from shared/reference/h200-probe.json by "
+            "validate/h200_preset.py (regenerate: python -m validate.h200_preset): link curves reproduce each probed copy "
+            "time; one FIFO engine per direction (two-stream probe) and the probed full-duplex slowdown; compute from the "
+            "probe's matvec (weights) and attention kernels, host costs from its issue/launch/event timings. The probe ran "
+            "through CuPy, so launch_us (61 us) is a Python-side launch and the kernels are the probe's own; "
+            "memory_used is the profile's default reservation (no model weights), cpu_split_us an estimate (no probe)."
+        ),
+        "estimate": False,
+        "host": host(),
+        "devices": [
+            {
+                "name": "NVIDIA H200",
+                "memory_total_mib": round(PROBE["totalGlobalMem"] / MIB),
+                "memory_used_mib": 600,
+                "memory_reserved_mib": 600,
+                "h2d_engines": eng["h2d_engines"],
+                "d2h_engines": eng["d2h_engines"],
+                "duplex_slowdown": eng["duplex_slowdown"],
+                "alignment_bytes": 256,
+                "links": {
+                    "h2d_pinned": link_curve("h2d_pinned_GBps"),
+                    "h2d_pageable": pageable,
+                    "d2h_pinned": link_curve("d2h_pinned_GBps"),
+                    "d2h_pageable": pageable,
+                },
+                "compute": {"layer_us": 0.0, **compute(), "head_us": 0.0, "cpu_split_us": 5.0},
+            }
+        ],
+    }
+
+
+def preset_json() -> str:
+    return json.dumps(derive(), indent=1) + "\n"
+
+
+def probe_mismatches(path: str | Path) -> list[str]:
+    """Embedded probe numbers that differ from the probe file at ``path`` (empty: they agree). Reads the file."""
+    data = json.loads(Path(path).read_text())
+    bad: list[str] = []
+
+    def walk(ours: Any, theirs: Any, where: str) -> None:
+        if isinstance(ours, dict):
+            if not isinstance(theirs, dict):
+                bad.append(where)
+                return
+            for k, v in ours.items():
+                if k not in theirs:
+                    bad.append(f"{where}.{k} (absent)")
+                else:
+                    walk(v, theirs[k], f"{where}.{k}")
+        elif ours != theirs:
+            bad.append(f"{where}: {ours!r} != {theirs!r}")
+
+    walk({k: v for k, v in PROBE.items() if k != "totalGlobalMem"}, data, "probe")
+    walk(PROBE["totalGlobalMem"], data.get("device", {}).get("totalGlobalMem"), "probe.device.totalGlobalMem")
+    return bad
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m validate.h200_preset", description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 unless the committed preset equals the derived one")
+    ap.add_argument("--probe", metavar="FILE", help="also verify the embedded numbers against this probe file")
+    ap.add_argument("--out", default=str(PRESET_PATH))
+    args = ap.parse_args(argv)
+    if args.probe:
+        bad = probe_mismatches(args.probe)
+        if bad:
+            print("embedded probe numbers differ from " + args.probe + ": " + "; ".join(bad), file=sys.stderr)
+            return 1
+    text = preset_json()
+    if args.check:
+        if not Path(args.out).exists() or Path(args.out).read_text() != text:
+            print(f"{args.out} differs from what validate/h200_preset.py derives; rerun it", file=sys.stderr)
+            return 1
+        print(f"{args.out} matches its derivation")
+        return 0
+    Path(args.out).write_text(text)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
