@@ -207,6 +207,7 @@ class CupyGPU:
 
     def launch(self, stream: Stream, work: Work) -> HostOp:
         """Enqueue ``work.run(cupy)`` on ``stream`` (a spin kernel of ``duration_s`` if it has none). The host does not block."""
+        t = self.now_s()
         start = self._mark(stream)
         with stream.handle:
             if work.run is not None:
@@ -214,6 +215,7 @@ class CupyGPU:
             elif work.duration_s > 0:
                 self._spin_kernel()((1,), (1,), (np.uint64(int(work.duration_s * 1e9)),))
         self._done(stream, start, (stream.name,), work.name)
+        self._host_span(f"launch {work.name}", t)
         return
         yield  # pragma: no cover
 

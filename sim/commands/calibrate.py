@@ -1,0 +1,61 @@
+"""``kvpipe calibrate``: measure the GPU and write a hardware profile the simulation reads.
+
+Runs the micro-measurements (host costs, link curves pinned and pageable,
+copy engines) and the decode program of each ``--model`` at a few calibration
+windows through the CuPy backend, and writes the profile JSON (``--out``):
+``kvpipe simulate --hardware FILE`` and ``kvpipe validate --hardware FILE``
+read it. Without CuPy or a CUDA device it prints one line and exits 2;
+``--machine simpy`` runs the same code on the simulated machine of
+``--hardware`` (to check the plumbing, not the GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from typing import Any
+
+from sim.grid import UsageError, _int, parse_list
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("calibrate", help="measure the GPU (CuPy) and write a hardware profile JSON")
+    p.add_argument("--model", default="llama-3.1-8b,qwen3.8-27b", help="model(s) whose decode program is timed (comma list)")
+    p.add_argument("--cache-type", default="q8_0", help="KV cache type of the timed program")
+    p.add_argument("--out", default="calibrated.json", help="profile file to write (default calibrated.json)")
+    p.add_argument("--windows", default="1024,8192,32768", help="calibration contexts of the compute fit (comma list)")
+    p.add_argument("--reps", type=int, default=5, help="repetitions per copy size (default 5)")
+    p.add_argument("--max-copy-mib", type=float, default=1024, help="largest copy of the link curves in MiB (default 1024)")
+    p.add_argument("--scale", type=float, default=1.0, help="hidden/FFN/vocab of the program as a fraction of the model's (default 1.0)")
+    p.add_argument("--machine", default="cupy", help="cupy (the GPU) or simpy (the simulated --hardware, for checks)")
+    p.add_argument("--hardware", default="h200-gen5x16", help="profile of the simpy machine (ignored on cupy)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from backends.base import BackendUnavailable
+    from sim.grid import _load_hw, _load_model, cache_type_or_usage
+    from validate import driver, micro
+
+    models = [_load_model(m) for m in parse_list(args.model, str, "--model", "presets, .gguf or config.json")]
+    ctype = cache_type_or_usage(args.cache_type)
+    windows = parse_list(args.windows, _int, "--windows", "integers >= 1")
+    if args.reps < 1 or not 0 < args.scale <= 1 or args.max_copy_mib <= 0 or min(windows) < 1:
+        raise UsageError("--reps must be >= 1, --scale in (0, 1], --max-copy-mib > 0, --windows >= 1")
+    sizes = [n for n in micro.LINK_SIZES if n <= args.max_copy_mib * 2**20] or [micro.LINK_SIZES[0]]
+    try:
+        hw = _load_hw(args.hardware) if args.machine == "simpy" else None
+        be, xp, info = driver.machine(args.machine, hw)
+    except BackendUnavailable as exc:
+        raise UsageError(driver.unavailable_message(exc)) from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    command = "kvpipe " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "kvpipe calibrate"
+    data = driver.run_calibrate(be, xp, info, models, ctype, args.out, windows, args.reps, args.scale, sizes, command)
+    h = data["host"]
+    print(f"wrote {args.out}: {data['device']}, peak pinned H2D "
+          f"{max(p[1] for p in data['devices'][0]['links']['h2d_pinned']['points']):.1f} GB/s, "
+          f"launch {h['launch_us']:.1f} us, copy issue {h['copy_issue_us']:.1f} us, event {h['event_us']:.2f} us, "
+          f"host wait {h['host_wait_us']:.1f} us")
+    return 0

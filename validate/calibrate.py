@@ -1,0 +1,271 @@
+"""``kvpipe calibrate``: measure a machine and write the hardware profile the simulation reads.
+
+A profile (``backends.profile`` file format) needs the link curves, the copy
+engines, the host costs and a compute model. The first three come from
+``validate.micro``. The compute model comes from the workload itself: for
+each model the decode program runs on the ordered path through the same
+scheduler at a few *calibration windows* (not the validation contexts), and
+every GPU split's kernel span (CUDA events) is fitted to the graph's model of
+a split,
+
+    t = layers x layer_s + [attention] (attn_s + window_bytes / attn_bytes_per_s) + [last] head_s,
+
+by non-negative least squares; the CPU split time is the median of the host's
+CPU-split spans. What the graph does not model -- the scheduler's own Python
+between backend calls -- is measured the same way: the simulated token time
+of those calibration runs against the measured one, divided by the GPU splits
+of a token and charged as extra launch time. Per-model compute and launch
+costs go under ``workloads`` in the file; the device's ``compute`` holds the
+first model's, so ``kvpipe simulate --hardware FILE`` reads it as is, and
+:func:`profile_for` picks the right one for a model.
+
+Units: seconds and bytes inside; the file's units (us, GB/s, MiB) only in
+:func:`build_profile` and :func:`compute_fields`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from backends.base import Backend
+from backends.profile import MIB, ComputeModel, HardwareProfile, profile_from_dict
+from sim.graph import decode_graph
+from sim.simulate import Point, simulate
+from sim.scheduler import TransportConfig
+from sim.workload import CacheType, ModelShape, Workload
+from validate import micro
+from validate.gpu_run import GpuProgram, WeightStore, run_group
+
+CALIBRATION_WINDOWS = (1024, 8192, 32768)
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares ``a x ~ b`` with ``x >= 0`` (active set: drop negative coefficients and refit)."""
+    free = list(range(a.shape[1]))
+    x = np.zeros(a.shape[1])
+    while free:
+        sol, *_ = np.linalg.lstsq(a[:, free], b, rcond=None)
+        if (sol >= 0).all():
+            x[free] = sol
+            break
+        free = [f for f, v in zip(free, sol, strict=True) if v > 0]
+    return x
+
+
+def fit_compute(samples: Sequence[tuple[int, bool, float, bool, float]], cpu_split_s: float) -> ComputeModel:
+    """A ComputeModel from GPU split samples ``(layers, attention?, window_bytes, last?, seconds)``."""
+    a = np.array([[n, float(att), wb / 1e9 if att else 0.0, float(last)] for n, att, wb, last, _ in samples], dtype=float)
+    b = np.array([s[-1] for s in samples], dtype=float)
+    layer_s, attn_s, s_per_gb, head_s = nnls(a, b)
+    return ComputeModel(
+        layer_s=float(layer_s),
+        attn_s=float(attn_s),
+        attn_bytes_per_s=1e9 / s_per_gb if s_per_gb > 0 else 0.0,
+        head_s=float(head_s),
+        cpu_split_s=float(cpu_split_s),
+    )
+
+
+def compute_fields(c: ComputeModel) -> dict[str, float]:
+    """A ComputeModel in the file's units."""
+    return {
+        "layer_us": c.layer_s * 1e6,
+        "weight_GBps": c.weight_bytes_per_s / 1e9,
+        "attn_us": c.attn_s * 1e6,
+        "attn_GBps": c.attn_bytes_per_s / 1e9,
+        "head_us": c.head_s * 1e6,
+        "cpu_split_us": c.cpu_split_s * 1e6,
+    }
+
+
+def profile_for(profile: HardwareProfile, model: str) -> HardwareProfile:
+    """``profile`` with the compute model and launch cost calibrated for ``model``, where the file has them."""
+    w = profile.meta.get("workloads", {}).get(model)
+    if not w:
+        return profile
+    c = w["compute"]
+    compute = ComputeModel(
+        layer_s=c["layer_us"] * 1e-6,
+        weight_bytes_per_s=c.get("weight_GBps", 0.0) * 1e9,
+        attn_s=c["attn_us"] * 1e-6,
+        attn_bytes_per_s=c["attn_GBps"] * 1e9,
+        head_s=c["head_us"] * 1e-6,
+        cpu_split_s=c["cpu_split_us"] * 1e-6,
+    )
+    host = replace(profile.host, launch_s=w.get("launch_us", profile.host.launch_s * 1e6) * 1e-6)
+    devices = tuple(replace(d, compute=compute) for d in profile.devices)
+    return replace(profile, devices=devices, host=host)
+
+
+# ------------------------------------------------------------ workload
+
+
+def split_samples(workload: Workload, hardware: HardwareProfile, spans: Sequence[Any], tokens: int, warmup: int) -> tuple[list, list[float]]:
+    """GPU split samples (for :func:`fit_compute`) and CPU split seconds of one ordered calibration run."""
+    samples: list[tuple[int, bool, float, bool, float]] = []
+    cpu: list[float] = []
+    ctx = max(workload.context)
+    for i in range(tokens):
+        g = decode_graph(workload, hardware.devices[0].compute, position=ctx + warmup + i)
+        gpu = [s for s in g.splits if s.kind == "gpu"]
+        last = gpu[-1].index
+        for s in gpu:
+            found = [sp for sp in spans if sp.track == f"consumer{s.device}" and sp.name == s.name]
+            if len(found) < tokens:
+                continue
+            sp = found[len(found) - tokens + i]
+            wb = g.window_rows * workload.row_bytes
+            samples.append((len(s.layers), s.attn_layer >= 0, float(wb), s.index == last, sp.end_s - sp.start_s))
+    cpu = [sp.end_s - sp.start_s for sp in spans if sp.track == "host" and sp.name.startswith("cpu_rows_")]
+    return samples, cpu
+
+
+def calibrate_workload(
+    be: Backend,
+    model: ModelShape,
+    ctype: CacheType,
+    hardware: HardwareProfile,
+    xp: Any,
+    store: WeightStore,
+    windows: Sequence[int] = CALIBRATION_WINDOWS,
+    tokens: int = 3,
+    warmup: int = 1,
+    scale: float = 1.0,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Fit the compute model and the per-split host overhead of ``model``'s decode program. Blocks for the runs.
+
+    Returns the ``workloads[model]`` entry of the profile file.
+    """
+    samples: list[tuple[int, bool, float, bool, float]] = []
+    cpu: list[float] = []
+    measured: list[tuple[Workload, float, int]] = []
+    launch_host: dict[str, list[float]] = {}
+    for ctx in windows:
+        wl = Workload(model, ctype, ctype, (ctx,), tokens=tokens)
+        prog = GpuProgram(wl, xp, store, scale=scale)
+        group = run_group(be, wl, hardware, [(0, 0.0)], prog, reps=1, warmup=warmup, progress=progress)
+        run = group.runs[0]
+        s, c = split_samples(wl, hardware, run.spans, tokens, warmup)
+        samples += s
+        cpu += c
+        n_gpu = sum(1 for sp in decode_graph(wl, hardware.devices[0].compute, ctx).splits if sp.kind == "gpu")
+        for sp in run.spans:
+            if sp.track == "host" and sp.name.startswith("launch "):
+                launch_host.setdefault(sp.name[7:], []).append((sp.end_s - sp.start_s) * 1e6)
+        measured.append((wl, statistics.fmean(g.total_s for g in run.stats), n_gpu))
+    compute = fit_compute(samples, statistics.median(cpu) if cpu else 0.0)
+    fitted = replace(hardware, devices=tuple(replace(d, compute=compute) for d in hardware.devices))
+    residual = []
+    for wl, total_s, n_gpu in measured:
+        sim = simulate(Point(replace(wl, tokens=tokens + warmup), fitted, TransportConfig(depth=0)))
+        predicted = statistics.fmean(g.total_s for g in sim.graphs[warmup:])
+        residual.append((total_s - predicted) / n_gpu)
+    glue_s = statistics.median(residual)
+    launch_s = max(hardware.host.launch_s, hardware.host.launch_s + glue_s)
+    return {
+        "compute": compute_fields(compute),
+        "launch_us": launch_s * 1e6,
+        "glue_us_per_gpu_split": glue_s * 1e6,
+        "windows": list(windows),
+        "cache_type": ctype.name,
+        "scale": scale,
+        "samples": [{"layers": n, "attention": a, "window_bytes": wb, "last": la, "gpu_us": t * 1e6} for n, a, wb, la, t in samples],
+        "cpu_split_us_samples": len(cpu),
+        "host_launch_us": {k: statistics.median(v) for k, v in launch_host.items()},
+        "token_ms_measured": [t * 1e3 for _, t, _ in measured],
+    }
+
+
+# ------------------------------------------------------------ profile
+
+
+def build_profile(info: dict[str, Any], host: dict[str, float], links: dict[tuple[str, bool], dict[int, float]],
+                  eng: dict[str, Any], command: str = "") -> dict[str, Any]:
+    """The profile file's dict from the micro-measurements (no compute model yet)."""
+    total = info.get("memory_total_bytes", 0)
+    used = total - info.get("memory_free_bytes", 0)
+    name = info.get("device", "device")
+    return {
+        "name": f"calibrated-{name.replace(' ', '-').lower()}",
+        "source": f"kvpipe calibrate on {name} (driver {info.get('driver_version')}, CuPy {info.get('cupy_version')}), "
+                  f"{info.get('date', '')}: every number measured through the CuPy backend",
+        "estimate": False,
+        "device": name,
+        "driver_version": info.get("driver_version"),
+        "runtime_version": info.get("runtime_version"),
+        "cupy_version": info.get("cupy_version"),
+        "date": info.get("date", ""),
+        "command": command,
+        "host": {
+            "launch_us": host["launch_s"] * 1e6,
+            "copy_issue_us": host["copy_issue_s"] * 1e6,
+            "event_us": host["event_s"] * 1e6,
+            "host_wait_us": host["host_wait_s"] * 1e6,
+            "graph_us": 0.0,
+        },
+        "devices": [
+            {
+                "name": name,
+                "memory_total_mib": total / MIB,
+                "memory_used_mib": used / MIB,
+                "h2d_engines": 1 if eng.get("h2d_fifo", True) else 2,
+                "d2h_engines": 1 if eng.get("d2h_fifo", True) else 2,
+                "duplex_slowdown": eng.get("duplex_slowdown", 1.0),
+                "alignment_bytes": 256,
+                "links": {
+                    f"{d}_{'pinned' if p else 'pageable'}": micro.curve_points(t) for (d, p), t in sorted(links.items())
+                },
+                "compute": {},
+            }
+        ],
+        "measurements": {
+            "host_costs_us": {k: v * 1e6 for k, v in host.items()},
+            "copy_times_us": {f"{d}_{'pinned' if p else 'pageable'}": {str(n): s * 1e6 for n, s in t.items()} for (d, p), t in links.items()},
+            "engines": eng,
+        },
+        "workloads": {},
+    }
+
+
+def calibrate(
+    be: Backend,
+    models: Sequence[ModelShape],
+    ctype: CacheType,
+    xp: Any,
+    info: dict[str, Any] | None = None,
+    sizes: Sequence[int] = micro.LINK_SIZES,
+    reps: int = 5,
+    windows: Sequence[int] = CALIBRATION_WINDOWS,
+    scale: float = 1.0,
+    command: str = "",
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Measure ``be`` and the decode program of each model; return the profile file's dict. Blocks for minutes on a GPU."""
+    say = progress or (lambda _msg: None)
+    info = dict(info or {})
+    info.setdefault("date", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    say("host costs")
+    host = micro.run_on(be, micro.host_costs(be))
+    say("link curves")
+    links = micro.run_on(be, micro.copy_times(be, sizes, reps, host["host_wait_s"], host["copy_issue_s"]))
+    say("copy engines")
+    eng = micro.run_on(be, micro.engines(be))
+    eng["two_d_over_one_d"] = micro.run_on(be, micro.two_d_ratio(be))
+    data = build_profile(info, host, links, eng, command)
+    store = WeightStore()
+    for i, model in enumerate(models):
+        say(f"workload {model.name}")
+        hw = profile_from_dict(data, "calibration")
+        entry = calibrate_workload(be, model, ctype, hw, xp, store, windows, scale=scale, progress=progress)
+        data["workloads"][model.name] = entry
+        if i == 0:
+            data["devices"][0]["compute"] = entry["compute"]
+    store.release(be)
+    return data

@@ -1,0 +1,122 @@
+"""What ``kvpipe calibrate`` and ``kvpipe validate`` do, behind their thin command modules.
+
+Both run on a *machine*: the CUDA GPU through CuPy (the real thing) or, for
+tests and CI, the SimPy machine in functional mode built from a profile (the
+same code paths with NumPy arrays and simulated time). ``machine(name)``
+builds either and returns it with its array module; without CuPy or a CUDA
+device it raises BackendUnavailable, which the commands turn into one line
+and exit code 2.
+
+Progress goes to stderr through tqdm (a plain line per step where tqdm is
+missing).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from collections.abc import Callable, Sequence
+from itertools import groupby
+from typing import Any
+
+from backends.base import BackendUnavailable
+from backends.profile import HardwareProfile
+from sim.simulate import Point
+from sim.telemetry import chrome_trace, write_atomic
+
+MACHINES = ("cupy", "simpy")
+
+
+def machine(name: str, profile: HardwareProfile | None = None) -> tuple[Any, Any, dict[str, Any]]:
+    """(backend, array module, description) for ``name``. Raises BackendUnavailable, ValueError."""
+    import numpy as np
+
+    if name == "cupy":
+        from backends.cupy_gpu import CupyGPU
+
+        be = CupyGPU()
+        return be, be.cp, be.describe()
+    if name == "simpy":
+        if profile is None:
+            raise ValueError("the simpy machine needs a hardware profile")
+        from backends.simpy_machine import SimMachine
+
+        dev = profile.devices[0]
+        info = {"device": f"SimPy machine ({profile.name})", "memory_total_bytes": dev.memory_total_bytes,
+                "memory_free_bytes": dev.memory_free_bytes, "driver_version": None, "runtime_version": None,
+                "cupy_version": None, "numpy_version": np.__version__}
+        return SimMachine(profile, functional=True), np, info
+    raise ValueError(f"unknown machine {name!r}; allowed: {', '.join(MACHINES)}")
+
+
+def progress_bar(total: int, desc: str) -> Callable[[str], None]:
+    """A callable that advances a tqdm bar on stderr by one step and shows the message."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        return lambda msg: print(f"{desc}: {msg}", file=sys.stderr)
+    bar = tqdm(total=total, desc=desc, file=sys.stderr, leave=True, dynamic_ncols=True)
+
+    def step(msg: str) -> None:
+        bar.set_postfix_str(msg[:60])
+        bar.update(1)
+
+    return step
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def run_calibrate(backend: Any, xp: Any, info: dict[str, Any], models: Sequence[Any], ctype: Any, out: str,
+                  windows: Sequence[int], reps: int, scale: float, sizes: Sequence[int], command: str) -> dict[str, Any]:
+    """Calibrate and write the profile file to ``out``. Blocks for the measurements."""
+    from validate.calibrate import calibrate
+
+    info = {**info, "date": now_iso()}
+    bar = progress_bar(4 + len(models) * (len(windows) + 1), "calibrate")
+    data = calibrate(backend, models, ctype, xp, info, sizes=sizes, reps=reps, windows=windows, scale=scale,
+                     command=command, progress=bar)
+    write_atomic(out, json.dumps(data, indent=1, default=str))
+    return data
+
+
+def run_validate(backend: Any, xp: Any, info: dict[str, Any], points: Sequence[Point], profile: HardwareProfile,
+                 out: str, reps: int, warmup: int, scale: float, command: str, trace: str | None = None) -> dict[str, Any]:
+    """Measure every point's group on ``backend``, simulate it, write the report folder. Blocks for all of it."""
+    from validate.gpu_run import GpuProgram, WeightStore, run_group
+    from validate.report import write_report
+
+    key = lambda p: (p.workload.model.name, p.workload.cache_k.name, p.context)  # noqa: E731
+    ordered = sorted(points, key=key)
+    groups_in = [(k, list(v)) for k, v in groupby(ordered, key=key)]
+    total = sum(len(v) for _, v in groups_in) * reps
+    bar = progress_bar(total, "validate")
+    store = WeightStore()
+    groups = []
+    for _, pts in groups_in:
+        wl = pts[0].workload
+        arms = list(dict.fromkeys((p.transport.depth, p.transport.budget_mib) for p in pts))
+        mutations = pts[0].transport.mutations
+        program = GpuProgram(wl, xp, store, scale=scale)
+        groups.append(run_group(backend, wl, profile, arms, program, reps=reps, warmup=warmup, mutations=mutations, progress=bar))
+    store.release(backend)
+    meta = {**info, "date": now_iso(), "command": command, "mutations": sorted(points[0].transport.mutations),
+            "machine": backend.name, "scale": scale, "warmup_graphs": warmup}
+    doc = write_report(out, groups, profile, meta)
+    if trace:
+        timelines = []
+        for g in groups:
+            for r in g.runs:
+                if r.spans:
+                    label = f"{g.workload.model.name} ctx={max(g.workload.context)} depth={r.depth} budget={r.budget_mib:g} ({backend.name})"
+                    timelines.append((label, r.spans))
+        write_atomic(trace, json.dumps(chrome_trace(timelines)))
+    return doc
+
+
+def unavailable_message(exc: BackendUnavailable) -> str:
+    return f"{exc} (this command needs a CUDA GPU; --machine simpy runs the same code on the simulated machine)"
+
+

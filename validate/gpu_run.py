@@ -1,0 +1,231 @@
+"""Running the decode workload through the scheduler on a backend, and measuring it.
+
+One *group* is (model, cache type, context): one host KV cache, filled once,
+and one program whose weights are made once per model. Its *arms* are the
+(depth, budget) pairs of the grid; each repetition runs every arm once in the
+same order (A/B/A/B...), so a drift of the machine spreads over all arms
+instead of biasing one. Each run is ``sim.simulate.run_decode`` -- the very
+host loop the simulation runs -- driven on the backend; its first
+``warmup`` graphs (ring allocation, first-use kernel compilation) are left out
+of the timing but not out of the exactness hashes.
+
+:class:`GpuProgram` is ``sim.program.DecodeProgram`` at the model's full
+hidden / FFN / vocabulary sizes, with its float32 weights drawn on the device
+(the host's NumPy generator would take minutes for tens of GB) and its host
+cache filled on the device, once per group; every run after the first only
+resets the program's state. It needs nothing but the array module, so the
+tests run it with NumPy on the SimPy machine.
+
+Units: seconds and bytes.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from backends.base import Backend, Buffer, Span
+from backends.profile import HardwareProfile
+from sim.graph import layout_of
+from sim.program import DecodeProgram, ProgramConfig, encode_rows
+from sim.scheduler import GraphStats, TransportConfig
+from sim.simulate import Point, RunResult, run_decode
+from sim.workload import Workload
+from validate.micro import run_on
+
+FILL_CHUNK_ROWS = 16384
+
+
+def _randn(xp: Any, seed: int, shape: tuple[int, ...]) -> Any:
+    """Seeded standard normal float32 numbers made where ``xp`` computes. Blocks on the host for NumPy only."""
+    if xp is np:
+        return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+    return xp.random.RandomState(seed).standard_normal(shape, dtype=xp.float32)
+
+
+def _sync(xp: Any) -> None:
+    """Wait for the device (CuPy) so work on the default stream is done before other streams run. Blocks."""
+    cuda = getattr(xp, "cuda", None)
+    if cuda is not None:
+        cuda.runtime.deviceSynchronize()
+
+
+@dataclass
+class WeightStore:
+    """Device weights per model name, shared by the programs of every context of that model."""
+
+    weights: dict[str, dict[str, Any]] = field(default_factory=dict)
+    buffers: dict[str, list[Buffer]] = field(default_factory=dict)
+
+    def release(self, backend: Backend, keep: str = "") -> None:
+        """Free every model's weights except ``keep``'s. Does not block."""
+        for name in [n for n in self.buffers if n != keep]:
+            for b in self.buffers.pop(name):
+                backend.free(b)
+            self.weights.pop(name, None)
+
+
+class GpuProgram(DecodeProgram):
+    """The decode program at full model size; weights and cache content made on the device, once.
+
+    ``scale`` caps hidden/FFN/vocabulary at that fraction of the model's
+    (1.0 = full size). ``setup`` (called by every scheduler) makes the
+    weights on first use, fills ``host_cache`` the first time it sees it, and
+    otherwise only resets the hidden state, the current token and the results.
+    """
+
+    def __init__(self, workload: Workload, xp: Any, store: WeightStore, seed: int = 0, scale: float = 1.0) -> None:
+        m = workload.model
+        cap = lambda n: max(2, int(n * scale))  # noqa: E731
+        cfg = ProgramConfig(seed=seed, max_hidden=cap(m.hidden), max_ffn=cap(m.ffn), max_vocab=cap(m.vocab), prefill_rows=0)
+        super().__init__(workload, cfg, xp)
+        self.store = store
+        self._filled: Buffer | None = None
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of every weight matrix (the parent's layout)."""
+        m, h = self.model, self.hidden
+        shapes: dict[str, tuple[int, ...]] = {"embed": (self.vocab, h), "out": (h, self.vocab)}
+        for layer in range(m.n_layers):
+            shapes[f"up{layer}"] = (h, self.ffn)
+            shapes[f"down{layer}"] = (self.ffn, h)
+        for j in range(m.n_attn):
+            shapes[f"wq{j}"] = (h, m.n_head * m.head_dim_k)
+            shapes[f"wk{j}"] = (h, m.k_elems)
+            shapes[f"wv{j}"] = (h, m.v_elems)
+            shapes[f"wo{j}"] = (m.n_head * m.head_dim_v, h)
+        return shapes
+
+    def setup(self, backend: Backend, host_cache: Buffer) -> None:
+        """Make weights (once per model), fill the host cache (once per buffer), reset state. Blocks until done."""
+        xp, name = self.xp, self.model.name
+        self.host_cache = host_cache
+        self._logits = []
+        self._pos = {}
+        if name not in self.store.weights:
+            self.store.release(backend)
+            bufs: list[Buffer] = []
+            w: dict[str, Any] = {}
+            for i, (wname, shape) in enumerate(self.weight_shapes().items()):
+                scale = 1.0 if wname == "embed" else 1.0 / np.sqrt(shape[0])
+                w[wname] = self._device_array(backend, bufs, wname, shape)
+                if w[wname] is not None:
+                    w[wname][...] = _randn(xp, self.cfg.seed * 100003 + i, shape) * np.float32(scale)
+            w["state"] = self._device_array(backend, bufs, "state", (self.hidden + 1,))
+            self.store.weights[name], self.store.buffers[name] = w, bufs
+        self._w = self.store.weights[name]
+        state = self._w["state"]
+        if state is not None:
+            state[...] = 0
+            state[self.hidden :].view(xp.int32)[...] = self.cfg.seed % self.vocab
+        if host_cache.array is not None and self._filled is not host_cache:
+            self.fill_cache(host_cache)
+            self._filled = host_cache
+        _sync(xp)
+
+    def _device_array(self, backend: Backend, bufs: list[Buffer], name: str, shape: tuple[int, ...]) -> Any:
+        n = int(np.prod(shape)) * 4
+        buf = backend.alloc(0, n, f"w_{name}")
+        bufs.append(buf)
+        return None if buf.array is None else buf.array[:n].view(self.xp.float32).reshape(shape)
+
+    def fill_cache(self, host_cache: Buffer) -> None:
+        """Every cell of every layer's K and V: seeded rows encoded in the cache type, made by ``xp``. Blocks."""
+        xp, m, lay = self.xp, self.model, layout_of(self.wl)
+        for j in range(m.n_attn):
+            for kv, elems, ctype, rb in ((0, m.k_elems, self.wl.cache_k, self.kb), (1, m.v_elems, self.wl.cache_v, self.vb)):
+                base = lay.k_offset(j) if kv == 0 else lay.v_offset(j)
+                for r0 in range(0, lay.cells, FILL_CHUNK_ROWS):
+                    r1 = min(lay.cells, r0 + FILL_CHUNK_ROWS)
+                    x = _randn(xp, (self.cfg.seed * 1_000_003 + j * 4099 + kv * 131 + r0) & 0x7FFFFFFF, (r1 - r0, elems))
+                    enc = encode_rows(xp, x, ctype).reshape(-1)
+                    dst = host_cache.array[base + r0 * rb : base + r1 * rb]
+                    if hasattr(enc, "get") and not isinstance(enc, np.ndarray):
+                        enc.get(out=dst)
+                    else:
+                        dst[:] = enc
+
+
+# ---------------------------------------------------------------- runs
+
+
+@dataclass
+class Run:
+    """One run of one arm: its per-graph stats (warm-up dropped), output hashes and timeline."""
+
+    depth: int
+    budget_mib: float
+    rep: int
+    stats: list[GraphStats]
+    step_hashes: list[str]
+    tokens: list[int]
+    spans: list[Span] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        ms = statistics.fmean(s.total_s for s in self.stats)
+        return 1.0 / ms if ms > 0 else 0.0
+
+
+@dataclass
+class GroupResult:
+    """Every run of one (model, cache type, context) group."""
+
+    workload: Workload
+    runs: list[Run]
+    warmup: int
+
+    def arm(self, depth: int, budget_mib: float) -> list[Run]:
+        return [r for r in self.runs if r.depth == depth and r.budget_mib == budget_mib]
+
+
+def run_group(
+    backend: Backend,
+    workload: Workload,
+    hardware: HardwareProfile,
+    arms: Sequence[tuple[int, float]],
+    program: GpuProgram,
+    reps: int = 3,
+    warmup: int = 1,
+    mutations: frozenset[str] = frozenset(),
+    keep_spans: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> GroupResult:
+    """Run every arm ``reps`` times in A/B/A/B order through ``run_decode``. Blocks for all the runs.
+
+    ``workload.tokens`` counts the measured tokens; ``warmup`` more run first.
+    """
+    wl = replace(workload, tokens=workload.tokens + warmup)
+    probe = Point(wl, hardware, TransportConfig(depth=0))
+    from sim.simulate import graphs_for
+
+    nbytes = next(iter(graphs_for(probe))).host_cache_bytes
+    host_cache = backend.alloc_host(nbytes, "host_kv_cache", pinned=wl.pinned)
+    runs: list[Run] = []
+    try:
+        for rep in range(reps):
+            for depth, budget in arms:
+                point = Point(wl, hardware, TransportConfig(depth=depth, budget_mib=budget, mutations=mutations))
+                clear = getattr(backend, "clear_timeline", None)
+                if clear:
+                    clear()
+                sched, stats = run_on(backend, run_decode(backend, point, program, host_cache=host_cache))
+                spans = backend.timeline() if keep_spans and rep == reps - 1 else []
+                runs.append(Run(depth, budget, rep, stats[warmup:], program.step_hashes(), program.tokens(), spans))
+                del sched
+                if progress:
+                    progress(f"{wl.model.name} ctx={max(wl.context)} depth={depth} budget={budget:g} rep={rep}")
+    finally:
+        backend.free(host_cache)
+    return GroupResult(workload, runs, warmup)
+
+
+def result_of(group: GroupResult, run: Run, hardware: HardwareProfile) -> RunResult:
+    """A RunResult (for ``sim.simulate.row``) of one run: its measured graphs and timeline."""
+    point = Point(group.workload, hardware, TransportConfig(depth=run.depth, budget_mib=run.budget_mib))
+    rows = group.workload.window_rows(max(group.workload.context) + group.warmup)
+    return RunResult(point, run.stats, run.spans, rows)

@@ -1,0 +1,269 @@
+"""The validation report: what the GPU measured, what the simulation predicted, and the exactness gate.
+
+Input: the measured groups (``validate.gpu_run.GroupResult``) and the
+calibrated profile. For every (model, context, depth, budget) the report
+holds the measured tokens/s (median, min, max over the repetitions), the
+simulation's prediction for the same point on the calibrated profile, the
+error, the share of the max(copy, compute) ceiling, the telemetry row of
+the median run (the schema of ``sim.simulate.row``) beside the predicted one,
+the bandwidth the deliveries moved at (from CUDA event spans) and the output
+hash. The *exactness gate* holds every run of every depth of a context to the
+per-step logits hashes of the first depth-0 run.
+
+Ceiling: ``copy`` is one token's window bytes over the calibrated peak pinned
+H2D bandwidth; ``compute`` is the measured ordered token minus the time its
+window copies took (their CUDA event spans and host costs) -- the reference's
+"same run, cache on device" figure, measured rather than modelled.
+
+Writes ``report.json``, ``report.md`` and two PNG plots (matplotlib Agg).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from backends.base import Span
+from backends.profile import HardwareProfile
+from sim.graph import decode_graph
+from sim.scheduler import TransportConfig
+from sim.simulate import Point, row, simulate
+from sim.telemetry import write_atomic
+from validate.calibrate import profile_for
+from validate.gpu_run import GroupResult, Run, result_of
+
+MIB = 1 << 20
+TARGET_MEDIAN_ERR, TARGET_MAX_ERR, TARGET_SHARE = 0.05, 0.10, 0.90
+
+
+def predict(group: GroupResult, depth: int, budget_mib: float, profile: HardwareProfile) -> dict[str, Any]:
+    """The simulation's row for one arm on the calibrated profile, warm-up graphs dropped. Blocks for the simulation."""
+    wl = group.workload
+    hw = profile_for(profile, wl.model.name)
+    res = simulate(Point(replace(wl, tokens=wl.tokens + group.warmup), hw, TransportConfig(depth=depth, budget_mib=budget_mib)))
+    res.graphs = res.graphs[group.warmup :]
+    return row(res)
+
+
+def _window_copy_s(spans: Sequence[Span], graphs: int) -> float:
+    """Seconds per graph the consumer stream spent in ordered window copies (event spans)."""
+    t = sum(s.end_s - s.start_s for s in spans if s.track.startswith("consumer") and s.name.startswith("cache_"))
+    return t / graphs if graphs else 0.0
+
+
+def delivery_rate(spans: Sequence[Span]) -> tuple[float, float]:
+    """(bytes per second, bytes) of the early deliveries on the H2D engine track."""
+    ds = [s for s in spans if s.track.startswith("h2d") and s.name.startswith("delivery")]
+    nbytes = sum(s.args.get("bytes", 0) for s in ds)
+    secs = sum(s.end_s - s.start_s for s in ds)
+    return (nbytes / secs if secs > 0 else 0.0), float(nbytes)
+
+
+def ceiling(group: GroupResult, profile: HardwareProfile) -> dict[str, float]:
+    """Per-token copy and compute seconds, and the max of the two (see the module text)."""
+    wl, hw = group.workload, profile_for(profile, group.workload.model.name)
+    dev = hw.devices[0]
+    g = decode_graph(wl, dev.compute, position=max(wl.context) + group.warmup)
+    window_bytes = sum(i.nbytes for s in g.splits for i in s.staged)
+    copy_s = window_bytes / dev.h2d_pinned.peak_bytes_per_s()
+    ordered = group.arm(0, group.runs[0].budget_mib) or [r for r in group.runs if r.depth == 0]
+    if ordered:
+        total = statistics.median(statistics.fmean(s.total_s for s in r.stats) for r in ordered)
+        with_spans = [r for r in ordered if r.spans]
+        n_copies = sum(len(s.staged) for s in g.splits)
+        per_copy = hw.host.copy_issue_s + hw.host.host_wait_s
+        copies = _window_copy_s(with_spans[0].spans, wl.tokens + group.warmup) if with_spans else copy_s
+        compute_s = max(total - copies - n_copies * per_copy, 0.0)
+    else:
+        compute_s = sum(s.compute_s for s in g.splits)
+    return {"copy_ms": copy_s * 1e3, "compute_ms": compute_s * 1e3, "ceiling_ms": max(copy_s, compute_s) * 1e3}
+
+
+def exactness(groups: Sequence[GroupResult]) -> dict[str, Any]:
+    """Per group: the reference hashes (first depth-0 run) and every run that differs. ``ok`` is the gate."""
+    out: list[dict[str, Any]] = []
+    for g in groups:
+        ref = next((r for r in g.runs if r.depth == 0), g.runs[0])
+        bad = []
+        for r in g.runs:
+            if r.step_hashes != ref.step_hashes:
+                first = next((i for i, (a, b) in enumerate(zip(r.step_hashes, ref.step_hashes, strict=False)) if a != b), -1)
+                bad.append({"depth": r.depth, "budget_mib": r.budget_mib, "rep": r.rep, "first_bad_step": first})
+        out.append({"model": g.workload.model.name, "context": max(g.workload.context), "output_hash": _hash(ref),
+                    "tokens": ref.tokens, "depths": sorted({r.depth for r in g.runs}), "mismatches": bad})
+    return {"ok": all(not e["mismatches"] for e in out), "groups": out}
+
+
+def _hash(run: Run) -> str:
+    import hashlib
+
+    return hashlib.sha256("".join(run.step_hashes).encode()).hexdigest()
+
+
+def points(groups: Sequence[GroupResult], profile: HardwareProfile, meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """One record per (model, context, depth, budget): measured, predicted, error, ceiling share, telemetry."""
+    out = []
+    peak = profile.devices[0].h2d_pinned.peak_bytes_per_s()
+    for g in groups:
+        ceil = ceiling(g, profile)
+        arms = sorted({(r.depth, r.budget_mib) for r in g.runs})
+        for depth, budget in arms:
+            runs = g.arm(depth, budget)
+            tps = sorted(r.tokens_per_s for r in runs)
+            med = statistics.median(tps)
+            median_run = min(runs, key=lambda r: abs(r.tokens_per_s - med))
+            spans_run = next((r for r in runs if r.spans), median_run)
+            measured_row = row(result_of(g, median_run, profile))
+            pred = predict(g, depth, budget, profile)
+            rate, dbytes = delivery_rate(spans_run.spans)
+            out.append({
+                "model": g.workload.model.name,
+                "cache_type": g.workload.cache_k.name,
+                "context": max(g.workload.context),
+                "depth": depth,
+                "budget_mib": budget,
+                "repetitions": len(runs),
+                "tokens_per_run": g.workload.tokens,
+                "measured_tps": med,
+                "measured_tps_min": tps[0],
+                "measured_tps_max": tps[-1],
+                "measured_tps_all": [r.tokens_per_s for r in runs],
+                "predicted_tps": pred["tokens_per_s"],
+                "error": (pred["tokens_per_s"] - med) / med if med else 0.0,
+                "copy_ms": ceil["copy_ms"],
+                "compute_ms": ceil["compute_ms"],
+                "ceiling_tps": 1e3 / ceil["ceiling_ms"] if ceil["ceiling_ms"] else 0.0,
+                "ceiling_share": med * ceil["ceiling_ms"] / 1e3,
+                "delivery_GBps": rate / 1e9,
+                "delivery_share_of_peak": rate / peak if peak else 0.0,
+                "delivery_bytes_traced": dbytes,
+                "output_hash": _hash(median_run),
+                "hashes_equal_across_reps": len({tuple(r.step_hashes) for r in runs}) == 1,
+                "telemetry": measured_row,
+                "predicted": pred,
+                **meta,
+            })
+    return out
+
+
+def summary(pts: Sequence[dict[str, Any]], gate: dict[str, Any]) -> dict[str, Any]:
+    """Median and max |error|, the ceiling share where copy ~ compute, the delivery bandwidth share."""
+    errs = [abs(p["error"]) for p in pts]
+    piped = [p for p in pts if p["depth"] > 0]
+    best: dict[str, dict[str, Any]] = {}
+    for p in piped:
+        bal = abs(p["copy_ms"] - p["compute_ms"]) / max(p["copy_ms"], p["compute_ms"], 1e-9)
+        cur = best.get(p["model"])
+        if cur is None or bal < cur["balance"] or (bal == cur["balance"] and p["ceiling_share"] > cur["ceiling_share"]):
+            best[p["model"]] = {"context": p["context"], "depth": p["depth"], "balance": bal, "ceiling_share": p["ceiling_share"]}
+    rates = [p["delivery_share_of_peak"] for p in piped if p["delivery_bytes_traced"]]
+    med_err = statistics.median(errs) if errs else 0.0
+    max_err = max(errs) if errs else 0.0
+    return {
+        "points": len(pts),
+        "median_abs_error": med_err,
+        "max_abs_error": max_err,
+        "error_targets_met": med_err <= TARGET_MEDIAN_ERR and max_err <= TARGET_MAX_ERR,
+        "copy_eq_compute": best,
+        "ceiling_share_target_met": all(b["ceiling_share"] >= TARGET_SHARE for b in best.values()) if best else False,
+        "delivery_share_of_peak_median": statistics.median(rates) if rates else 0.0,
+        "delivery_share_of_peak_min": min(rates) if rates else 0.0,
+        "exactness_gate": gate["ok"],
+    }
+
+
+def markdown(pts: Sequence[dict[str, Any]], summ: dict[str, Any], gate: dict[str, Any], meta: dict[str, Any]) -> str:
+    """The report as a markdown page: header, summary, one table row per point, the gate."""
+    lines = [
+        "# kvpipe validate: GPU against simulation",
+        "",
+        f"Device: {meta.get('device')}; driver {meta.get('driver_version')}; CuPy {meta.get('cupy_version')}; {meta.get('date')}",
+        "",
+        f"Command: `{meta.get('command')}`",
+        "",
+        f"Median |error| {summ['median_abs_error']:.1%}, max {summ['max_abs_error']:.1%} "
+        f"(targets 5% / 10%: {'met' if summ['error_targets_met'] else 'NOT met'}); "
+        f"deliveries at {summ['delivery_share_of_peak_median']:.1%} of peak pinned H2D (min {summ['delivery_share_of_peak_min']:.1%}); "
+        f"exactness gate: {'PASS' if gate['ok'] else 'FAIL'}.",
+        "",
+    ]
+    for model, b in summ["copy_eq_compute"].items():
+        lines.append(f"- {model}: copy ~ compute at context {b['context']:,} (depth {b['depth']}): "
+                     f"{b['ceiling_share']:.1%} of the max(copy, compute) ceiling")
+    lines += ["", "| model | context | depth | budget MiB | measured t/s (min-max) | predicted t/s | error | ceiling share | "
+              "ring MiB | early / late / ordered MiB | delivery GB/s | hash |",
+              "|---|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---|"]
+    for p in pts:
+        t = p["telemetry"]
+        lines.append(
+            f"| {p['model']} | {p['context']:,} | {p['depth']} | {p['budget_mib']:g} | {p['measured_tps']:.2f} "
+            f"({p['measured_tps_min']:.2f}-{p['measured_tps_max']:.2f}) | {p['predicted_tps']:.2f} | {p['error']:+.1%} | "
+            f"{p['ceiling_share']:.1%} | {t['ring_mib']:.1f} | {t['early_mib']:.1f} / {t['late_mib']:.2f} / {t['ordered_mib']:.2f} | "
+            f"{p['delivery_GBps']:.1f} | `{p['output_hash'][:12]}` |"
+        )
+    lines += ["", "## Exactness", ""]
+    for e in gate["groups"]:
+        status = "identical" if not e["mismatches"] else f"DIFFER: {e['mismatches']}"
+        lines.append(f"- {e['model']} at {e['context']:,}: depths {e['depths']} -> `{e['output_hash'][:16]}` {status}")
+    return "\n".join(lines) + "\n"
+
+
+def plots(pts: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
+    """measured_vs_predicted.png and gain_vs_depth.png, one panel per model. Blocks on the file writes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = sorted({p["model"] for p in pts})
+    files = []
+    for kind in ("measured_vs_predicted", "gain_vs_depth"):
+        fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.2), squeeze=False)
+        for ax, model in zip(axes[0], models, strict=True):
+            mp = [p for p in pts if p["model"] == model]
+            for i, ctx in enumerate(sorted({p["context"] for p in mp})):
+                cp = sorted((p for p in mp if p["context"] == ctx), key=lambda p: (p["depth"], p["budget_mib"]))
+                color = f"C{i}"
+                d = [p["depth"] for p in cp]
+                if kind == "measured_vs_predicted":
+                    m = [p["measured_tps"] for p in cp]
+                    err = [[p["measured_tps"] - p["measured_tps_min"] for p in cp], [p["measured_tps_max"] - p["measured_tps"] for p in cp]]
+                    ax.errorbar(d, m, yerr=err, fmt="o-", color=color, label=f"{ctx:,} measured", capsize=3)
+                    ax.plot(d, [p["predicted_tps"] for p in cp], "x--", color=color, label=f"{ctx:,} predicted")
+                    ax.set_ylabel("tokens/s")
+                else:
+                    base_m = next((p["measured_tps"] for p in cp if p["depth"] == 0), None)
+                    base_p = next((p["predicted_tps"] for p in cp if p["depth"] == 0), None)
+                    if not base_m or not base_p:
+                        continue
+                    ax.plot(d, [100 * (p["measured_tps"] / base_m - 1) for p in cp], "o-", color=color, label=f"{ctx:,} measured")
+                    ax.plot(d, [100 * (p["predicted_tps"] / base_p - 1) for p in cp], "x--", color=color, label=f"{ctx:,} predicted")
+                    ax.set_ylabel("gain over depth 0 (%)")
+            ax.set_title(f"{model}")
+            ax.set_xlabel("look-ahead depth")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = folder / f"{kind}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        files.append(path)
+    return files
+
+
+def write_report(folder: str | Path, groups: Sequence[GroupResult], profile: HardwareProfile, meta: dict[str, Any]) -> dict[str, Any]:
+    """Build and write the report folder; returns the JSON object (``summary.exactness_gate`` is the gate)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    gate = exactness(groups)
+    pts = points(groups, profile, {k: meta.get(k) for k in ("device", "driver_version", "cupy_version", "date", "command")})
+    summ = summary(pts, gate)
+    doc = {**meta, "profile": profile.name, "summary": summ, "exactness": gate, "points": pts}
+    write_atomic(folder / "report.json", json.dumps(doc, indent=1, default=str))
+    write_atomic(folder / "report.md", markdown(pts, summ, gate, meta))
+    plots(pts, folder)
+    return doc
