@@ -1,0 +1,144 @@
+"""``kvpipe plot KIND``: draw a sweep (or simulate one) as PNG and SVG.
+
+Rows come from ``--rows FILE`` (a sweep's rows.json or rows.csv) or are
+simulated from the grid flags (ranges ``START:STOP:STEP`` allowed; depth 0 is
+added where a gain needs its baseline). ``timeline`` simulates one point
+ordered and pipelined with tracing on. ``all`` draws every kind (every
+row kind with ``--rows``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from sim.grid import UsageError, add_grid_args
+from sim.sweep import gain_rows, run_sweep
+
+ROW_KINDS = ("gain-vs-depth", "gain-vs-context", "gain-per-mib", "ring-vs-context")
+
+
+def register(sub: Any) -> None:
+    from sim.plots import KINDS
+
+    p = sub.add_parser("plot", help="plot gain/ring against depth and context, or a token's timeline (PNG, SVG)")
+    p.add_argument("kind", help=f"one of: {', '.join(KINDS)}, all")
+    add_grid_args(p)
+    p.add_argument("--rows", metavar="FILE", help="plot these rows (a sweep's rows.json / rows.csv) instead of simulating")
+    p.add_argument("--out", metavar="PREFIX", help="write PREFIX.png and PREFIX.svg (default out/plots/KIND)")
+    p.add_argument("--format", default="png,svg", help="png, svg or both (comma list)")
+    p.add_argument("--x", help="xy: column on the x axis")
+    p.add_argument("--y", help="xy: column on the y axis")
+    p.add_argument("--group", help="xy: one line per value of this column")
+    p.add_argument("--budget-lines", default="", help="ring-vs-context: extra budget lines, MiB (comma list)")
+    p.add_argument("--jobs", type=int, default=0, help="local worker processes when simulating (default: all cores)")
+    p.set_defaults(func=run)
+
+
+def read_rows(path: str) -> list[dict[str, Any]]:
+    """Rows from a JSON list or a CSV file (numbers and booleans converted). Raises UsageError if unreadable."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise UsageError(f"cannot read rows {path!r}: {exc.strerror}") from None
+    if p.suffix == ".csv":
+        return [{k: _value(v) for k, v in r.items()} for r in csv.DictReader(text.splitlines())]
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"rows {path!r} are not valid JSON: {exc.msg} at line {exc.lineno}") from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise UsageError(f"rows {path!r} must hold a JSON list of row objects")
+    return rows
+
+
+def _value(text: str) -> Any:
+    if text in ("True", "False"):
+        return text == "True"
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _simulated_rows(args: argparse.Namespace, need_baseline: bool) -> list[dict[str, Any]]:
+    from sim.commands.sweep import grid_points
+
+    if need_baseline:
+        from sim.sweep import expand_ranges
+
+        depths = expand_ranges(args.depth).split(",")
+        args.depth = ",".join(["0", *[d for d in depths if d.strip() != "0"]])
+    res = run_sweep(grid_points(args), None, jobs=args.jobs or None, progress=False)
+    if res.failed:
+        raise UsageError(f"point {res.failed[0][0]} failed: {res.failed[0][1]}")
+    return res.rows
+
+
+def _timeline_figure(args: argparse.Namespace) -> Any:
+    from dataclasses import replace
+
+    from sim import checks
+    from sim.commands.sweep import grid_points
+    from sim.plots import timeline, token_window
+
+    points = grid_points(args)
+    piped = max(points, key=lambda p: (p.transport.depth, -points.index(p)))
+    if piped.transport.depth == 0:
+        raise UsageError("timeline compares ordered with pipelined: give a --depth >= 1")
+    ordered = replace(piped, transport=replace(piped.transport, depth=0))
+    panels = []
+    for label, p in (("ordered (depth 0)", ordered), (f"pipelined (depth {piped.transport.depth})", piped)):
+        res = checks.run_checked(p, trace=True)
+        totals = [g.total_s for g in res.graphs]
+        declined = p.transport.depth and all(g.declined for g in res.graphs)
+        panels.append((label + (" - ring declined, ran ordered" if declined else ""), res.spans, token_window(totals, -1)))
+    wl, tc = piped.workload, piped.transport
+    budget = "no budget cap" if not tc.budget_mib else f"budget {tc.budget_mib:g} MiB"
+    title = (f"{wl.model.name} ({wl.cache_k.name} KV) on {piped.hardware.name}, context {piped.context:,}: "
+             f"one decode token (the last of {wl.tokens}), {budget}")
+    return timeline(panels, title)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sim import plots
+
+    kinds = [*ROW_KINDS, *([] if args.rows else ["timeline"])] if args.kind == "all" else [args.kind]
+    if args.kind not in plots.KINDS and args.kind != "all":
+        raise UsageError(f"unknown plot kind {args.kind!r}; allowed: {', '.join(plots.KINDS)}, all")
+    if args.kind == "xy" and not (args.x and args.y):
+        raise UsageError("plot xy needs --x COLUMN and --y COLUMN")
+    formats = [f.strip() for f in args.format.split(",") if f.strip()]
+    if not formats or any(f not in plots.FORMATS for f in formats):
+        raise UsageError(f"--format {args.format!r}; allowed: {', '.join(plots.FORMATS)} (comma list)")
+    budget_lines = [float(b) for b in args.budget_lines.split(",") if b.strip()] if args.budget_lines else []
+    rows: list[dict[str, Any]] | None = None
+    written = []
+    for kind in kinds:
+        if kind == "timeline":
+            if args.rows:
+                raise UsageError("a timeline is simulated, not read from rows: drop --rows")
+            fig = _timeline_figure(args)
+        else:
+            if rows is None:
+                rows = read_rows(args.rows) if args.rows else _simulated_rows(args, need_baseline=kind != "xy")
+                rows = gain_rows(rows)
+            if kind == "xy":
+                fig = plots.xy(rows, args.x, args.y, args.group)
+            elif kind == "ring-vs-context":
+                fig = plots.ring_vs_context(rows, budget_lines)
+            else:
+                fig = plots.KINDS[kind](rows)
+        prefix = args.out or f"out/plots/{kind}"
+        if args.out and len(kinds) > 1:
+            prefix = f"{args.out}-{kind}"
+        written += plots.save(fig, prefix, formats)
+    for path in written:
+        print(path)
+    return 0
