@@ -364,6 +364,30 @@ def ordered_check(preset: dict[str, Any]) -> list[dict[str, float]]:
     return out
 
 
+def copy_and_compute_ms(hardware: str | Path, context: int, cache: str = "q8_0") -> dict[str, float]:
+    """One token's H2D copy time and GPU time under a profile, from the decode graph (no simulation).
+
+    copy = every staged window and small input of the token through the pinned
+    H2D link curve, back to back; compute = the sum of the GPU splits. The
+    *unordered ceiling* a perfect overlap could reach is 1 / max(copy, compute).
+    Does not block beyond the arithmetic.
+    """
+    from backends.profile import load_profile
+
+    hw = load_profile(str(hardware))
+    dev = hw.devices[0]
+    ct = cache_type(cache)
+    wl = Workload(load_model(str(PHYSICAL["model"])), ct, ct, (context,), tokens=1)
+    g = decode_graph(wl, dev.compute, position=context)
+    link = dev.link(True, True)
+    copy_s = sum(link.seconds(p.nbytes) for s in g.splits for i in s.staged for p in i.pieces)
+    copy_s += sum(link.seconds(i.nbytes) for s in g.splits for i in s.ordered if i.to_device)
+    compute_s = sum(s.compute_s for s in g.splits if s.kind == "gpu")
+    top = max(copy_s, compute_s)
+    return {"context": context, "window_rows": g.window_rows, "copy_ms": copy_s * 1e3, "compute_ms": compute_s * 1e3,
+            "max_ms": top * 1e3, "ceiling_tps": 1.0 / top}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m validate.calibrate_reference", description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="exit 1 unless the committed preset equals the derived one")
@@ -371,7 +395,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compute-source", choices=("ordered", "device"), default="ordered",
                     help="GPU time from the ordered rows (default) or from the cache-on-device times (sensitivity study)")
     ap.add_argument("--explain", action="store_true", help="print every derived number and the ordered check")
+    ap.add_argument("--ceiling", metavar="CONTEXTS", help="print copy, compute and 1/max(copy, compute) per token for "
+                    "these contexts under the committed preset (or --hardware), then exit")
+    ap.add_argument("--hardware", default=str(PRESET_PATH), help="profile for --ceiling (default: the committed preset)")
+    ap.add_argument("--cache-type", default="q8_0", help="cache type for --ceiling")
     args = ap.parse_args(argv)
+    if args.ceiling:
+        print("| context | window | copy ms | compute ms | max ms | 1/max t/s |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        for ctx in (int(c) for c in args.ceiling.split(",")):
+            c = copy_and_compute_ms(args.hardware, ctx, args.cache_type)
+            print(f"| {ctx:,} | {c['window_rows']:,} | {c['copy_ms']:.2f} | {c['compute_ms']:.2f} | {c['max_ms']:.2f} "
+                  f"| {c['ceiling_tps']:.2f} |")
+        return 0
     preset = derive(args.compute_source)
     text = preset_json(preset)
     if args.check:

@@ -1,0 +1,183 @@
+"""The reference preset against the published llama.cpp measurements (docs/reproduction.md).
+
+The preset is derived from the ordered-path inputs only (validate/calibrate_reference.py);
+these tests hold it to what it must reproduce: the ordered column within 3%, the ring
+sizes, the default budget's decline point, the 19,246 breakdown's bytes, and -- only
+where the model honestly meets the target -- the pipelined figures it predicts. The
+pipelined 32,768 row is not asserted: the model misses it by +27% (docs/reproduction.md
+says why that is unexplained).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+
+from backends.profile import LinkCurve, load_profile, profile_from_dict
+from sim.scheduler import MIB, TransportConfig
+from sim.simulate import Point, row, simulate
+from sim.workload import Workload, cache_type, load_model
+from validate import calibrate_reference as cal
+from validate import h200_preset
+
+# Published (shared/reference/kv-transport.md). Pipelined figures live here, never in the calibration.
+PUBLISHED_ORDERED_TPS = {4096: 31.6, 16384: 19.69, 32768: 13.03}
+PUBLISHED_BLOCKED_H2D_MS = {4096: 6.31, 16384: 24.05, 32768: 47.10}
+PUBLISHED_PIPELINED_TPS = {4096: (37.0889 + 37.0741) / 2, 16384: (31.5352 + 31.5807) / 2, 32768: (15.5325 + 15.5329) / 2}
+BREAKDOWN_19246 = {  # (ordered, pipelined N = 1), ms per token
+    "total": (54.11, 31.10),
+    "blocked_in_ordered_copies": (28.30, 3.57),
+    "waiting_for_consumer": (25.70, 27.31),
+}
+#: The server's 19,246-token prompt occupied 19,332 positions (chat template tokens): see docs/reproduction.md.
+SERVER_START = 19332
+
+
+def reference(context: int, tokens: int = 8, cache: str = "q8_0") -> Workload:
+    ct = cache_type(cache)
+    return Workload(load_model("qwen3.8-27b"), ct, ct, (context,), tokens=tokens)
+
+
+@pytest.fixture(scope="module")
+def rtx():  # type: ignore[no-untyped-def]
+    return load_profile("rtx4070-gen4x16")
+
+
+def sim_row(hw, context: int, depth: int, budget: float = 0.0, tokens: int = 8) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    return row(simulate(Point(reference(context, tokens), hw, TransportConfig(depth=depth, budget_mib=budget))))
+
+
+# ---------------------------------------------------------------- calibration
+
+
+def test_calibration_reproduces_the_committed_preset() -> None:
+    assert cal.preset_json(cal.derive()) == cal.PRESET_PATH.read_text()
+
+
+def test_calibration_takes_no_pipelined_figure_as_input() -> None:
+    source = inspect.getsource(cal)
+    for figure in ("37.08", "31.56", "15.53", "31.10", "27.31", "3.57", "38.49", "34.88", "20.83", "644.0"):
+        assert figure not in source, f"pipelined figure {figure} appears in the calibration"
+
+
+def test_calibrated_link_stays_below_the_pcie_gen4_line_rate() -> None:
+    link = cal.derive_link()
+    assert 0.6 < link["share_of_line_rate"] < 0.95
+    for fit, (_, _, _, published, _, _) in zip(link["fit_blocking_h2d_ms"], cal.ORDERED_TABLE, strict=True):
+        assert fit == pytest.approx(published, rel=0.02)
+
+
+def test_preset_memory_lies_between_the_published_memory_facts(rtx) -> None:  # type: ignore[no-untyped-def]
+    mem = cal.derive_memory()
+    used_mib = rtx.devices[0].memory_used_bytes / MIB
+    assert mem["weights_mib"] <= used_mib <= mem["upper_mib"]
+    # the 32,768 ring at N = 1 engages uncapped; the 262,144 one does not fit the card
+    assert not sim_row(rtx, 32768, 1, tokens=1)["declined"]
+    big = sim_row(rtx, 262144, 1, tokens=1)
+    assert big["declined"] and "headroom" in big["decline_reason"]
+
+
+# ------------------------------------------------------------- ordered path
+
+
+@pytest.mark.parametrize("context", [4096, 16384, 32768])
+def test_ordered_column_within_3_percent(rtx, context: int) -> None:  # type: ignore[no-untyped-def]
+    r = sim_row(rtx, context, 0)
+    assert r["tokens_per_s"] == pytest.approx(PUBLISHED_ORDERED_TPS[context], rel=0.03)
+    published_blocked = PUBLISHED_BLOCKED_H2D_MS[context] + cal.HOST_4096["d2h_rows_ms"]
+    assert r["breakdown_ms"]["blocked_in_ordered_copies"] == pytest.approx(published_blocked, rel=0.03)
+
+
+# ------------------------------------------------------------ ring and budget
+
+
+@pytest.mark.parametrize(("context", "ring_mib", "tol"), [(4096, 27.1, 0.5), (16384, 103.6, 1.0), (32768, 205.6, 2.0)])
+def test_ring_sizes(rtx, context: int, ring_mib: float, tol: float) -> None:  # type: ignore[no-untyped-def]
+    assert sim_row(rtx, context, 1, tokens=1)["ring_mib"] == pytest.approx(ring_mib, abs=tol)
+
+
+def test_default_budget_keeps_window_20480_and_declines_20736_at_ordered_speed(rtx) -> None:  # type: ignore[no-untyped-def]
+    fits = sim_row(rtx, 20224, 1, budget=128)
+    over = sim_row(rtx, 20480, 1, budget=128)
+    ordered = sim_row(rtx, 20480, 0, budget=128)
+    assert fits["window_rows"] == 20480 and not fits["declined"] and fits["early_mib"] > 0
+    assert over["window_rows"] == 20736 and over["declined"] and over["early_mib"] == 0
+    assert over["tokens_per_s"] == pytest.approx(ordered["tokens_per_s"], rel=0.01)
+    # the crossing: 128 MiB / (3 slots x 2,176 B per row) = 20,560.6 rows
+    assert 20480 < 128 * MIB / (3 * 2176) < 20736
+
+
+# ------------------------------------------------------- the 19,246 breakdown
+
+
+@pytest.fixture(scope="module")
+def server(rtx):  # type: ignore[no-untyped-def]
+    return {d: sim_row(rtx, SERVER_START, d, tokens=128) for d in (0, 1)}
+
+
+def test_server_prompt_position_reproduces_644_early_and_2_3_late_mib(rtx, server) -> None:  # type: ignore[no-untyped-def]
+    assert server[1]["early_mib"] == pytest.approx(644.0, abs=0.05)
+    assert server[1]["late_mib"] == pytest.approx(2.3, abs=0.05)
+    naive = sim_row(rtx, 19246, 1, tokens=128)  # decoding from the prompt length itself does not
+    assert abs(naive["late_mib"] - 2.3) > 1.0
+
+
+@pytest.mark.parametrize("field", list(BREAKDOWN_19246))
+@pytest.mark.parametrize("arm", [0, 1])
+def test_breakdown_time_fields_within_20_percent(server, field: str, arm: int) -> None:  # type: ignore[no-untyped-def]
+    assert server[arm]["breakdown_ms"][field] == pytest.approx(BREAKDOWN_19246[field][arm], rel=0.20)
+
+
+def test_pipelined_arm_leaves_only_the_small_inputs_on_the_ordered_path(server) -> None:  # type: ignore[no-untyped-def]
+    assert server[1]["ordered_mib"] < 0.5  # published 0.4 MiB
+    assert server[0]["ordered_mib"] == pytest.approx(server[1]["early_mib"] + server[1]["late_mib"] + server[1]["ordered_mib"], rel=1e-3)
+
+
+# ------------------------------------------------- pipelined, where it holds
+
+
+@pytest.mark.parametrize("context", [4096, 16384])
+def test_pipelined_n1_within_10_percent_where_the_model_meets_it(rtx, context: int) -> None:  # type: ignore[no-untyped-def]
+    r = sim_row(rtx, context, 1, tokens=32)
+    assert r["tokens_per_s"] == pytest.approx(PUBLISHED_PIPELINED_TPS[context], rel=0.10)
+
+
+def test_model_ceiling_is_above_every_published_pipelined_figure() -> None:
+    for context, tps in PUBLISHED_PIPELINED_TPS.items():
+        assert cal.copy_and_compute_ms(cal.PRESET_PATH, context)["ceiling_tps"] > tps
+
+
+# --------------------------------------------------------------- H200 preset
+
+
+def test_h200_preset_reproduces_its_derivation() -> None:
+    assert h200_preset.preset_json() == h200_preset.PRESET_PATH.read_text()
+
+
+def test_h200_link_curves_reproduce_every_probed_copy_time() -> None:
+    hw = profile_from_dict(json.loads(h200_preset.PRESET_PATH.read_text()))
+    dev = hw.devices[0]
+    for key, curve in (("h2d_pinned_GBps", dev.h2d_pinned), ("d2h_pinned_GBps", dev.d2h_pinned), ("h2d_pageable_GBps", dev.h2d_pageable)):
+        assert isinstance(curve, LinkCurve)
+        for mib, entry in h200_preset.PROBE["bandwidth"].items():
+            n = float(mib) * MIB
+            assert curve.seconds(n) == pytest.approx(n / (entry[key] * 1e9), rel=2e-3), (key, mib)
+    assert dev.h2d_engines == 1 and dev.duplex_slowdown == pytest.approx(23.048 / 19.856, rel=1e-3)
+
+
+def _probe_file() -> Path | None:
+    here = Path(__file__).resolve().parents[1]
+    for p in (here.parent / "shared" / "reference" / "h200-probe.json", Path("/work/shared/reference/h200-probe.json")):
+        if p.exists():
+            return p
+    return None
+
+
+def test_h200_embedded_probe_numbers_match_the_probe_file() -> None:
+    path = _probe_file()
+    if path is None:
+        pytest.skip("shared/reference/h200-probe.json is not beside this checkout; the embedded copy is unchecked")
+    assert h200_preset.probe_mismatches(path) == []
