@@ -38,7 +38,7 @@ from sim.graph import DecodeGraph, decode_graph, layout_of
 from sim.simulate import Point
 from sim.workload import ModelShape, Workload
 
-FUNCTIONAL_ATTN = 3
+FUNCTIONAL_ATTN = 6
 MIN_CONTEXT, MAX_CONTEXT = 64, 1024
 WEIGHT_BYTES_PER_LAYER = 1 << 20
 MIN_GRAPHS = 6

@@ -200,8 +200,8 @@ class DecodeProgram:
         elems = self.model.k_elems if kv == 0 else self.model.v_elems
         ctype = self.wl.cache_k if kv == 0 else self.wl.cache_v
         rb = self.kb if kv == 0 else self.vb
-        rng = np.random.RandomState([self.cfg.seed, token + 1, j, kv, row0])  # token -1: the prefill
-        x = rng.standard_normal((row1 - row0, elems)).astype(np.float32)
+        rng = np.random.default_rng([self.cfg.seed, token + 1, j, kv, row0])  # token -1: the prefill
+        x = rng.standard_normal((row1 - row0, elems), dtype=np.float32)
         off = self.layout.k_offset(j, 0, row0) if kv == 0 else self.layout.v_offset(j, 0, row0)
         cache[off : off + (row1 - row0) * rb] = encode_rows(np, x, ctype).reshape(-1)
 
@@ -300,12 +300,12 @@ class DecodeProgram:
         k = decode_rows(xp, kbuf.array[koff : koff + rows * self.kb].reshape(rows, self.kb), self.wl.cache_k, m.k_elems)
         v = decode_rows(xp, vbuf.array[voff : voff + rows * self.vb].reshape(rows, self.vb), self.wl.cache_v, m.v_elems)
         q = (_norm(xp, x) @ self._w[f"wq{j}"]).reshape(m.n_head_kv, self.group, m.head_dim_k)
-        kt = k.reshape(rows, m.n_head_kv, m.head_dim_k).transpose(1, 2, 0)  # (kv, d, rows)
+        kt = xp.ascontiguousarray(k.reshape(rows, m.n_head_kv, m.head_dim_k).transpose(1, 2, 0))  # (kv, d, rows)
         scores = (q @ kt) / np.float32(np.sqrt(m.head_dim_k))  # (kv, group, rows)
         scores = scores - scores.max(axis=-1, keepdims=True)
         p = xp.exp(scores)
         p = p / p.sum(axis=-1, keepdims=True)
-        out = p @ v.reshape(rows, m.n_head_kv, m.head_dim_v).transpose(1, 0, 2)  # (kv, group, dv)
+        out = p @ xp.ascontiguousarray(v.reshape(rows, m.n_head_kv, m.head_dim_v).transpose(1, 0, 2))  # (kv, group, dv)
         return out.reshape(-1) @ self._w[f"wo{j}"]
 
     # ----------------------------------------------------------- results
