@@ -53,8 +53,10 @@ def sim_row(hw, context: int, depth: int, budget: float = 0.0, tokens: int = 8) 
 # ---------------------------------------------------------------- calibration
 
 
-def test_calibration_reproduces_the_committed_preset() -> None:
-    assert cal.preset_json(cal.derive()) == cal.PRESET_PATH.read_text()
+def test_calibration_reproduces_the_committed_presets() -> None:
+    preset = cal.derive()
+    assert cal.preset_json(preset) == cal.PRESET_PATH.read_text()
+    assert cal.preset_json(cal.derive_rtx3060(preset)) == cal.RTX3060_PATH.read_text()
 
 
 def test_calibration_takes_no_pipelined_figure_as_input() -> None:
@@ -153,8 +155,17 @@ def test_model_ceiling_is_above_every_published_pipelined_figure() -> None:
 # --------------------------------------------------------------- H200 preset
 
 
-def test_h200_preset_reproduces_its_derivation() -> None:
+def test_h200_and_gh200_presets_reproduce_their_derivation() -> None:
     assert h200_preset.preset_json() == h200_preset.PRESET_PATH.read_text()
+    assert h200_preset.gh200_json() == h200_preset.GH200_PATH.read_text()
+    assert load_profile("gh200-c2c").estimate and load_profile("rtx3060-gen3x4").estimate
+
+
+def test_estimated_presets_keep_their_physical_ceilings() -> None:
+    gh = load_profile("gh200-c2c").devices[0].h2d_pinned
+    assert gh.peak_bytes_per_s() <= h200_preset.GH200["c2c_GBps_per_direction"] * 1e9
+    r3060 = load_profile("rtx3060-gen3x4").devices[0].h2d_pinned
+    assert r3060.peak_bytes_per_s() <= cal.RTX3060["pcie_gen3_x4_GBps"] * 1e9
 
 
 def test_h200_link_curves_reproduce_every_probed_copy_time() -> None:

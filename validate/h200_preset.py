@@ -9,8 +9,8 @@ number of the preset follows from those by a rule stated in the function that
 applies it. The probe numbers this needs are embedded below (the probe file
 lives outside the repository); ``--probe FILE`` verifies them against the file.
 
-Run ``python -m validate.h200_preset`` to rewrite the preset, ``--check`` to
-verify the committed one. Units as in the probe: MiB, GB/s, ms, us.
+Run ``python -m validate.h200_preset`` to rewrite the preset (and the
+``gh200-c2c`` estimate built on it), ``--check`` to verify the committed ones. Units as in the probe: MiB, GB/s, ms, us.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import numpy as np
 from backends.profile import PRESET_DIR
 
 PRESET_PATH = PRESET_DIR / "h200-gen5x16.json"
+GH200_PATH = PRESET_DIR / "gh200-c2c.json"
 MIB = 1024 * 1024
 PROBE_SOURCE = "shared/reference/h200-probe.json"
 
@@ -178,8 +179,57 @@ def derive() -> dict[str, Any]:
     }
 
 
+#: Datasheet figures behind the GH200 estimate (NVIDIA GH200 Grace Hopper Superchip datasheet).
+GH200 = {
+    "c2c_GBps_per_direction": 450.0,  # NVLink-C2C: 900 GB/s bidirectional
+    "pcie_gen5_x16_GBps": 32.0 * 16 * 128 / 130 / 8,  # 63.0 GB/s per direction
+    "hbm_TBps": 4.0,  # GH200 96 GB HBM3
+    "h200_hbm_TBps": 4.8,  # H200 141 GB HBM3e
+    "memory_mib": 97280,  # 96 GB HBM3 less what the driver keeps (about 1 GiB, as on the H200)
+}
+
+
+def derive_gh200(h200: dict[str, Any]) -> dict[str, Any]:
+    """The GH200 estimate: the H200 preset with the link moved to NVLink-C2C and compute scaled by HBM bandwidth.
+
+    Link: every H200 pinned bandwidth scaled by C2C / PCIe gen5 x16 line rates
+    (450 / 63.0), i.e. the same share of the line rate the probe reached, with
+    the H200's copy latency; pageable taken equal to pinned (the C2C link is
+    cache-coherent, so we assume the driver does not stage pageable copies).
+    Compute: bandwidths x 4.0 / 4.8 (HBM3 vs HBM3e). Host: the H200 probe's.
+    Not measured: every number here is an estimate.
+    """
+    d = json.loads(json.dumps(h200))
+    dev = d["devices"][0]
+    link_scale = GH200["c2c_GBps_per_direction"] / GH200["pcie_gen5_x16_GBps"]
+    for key in ("h2d_pinned", "d2h_pinned"):
+        curve = dev["links"][key]
+        curve["points"] = [[mib, round(gbps * link_scale, 1)] for mib, gbps in curve["points"]]
+    dev["links"]["h2d_pageable"] = dev["links"]["h2d_pinned"]
+    dev["links"]["d2h_pageable"] = dev["links"]["d2h_pinned"]
+    hbm = GH200["hbm_TBps"] / GH200["h200_hbm_TBps"]
+    for key in ("weight_GBps", "attn_GBps"):
+        dev["compute"][key] = round(dev["compute"][key] * hbm, 2)
+    dev["name"] = "NVIDIA GH200 (estimate)"
+    dev["memory_total_mib"] = GH200["memory_mib"]
+    d["name"] = "gh200-c2c"
+    d["estimate"] = True
+    d["source"] = (
+        "ESTIMATE, not measured: NVIDIA GH200 96 GB (HBM3, 4.0 TB/s) with the Grace host on NVLink-C2C (900 GB/s "
+        "bidirectional, 450 per direction, from NVIDIA's GH200 datasheet). validate/h200_preset.py derives it from the "
+        "h200-gen5x16 preset: link bandwidths x 450/63.0 (C2C vs the PCIe gen5 x16 line rate, keeping the share of the "
+        "line rate the H200 probe reached), pageable = pinned (coherent link, assumed), compute x 4.0/4.8 (HBM), host "
+        "costs of the H200 probe."
+    )
+    return d
+
+
 def preset_json() -> str:
     return json.dumps(derive(), indent=1) + "\n"
+
+
+def gh200_json() -> str:
+    return json.dumps(derive_gh200(derive()), indent=1) + "\n"
 
 
 def probe_mismatches(path: str | Path) -> list[str]:
@@ -216,15 +266,19 @@ def main(argv: list[str] | None = None) -> int:
         if bad:
             print("embedded probe numbers differ from " + args.probe + ": " + "; ".join(bad), file=sys.stderr)
             return 1
-    text = preset_json()
+    outputs = {Path(args.out): preset_json()}
+    if Path(args.out) == PRESET_PATH:
+        outputs[GH200_PATH] = gh200_json()
     if args.check:
-        if not Path(args.out).exists() or Path(args.out).read_text() != text:
-            print(f"{args.out} differs from what validate/h200_preset.py derives; rerun it", file=sys.stderr)
+        stale = [str(p) for p, text in outputs.items() if not p.exists() or p.read_text() != text]
+        if stale:
+            print(f"{', '.join(stale)} differ(s) from what validate/h200_preset.py derives; rerun it", file=sys.stderr)
             return 1
-        print(f"{args.out} matches its derivation")
+        print(f"{', '.join(str(p) for p in outputs)} match(es) the derivation")
         return 0
-    Path(args.out).write_text(text)
-    print(f"wrote {args.out}")
+    for p, text in outputs.items():
+        p.write_text(text)
+        print(f"wrote {p}")
     return 0
 
 
