@@ -350,7 +350,7 @@ def _rounded(value: Any) -> Any:
 
 
 #: The second card of the reference's layer-split runs (an estimate built on the calibrated 4070).
-RTX3060 = {
+RTX3060: dict[str, Any] = {
     "device": "NVIDIA GeForce RTX 3060",
     "h2d_GBps": 3.3,  # kv-transport.md: "a second card, RTX 3060 on gen3 x4, ~3.3 GB/s"
     "pcie_gen3_x4_GBps": 8.0 * 4 * 128 / 130 / 8,  # 8 GT/s x 4 lanes, 128b/130b: 3.94 GB/s

@@ -180,7 +180,7 @@ def derive() -> dict[str, Any]:
 
 
 #: Datasheet figures behind the GH200 estimate (NVIDIA GH200 Grace Hopper Superchip datasheet).
-GH200 = {
+GH200: dict[str, Any] = {
     "c2c_GBps_per_direction": 450.0,  # NVLink-C2C: 900 GB/s bidirectional
     "pcie_gen5_x16_GBps": 32.0 * 16 * 128 / 130 / 8,  # 63.0 GB/s per direction
     "hbm_TBps": 4.0,  # GH200 96 GB HBM3
