@@ -338,12 +338,12 @@ class CupyGPU:
         ev.record(stream.handle)
         return ev
 
-    def _done(self, stream: Stream, start: Any, tracks: tuple[str, ...], name: str, **args: Any) -> None:
+    def _done(self, on: Stream, start: Any, tracks: tuple[str, ...], name: str, **args: Any) -> None:
         if start is None:
             return
         ev = self._event()
-        ev.record(stream.handle)
-        args["_device"] = stream.device
+        ev.record(on.handle)
+        args["_device"] = on.device
         self._pending.append((tracks, name, start, ev, args))
 
     def _host_span(self, name: str, start_s: float) -> None:

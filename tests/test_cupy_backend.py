@@ -7,12 +7,137 @@ the SimPy machine in tests/test_validate.py.
 
 from __future__ import annotations
 
+import ctypes
+import sys
+import time
+import types
+
 import numpy as np
 import pytest
 
 from backends import get_backend
 from backends.base import Backend, BackendUnavailable, CopyRange, Work, drive
-from backends.cupy_gpu import ranges_2d
+from backends.cupy_gpu import CupyGPU, ranges_2d
+
+
+def make_fake_cupy() -> tuple[types.ModuleType, types.ModuleType]:
+    """A synchronous stand-in for CuPy on NumPy: every call the backend makes, done at once on the host.
+
+    Copies are ``ctypes.memmove`` at the raw addresses the backend computes;
+    events read the host clock. It checks the backend's plumbing (addresses,
+    2D pitches, event pairs, spans), not CUDA's concurrency: that is what the
+    ``gpu`` tests are for.
+    """
+    cp = types.ModuleType("cupy")
+    cp.__version__ = "fake"
+    used = {"bytes": 0}
+
+    class Err(Exception):
+        pass
+
+    class Memory:
+        def __init__(self, n: int) -> None:
+            if n > 1 << 34:
+                raise Err("out of memory")
+            self.array = np.zeros(n, dtype=np.uint8)
+            self.ptr = self.array.ctypes.data
+            used["bytes"] += n
+
+        def __del__(self) -> None:
+            used["bytes"] -= self.array.nbytes
+
+    class MemoryPointer:
+        def __init__(self, mem: Memory, off: int) -> None:
+            self.mem, self.off = mem, off
+
+    def ndarray(shape, dtype, memptr):  # type: ignore[no-untyped-def]
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        return memptr.mem.array[memptr.off : memptr.off + n].view(dtype).reshape(shape)
+
+    class Event:
+        def __init__(self, block: bool = False, disable_timing: bool = False) -> None:
+            self.t = 0.0
+
+        def record(self, stream=None) -> None:  # type: ignore[no-untyped-def]
+            self.t = time.perf_counter()
+
+        def synchronize(self) -> None:
+            pass
+
+    class Stream:
+        null: Stream
+
+        def __init__(self, null: bool = False, non_blocking: bool = False) -> None:
+            self.ptr = id(self)
+
+        def __enter__(self) -> Stream:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def synchronize(self) -> None:
+            pass
+
+        def wait_event(self, ev: Event) -> None:
+            pass
+
+    Stream.null = Stream()
+
+    class Device:
+        def __init__(self, d: int = 0) -> None:
+            pass
+
+        def __enter__(self) -> Device:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    def memcpy2d(dst, dpitch, src, spitch, w, h, kind, stream):  # type: ignore[no-untyped-def]
+        for i in range(h):
+            ctypes.memmove(dst + i * dpitch, src + i * spitch, w)
+
+    runtime = types.SimpleNamespace(
+        CUDARuntimeError=Err,
+        getDeviceCount=lambda: 1,
+        memcpyAsync=lambda dst, src, n, kind, stream: ctypes.memmove(dst, src, n),
+        memcpy2DAsync=memcpy2d,
+        memGetInfo=lambda: ((80 << 30) - used["bytes"], 80 << 30),
+        getDeviceProperties=lambda d: {"name": b"Fake GPU"},
+        driverGetVersion=lambda: 0,
+        runtimeGetVersion=lambda: 0,
+        deviceSynchronize=lambda: None,
+    )
+
+    class RandomState:
+        def __init__(self, seed: int) -> None:
+            self.rng = np.random.default_rng(seed)
+
+        def standard_normal(self, shape, dtype=np.float32):  # type: ignore[no-untyped-def]
+            return self.rng.standard_normal(shape, dtype=dtype)
+
+    cp.cuda = types.SimpleNamespace(
+        runtime=runtime, Stream=Stream, Event=Event, Device=Device, MemoryPointer=MemoryPointer,
+        memory=types.SimpleNamespace(Memory=Memory, OutOfMemoryError=Err),
+        get_elapsed_time=lambda a, b: (b.t - a.t) * 1e3,
+    )
+    cp.ndarray = ndarray
+    cp.random = types.SimpleNamespace(RandomState=RandomState)
+    cp.RawKernel = lambda src, name: (lambda grid, block, args: time.sleep(int(args[0]) * 1e-9))
+    cp.get_default_pinned_memory_pool = lambda: types.SimpleNamespace(free_all_blocks=lambda: None)
+    cp.__getattr__ = lambda name: getattr(np, name)  # type: ignore[attr-defined]
+    cupyx = types.ModuleType("cupyx")
+    cupyx.empty_pinned = lambda shape, dtype: np.zeros(shape, dtype=dtype)
+    return cp, cupyx
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> CupyGPU:
+    cp, cupyx = make_fake_cupy()
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setitem(sys.modules, "cupyx", cupyx)
+    return CupyGPU()
 
 
 def test_ranges_2d_detects_equal_length_constant_stride() -> None:
@@ -112,3 +237,58 @@ def test_scheduler_output_is_identical_across_depths_on_the_gpu() -> None:
     g = run_group(be, wl, hw, [(0, 0.0), (1, 0.0), (2, 0.0), (4, 0.0)], prog, reps=1)
     hashes = {tuple(r.step_hashes) for r in g.runs}
     assert len(hashes) == 1 and len(next(iter(hashes))) == 4
+
+
+# ------------------------------------------------------- the plumbing, on a stand-in
+
+
+def test_fake_copies_land_at_the_computed_addresses(fake_gpu: CupyGPU) -> None:
+    be = fake_gpu
+    s = be.create_stream(0, "consumer0")
+    host = be.alloc_host(1 << 16, "h")
+    dev = be.alloc(0, 1 << 16, "d")
+    back = be.alloc_host(1 << 16, "b", pinned=False)
+    host.array[:] = np.arange(1 << 16, dtype=np.uint32).astype(np.uint8)
+    ranges = [CopyRange(i * 4096, i * 1024, 1000) for i in range(4)]
+    drive(be.copy(s, dev, host, ranges, tag="delivery0"))
+    drive(be.copy(s, back, dev, [CopyRange(0, 0, 1 << 16)], tag="down"))
+    for r in ranges:
+        assert (back.array[r.dst_offset : r.dst_offset + r.nbytes] == host.array[r.src_offset : r.src_offset + r.nbytes]).all()
+    spans = be.timeline()
+    assert [sp.track for sp in spans if sp.name == "delivery0"] == ["consumer0", "h2d0"] or \
+        sorted(sp.track for sp in spans if sp.name == "delivery0") == ["consumer0", "h2d0"]
+    assert next(sp for sp in spans if sp.name == "delivery0" and sp.track == "h2d0").args["bytes"] == 4000
+    assert any(sp.track == "host" and sp.name.startswith("sync") for sp in spans)  # pageable copy blocked the host
+
+
+def test_fake_engine_track_is_serialised(fake_gpu: CupyGPU) -> None:
+    from backends.base import Span
+
+    be = fake_gpu
+    s = be.create_stream(0, "a")
+    host, dev = be.alloc_host(4096, "h"), be.alloc(0, 4096, "d")
+    for i in range(3):
+        drive(be.copy(s, dev, host, [CopyRange(0, 0, 4096)], tag=f"c{i}"))
+    eng = [sp for sp in be.timeline() if sp.track == "h2d0"]
+    assert all(isinstance(sp, Span) for sp in eng)
+    assert all(b.start_s >= a.end_s for a, b in zip(eng, eng[1:], strict=False))
+
+
+def test_fake_gpu_runs_the_scheduler_and_the_report(fake_gpu: CupyGPU, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from backends.profile import load_profile
+    from sim.workload import Workload, cache_type
+    from validate.gpu_run import GpuProgram, WeightStore, run_group
+    from validate.report import write_report
+
+    from tests.conftest import toy_model
+
+    be = fake_gpu
+    q = cache_type("q8_0")
+    wl = Workload(toy_model(8, every=4), q, q, (700,), tokens=2)
+    hw = load_profile("h200-gen5x16")
+    prog = GpuProgram(wl, be.cp, WeightStore())
+    g = run_group(be, wl, hw, [(0, 0.0), (1, 0.0), (2, 0.0)], prog, reps=2)
+    assert len({tuple(r.step_hashes) for r in g.runs}) == 1
+    assert any(sp.name.startswith("delivery") and sp.track == "h2d0" for r in g.runs for sp in r.spans)
+    doc = write_report(tmp_path, [g], hw, {"device": "fake", "command": "test"})
+    assert doc["summary"]["exactness_gate"] and len(doc["points"]) == 3
