@@ -230,7 +230,7 @@ def derive_memory() -> dict[str, float]:
 def _preset(link: dict[str, Any], host: dict[str, float], mem: dict[str, float], compute: dict[str, float], note: str) -> dict[str, Any]:
     lat = host["latency_us"]
     bw = link["h2d_GBps"]
-    pageable = {"latency_us": lat, "points": [list(p) for p in BORROWED_PAGEABLE_POINTS]}
+    pageable = {"latency_us": round(lat, 3), "points": [list(p) for p in BORROWED_PAGEABLE_POINTS]}
     return {
         "name": "rtx4070-gen4x16",
         "source": (
