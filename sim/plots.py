@@ -326,7 +326,8 @@ def timeline(panels: Sequence[tuple[str, Sequence[Span], tuple[float, float]]], 
                 used.add(cat)
                 a, b = (max(s.start_s, t0) - t0) * 1e3, (min(s.end_s, t1) - t0) * 1e3
                 ax.broken_barh([(a, max(b - a, span_ms * 1.2e-3))], (y - 0.38, 0.76), facecolors=COLORS[cat],
-                               edgecolors="white" if cat in ("delivery", "kernel") else "none", linewidth=0.3)
+                               edgecolors="white" if cat in ("delivery", "kernel") else "none", linewidth=0.3,
+                               rasterized=True)  # thousands of bars: pixels in the SVG, text stays vector
         ax.set_yticks(range(len(tracks)), [TRACK_LABELS[t] for t in tracks])
         ax.invert_yaxis()
         ax.set_xlim(0, span_ms * 1.01)
