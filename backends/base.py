@@ -44,15 +44,39 @@ class BackendUnavailable(BackendError):
 
 @dataclass(frozen=True)
 class CopyRange:
-    """One contiguous piece of a copy: ``nbytes`` from ``src_offset`` to ``dst_offset``."""
+    """One piece of a copy: ``nbytes`` from ``src_offset`` to ``dst_offset``.
+
+    With ``rows`` > 1 the piece is 2D: ``rows`` rows of ``nbytes // rows``
+    bytes, ``src_pitch`` apart in the source, packed in the destination (a
+    head slice of a window, one ``cudaMemcpy2DAsync``).
+    """
 
     src_offset: int
     dst_offset: int
     nbytes: int
+    rows: int = 1
+    src_pitch: int = 0
 
     def __post_init__(self) -> None:
         if self.src_offset < 0 or self.dst_offset < 0 or self.nbytes < 0:
             raise ValueError(f"CopyRange offsets and nbytes must be >= 0, got {self}")
+        if self.rows < 1 or self.nbytes % self.rows or (self.rows > 1 and self.src_pitch < self.nbytes // self.rows):
+            raise ValueError(f"CopyRange rows must split nbytes evenly with src_pitch >= row width, got {self}")
+
+    @property
+    def width(self) -> int:
+        return self.nbytes // self.rows
+
+    @property
+    def src_span(self) -> int:
+        """Bytes of the source the piece reaches over (from ``src_offset``)."""
+        return self.nbytes if self.rows == 1 else (self.rows - 1) * self.src_pitch + self.width
+
+    def src_rows(self) -> list[tuple[int, int]]:
+        """(offset, bytes) of each source row."""
+        if self.rows == 1:
+            return [(self.src_offset, self.nbytes)]
+        return [(self.src_offset + i * self.src_pitch, self.width) for i in range(self.rows)]
 
 
 @dataclass(frozen=True)

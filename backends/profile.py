@@ -128,7 +128,14 @@ class ComputeModel:
 
 @dataclass(frozen=True)
 class DeviceProfile:
-    """One device and its link to the host."""
+    """One device and its link to the host.
+
+    ``memory_used_bytes`` is what the device holds before the ring when it runs
+    the whole model it was profiled with (weights, compute buffers, context);
+    ``memory_reserved_bytes`` is the part that is not weights (context, driver,
+    compute buffers), used when a workload spreads its weights over several
+    devices.
+    """
 
     name: str
     memory_total_bytes: int
@@ -142,6 +149,7 @@ class DeviceProfile:
     duplex_slowdown: float = 1.0
     alignment_bytes: int = 256
     compute: ComputeModel = field(default_factory=ComputeModel)
+    memory_reserved_bytes: int = 600 * MIB
 
     def __post_init__(self) -> None:
         if self.memory_total_bytes <= 0:
@@ -179,6 +187,16 @@ class HardwareProfile:
     def __post_init__(self) -> None:
         if not self.devices:
             raise ValueError(f"hardware {self.name!r} has no device")
+
+    def combined(self, other: HardwareProfile) -> HardwareProfile:
+        """This machine's devices followed by ``other``'s (one host: this one's call costs)."""
+        return replace(
+            self,
+            name=f"{self.name}+{other.name}",
+            devices=self.devices + other.devices,
+            source=f"{self.source} | {other.source}",
+            estimate=self.estimate or other.estimate,
+        )
 
     def with_zero_host_costs(self) -> HardwareProfile:
         return replace(self, host=self.host.zero())
@@ -223,6 +241,7 @@ def _device(d: dict[str, Any], where: str) -> DeviceProfile:
         duplex_slowdown=float(d.get("duplex_slowdown", 1.0)),
         alignment_bytes=int(d.get("alignment_bytes", 256)),
         compute=compute,
+        memory_reserved_bytes=int(float(d.get("memory_reserved_mib", 600)) * MIB),
     )
 
 
@@ -257,7 +276,16 @@ def preset_names() -> list[str]:
 
 
 def load_profile(name_or_path: str) -> HardwareProfile:
-    """Load a preset by name or a profile JSON file by path. Raises ValueError with a one-line reason."""
+    """Load a preset by name or a profile JSON file by path; ``a+b`` puts b's devices beside a's.
+
+    Raises ValueError with a one-line reason.
+    """
+    if "+" in name_or_path:
+        parts = [load_profile(p) for p in name_or_path.split("+")]
+        out = parts[0]
+        for p in parts[1:]:
+            out = out.combined(p)
+        return out
     path = Path(name_or_path)
     if not path.suffix:
         path = PRESET_DIR / f"{name_or_path}.json"

@@ -26,8 +26,9 @@ A host thread, streams and copy engines are SimPy actors:
 * *Memory* is a ledger per device, so budget, headroom and reservation
   failures happen as they would.
 
-In *functional* mode buffers hold NumPy arrays: a copy reads its source when
-the engine starts it and lands in its destination when it completes; a kernel
+In *functional* mode buffers hold NumPy arrays: a copy reads its source and
+lands in its destination when it completes (so a write to its source while it
+is in flight shows in the bytes, as it may on a real DMA engine); a kernel
 runs its ``Work.run`` with NumPy when it completes. Same scheduler, real bytes.
 
 Units: seconds and bytes.
@@ -54,7 +55,7 @@ from backends.base import (
     Stream,
     Work,
 )
-from backends.profile import HardwareProfile
+from backends.profile import HardwareProfile, LinkCurve
 
 
 @dataclass(eq=False)
@@ -75,6 +76,21 @@ class _StreamState:
     completed: int = 0
     wake: simpy.Event | None = None
     waiters: list[tuple[int, simpy.Event]] = field(default_factory=list)
+
+
+def copy_seconds(link: LinkCurve, ranges: Sequence[CopyRange]) -> float:
+    """Engine time of one copy call: one 2D copy when the ranges share a length and strides, else one per range."""
+    if len(ranges) > 1:
+        n = ranges[0].nbytes
+        ds = ranges[1].src_offset - ranges[0].src_offset
+        dd = ranges[1].dst_offset - ranges[0].dst_offset
+        if all(
+            r.nbytes == n and r.rows == 1 and r.src_offset - p.src_offset == ds and r.dst_offset - p.dst_offset == dd
+            for p, r in zip(ranges, ranges[1:], strict=False)
+        ):
+            total = n * len(ranges)
+            return link.seconds(total)
+    return sum(link.seconds(r.nbytes) for r in ranges)
 
 
 class SimMachine:
@@ -151,7 +167,7 @@ class SimMachine:
         if src.on_host == dst.on_host:
             raise BackendError(f"copy {src.name}->{dst.name}: one side must be host memory, the other a device")
         for r in ranges:
-            if r.src_offset + r.nbytes > src.nbytes or r.dst_offset + r.nbytes > dst.nbytes:
+            if r.src_offset + r.src_span > src.nbytes or r.dst_offset + r.nbytes > dst.nbytes:
                 raise BackendError(f"copy {tag or src.name}: range {r} outside {src.name} ({src.nbytes} B) or {dst.name} ({dst.nbytes} B)")
         yield from self._host(self.profile.host.copy_issue_s, f"issue {tag}")
         item = _Item("copy", tag or f"{src.name}->{dst.name}", (dst, src, tuple(ranges)))
@@ -259,6 +275,12 @@ class SimMachine:
                 for _, ev in ready:
                     ev.succeed()
 
+    @staticmethod
+    def _gather(src: Buffer, r: CopyRange) -> Any:
+        if r.rows == 1:
+            return src.array[r.src_offset : r.src_offset + r.nbytes].copy()
+        return np.concatenate([src.array[o : o + n] for o, n in r.src_rows()])
+
     def _run_record(self, stream: Stream, item: _Item) -> Any:
         item.payload.succeed()
         return
@@ -291,11 +313,12 @@ class SimMachine:
         with engines[dev_buf.device].request() as req:
             yield req
             t = self.env.now
-            data = [src.array[r.src_offset : r.src_offset + r.nbytes].copy() for r in ranges] if self.functional else None
-            seconds = sum(link.seconds(r.nbytes) for r in ranges)
+            seconds = copy_seconds(link, ranges)
             if other[dev_buf.device].count:
                 seconds *= dev.duplex_slowdown
             yield self.env.timeout(seconds)
+            # The bytes move at completion: a write to the source while the copy is in flight shows.
+            data = [self._gather(src, r) for r in ranges] if self.functional else None
             if data is not None and dst.array is not None:
                 for r, d in zip(ranges, data, strict=True):
                     dst.array[r.dst_offset : r.dst_offset + r.nbytes] = d

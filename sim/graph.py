@@ -36,19 +36,35 @@ from sim.workload import Workload
 
 @dataclass(frozen=True)
 class WindowPiece:
-    """One stream's part of a staged window: ``nbytes`` at ``src_offset``; the first ``prefix_bytes`` are stable."""
+    """One stream's part of a staged window: ``nbytes`` at ``src_offset``; the first ``prefix_bytes`` are stable.
+
+    A piece is contiguous (``rows == 1``) or, for a head slice of a tensor
+    split, ``rows`` blocks of ``nbytes // rows`` bytes ``src_pitch`` apart in
+    the host cache (one 2D copy). ``reserve_bytes`` is what an *unpacked*
+    slot reserves for it (the stream's whole stride); a packed slot reserves
+    ``nbytes`` padded to the alignment.
+    """
 
     src_offset: int
     nbytes: int
     prefix_bytes: int
+    rows: int = 1
+    src_pitch: int = 0
+    reserve_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.prefix_bytes <= self.nbytes:
             raise ValueError(f"prefix {self.prefix_bytes} outside 0..{self.nbytes}")
+        if self.rows < 1 or self.nbytes % self.rows:
+            raise ValueError(f"a strided piece needs whole rows: {self.nbytes} B in {self.rows} rows")
 
     @property
     def late_bytes(self) -> int:
         return self.nbytes - self.prefix_bytes
+
+    @property
+    def width(self) -> int:
+        return self.nbytes // self.rows
 
 
 @dataclass(frozen=True)
@@ -74,12 +90,24 @@ class StagedInput:
 
 @dataclass(frozen=True)
 class SmallInput:
-    """A small tensor copied with a blocking copy (``to_device``: H2D, else D2H)."""
+    """A small tensor copied with a blocking copy (``to_device``: H2D, else D2H).
+
+    ``src_device`` >= 0 marks an activation handed over from another device
+    (layer split): it is first brought back from that device, then sent on.
+    """
 
     name: str
     nbytes: int
     to_device: bool
     host_offset: int = 0
+    src_device: int = -1
+    row_offsets: tuple[int, ...] = ()
+
+    @property
+    def rows(self) -> tuple[tuple[int, int], ...]:
+        """(host offset, bytes) of each cache row a D2H input lands in (several sequences: one row each)."""
+        offs = self.row_offsets or (self.host_offset,)
+        return tuple((o, self.nbytes // len(offs)) for o in offs)
 
 
 @dataclass(frozen=True)
@@ -110,6 +138,7 @@ class DecodeGraph:
     host_cache_bytes: int
     positions: tuple[int, ...]
     host_writes_at_start: tuple[tuple[int, int], ...] = field(default=())  # (offset, nbytes) written before split 0
+    reads_output: bool = True  # False: an intermediate ubatch whose logits the loop does not read (no host sync at its end)
 
     @property
     def staged_splits(self) -> tuple[Split, ...]:
@@ -144,81 +173,168 @@ class CacheLayout:
 
 
 def layout_of(wl: Workload) -> CacheLayout:
-    return CacheLayout(wl.model.n_attn, wl.cells, 1, wl.k_row_bytes, wl.v_row_bytes)
+    return CacheLayout(wl.model.n_attn, wl.cells_per_stream, wl.n_streams, wl.k_row_bytes, wl.v_row_bytes)
+
+
+def _pieces(
+    wl: Workload, layout: CacheLayout, j: int, kind: str, rows: int, writes: tuple[tuple[int, int], ...],
+    prefix_row: int | None, heads: tuple[int, int] | None,
+) -> tuple[WindowPiece, ...]:
+    """One piece per stream of layer j's K or V window, each with its own stable prefix."""
+    row_b = layout.k_row_bytes if kind == "k" else layout.v_row_bytes
+    offset = layout.k_offset if kind == "k" else layout.v_offset
+    lowest = {s: min(r for st, r in writes if st == s) for s in {st for st, _ in writes}}
+    streams = range(layout.n_streams)
+    prefix_rows = [min(rows, lowest.get(s, rows) if prefix_row is None else prefix_row) for s in streams]
+    if wl.flat_prefix and layout.n_streams > 1:
+        # Old behaviour: one prefix over the flat window; the lowest-writing stream caps every stream above it.
+        flat = min(s * rows + prefix_rows[s] for s in streams)
+        prefix_rows = [max(0, min(rows, flat - s * rows)) for s in streams]
+    h0, h1 = heads if heads else (0, 0)
+    head_b = row_b // wl.model.n_head_kv
+    out = []
+    for s in streams:
+        if heads:
+            width = (h1 - h0) * head_b
+            out.append(WindowPiece(offset(j, s, 0) + h0 * head_b, rows * width, prefix_rows[s] * width, rows, row_b,
+                                   layout.cells_per_stream * width))
+        else:
+            out.append(WindowPiece(offset(j, s, 0), rows * row_b, prefix_rows[s] * row_b,
+                                   reserve_bytes=layout.cells_per_stream * row_b))
+    return tuple(out)
+
+
+def head_ranges(n_head_kv: int, proportions: tuple[float, ...], n_devices: int, gqa: int = 1) -> list[tuple[int, int]]:
+    """Whole KV heads per device in ``proportions`` (tensor split); devices may get none."""
+    props = list(proportions[:n_devices]) or [1.0] * n_devices
+    props += [0.0] * (n_devices - len(props))
+    total, acc, out, lo = sum(props), 0.0, [], 0
+    for p in props:
+        acc += p
+        hi = round(acc / total * n_head_kv)
+        out.append((lo, hi))
+        lo = hi
+    return out
 
 
 def decode_graph(
     wl: Workload,
-    compute: ComputeModel,
-    position: int,
+    compute: ComputeModel | tuple[ComputeModel, ...],
+    position: int | None = None,
     token: int = 0,
     prefix_row: int | None = None,
     device_of_layer: tuple[int, ...] | None = None,
+    step: int | None = None,
+    n_devices: int = 1,
 ) -> DecodeGraph:
-    """The graph of the decode token whose new row is written at ``position``.
+    """The graph of one decode step.
 
-    ``prefix_row`` overrides the stable prefix (rows below it go early); by
-    default it is ``position``, the lowest row this ubatch writes.
-    ``device_of_layer`` assigns layers to devices (default: all on device 0).
+    Either ``position`` (a single sequence whose new row is written there) or
+    ``step`` (decode step of every sequence of ``wl``; see
+    ``Workload.writes``). ``prefix_row`` overrides the stable prefix (rows
+    below it go early). Layers go to devices by ``device_of_layer`` (default:
+    ``wl.devices_of_layers(n_devices)``); under ``split_mode tensor`` every
+    GPU split runs on each of ``n_devices`` devices with its share of the KV
+    heads. ``compute`` is one model for all devices or one per device.
     """
     model = wl.model
     layout = layout_of(wl)
-    rows = wl.window_rows(position)
-    full_rows = wl.cells
-    prefix = position if prefix_row is None else max(0, min(prefix_row, rows))
-    devs = device_of_layer or (0,) * model.n_layers
+    writes = ((0, position),) if position is not None else wl.writes(step or 0)
+    per_stream_top = {}
+    for st, r in writes:
+        per_stream_top[st] = max(per_stream_top.get(st, 0), r)
+    rows = wl.window_rows(max(per_stream_top.values()))
+    computes = compute if isinstance(compute, tuple) else (compute,)
+    tensor = wl.split_mode == "tensor" and n_devices > 1
+    devs = device_of_layer or wl.devices_of_layers(n_devices)
     kb, vb = wl.k_row_bytes, wl.v_row_bytes
-    layer_s = compute.layer_seconds(model.layer_weight_bytes)
+    n_tok = len(writes)
+
+    def comp(d: int) -> ComputeModel:
+        return computes[d] if d < len(computes) else computes[0]
+
+    shares = [b - a for a, b in head_ranges(model.n_head_kv, wl.tensor_split, n_devices)] if tensor else [model.n_head_kv]
+    heads = head_ranges(model.n_head_kv, wl.tensor_split, n_devices) if tensor else [None]
+    group = list(range(n_devices)) if tensor else [None]
 
     splits: list[Split] = []
+    last_dev = [devs[0]]
 
     def add(**kw: object) -> None:
         splits.append(Split(index=len(splits), **kw))  # type: ignore[arg-type]
 
+    def gpu(name: str, layers: list[int], attn_j: int = -1, ordered: tuple[SmallInput, ...] = (), head: bool = False) -> None:
+        """Add the GPU split(s) of ``layers``: one per device run (layer split) or one per device (tensor split)."""
+        if tensor:
+            for d in group:  # type: ignore[union-attr]
+                frac = shares[d] / model.n_head_kv
+                if frac == 0:
+                    continue
+                staged = ()
+                if attn_j >= 0:
+                    hr = heads[d]
+                    staged = (
+                        StagedInput(f"cache_k_l{model.attn_layers[attn_j]}@{d}", model.attn_layers[attn_j],
+                                    _pieces(wl, layout, attn_j, "k", rows, writes, prefix_row, hr)),
+                        StagedInput(f"cache_v_l{model.attn_layers[attn_j]}@{d}", model.attn_layers[attn_j],
+                                    _pieces(wl, layout, attn_j, "v", rows, writes, prefix_row, hr)),
+                    )
+                c = comp(d)
+                secs = len(layers) * c.layer_seconds(model.layer_weight_bytes) * frac
+                if staged:
+                    secs += c.attention_seconds(sum(i.nbytes for i in staged))
+                add(kind="gpu", device=d, name=f"{name}@{d}", compute_s=secs + (c.head_s * frac if head else 0.0),
+                    layers=tuple(layers), attn_layer=model.attn_layers[attn_j] if attn_j >= 0 else -1, staged=staged,
+                    ordered=ordered if d == 0 else ())
+            return
+        runs: list[list[int]] = []
+        for layer in layers:
+            if runs and devs[runs[-1][-1]] == devs[layer]:
+                runs[-1].append(layer)
+            else:
+                runs.append([layer])
+        if not runs:
+            runs = [[]]
+        for i, run in enumerate(runs):
+            d = devs[run[0]] if run else last_dev[0]
+            c = comp(d)
+            secs = len(run) * c.layer_seconds(model.layer_weight_bytes)
+            staged = ()
+            if i == 0 and attn_j >= 0:
+                a = model.attn_layers[attn_j]
+                staged = (
+                    StagedInput(f"cache_k_l{a}", a, _pieces(wl, layout, attn_j, "k", rows, writes, prefix_row, None)),
+                    StagedInput(f"cache_v_l{a}", a, _pieces(wl, layout, attn_j, "v", rows, writes, prefix_row, None)),
+                )
+                secs += c.attention_seconds(sum(inp.nbytes for inp in staged))
+            if head and i == len(runs) - 1:
+                secs += c.head_s
+            extra: tuple[SmallInput, ...] = ordered if i == 0 else ()
+            if d != last_dev[0]:
+                extra = (*extra, SmallInput(f"act_from{last_dev[0]}", model.hidden * 4 * n_tok, True, src_device=last_dev[0]))
+            add(kind="gpu", device=d, name=name if i == 0 else f"{name}.{i}", compute_s=secs, layers=tuple(run),
+                attn_layer=model.attn_layers[attn_j] if i == 0 and attn_j >= 0 else -1, staged=staged, ordered=extra)
+            last_dev[0] = d
+
     small = tuple(SmallInput(f"inp_{i}", n, True) for i, n in enumerate(model.small_inputs_bytes))
-    small += (SmallInput("kq_mask", rows * 2, True),)
+    small += (SmallInput("kq_mask", rows * 2 * n_tok * layout.n_streams, True),)
     bounds = list(model.attn_layers) + [model.n_layers]
-    first = bounds[0]
-    # GPU split 0: layers before the first attention layer (+ its projections).
-    add(
-        kind="gpu",
-        device=devs[0],
-        name="gpu0",
-        compute_s=first * layer_s,
-        layers=tuple(range(first)),
-        ordered=small,
-    )
+    gpu("gpu0", list(range(bounds[0])), ordered=small)
     for j, a in enumerate(model.attn_layers):
-        k_off, v_off = layout.k_offset(j, 0, position), layout.v_offset(j, 0, position)
-        add(
-            kind="cpu",
-            device=-1,
-            name=f"cpu_rows_l{a}",
-            compute_s=compute.cpu_split_s,
-            layers=(a,),
-            ordered=(SmallInput(f"k_cur_l{a}", kb, False, k_off), SmallInput(f"v_cur_l{a}", vb, False, v_off)),
-            row_writes=((j, k_off), (j, v_off)),
+        k_offs = tuple(layout.k_offset(j, st, r) for st, r in writes)
+        v_offs = tuple(layout.v_offset(j, st, r) for st, r in writes)
+        row_ins = (
+            SmallInput(f"k_cur_l{a}", kb * n_tok, False, k_offs[0], row_offsets=k_offs if n_tok > 1 else ()),
+            SmallInput(f"v_cur_l{a}", vb * n_tok, False, v_offs[0], row_offsets=v_offs if n_tok > 1 else ()),
         )
-        nxt = bounds[j + 1]
-        staged = (
-            StagedInput(f"cache_k_l{a}", a, (WindowPiece(layout.k_offset(j), rows * kb, prefix * kb),)),
-            StagedInput(f"cache_v_l{a}", a, (WindowPiece(layout.v_offset(j), rows * vb, prefix * vb),)),
-        )
-        last = j == model.n_attn - 1
-        add(
-            kind="gpu",
-            device=devs[a],
-            name=f"gpu_attn_l{a}",
-            compute_s=compute.attention_seconds(rows * (kb + vb)) + (nxt - a) * layer_s + (compute.head_s if last else 0.0),
-            layers=tuple(range(a, nxt)),
-            attn_layer=a,
-            staged=staged,
-        )
+        add(kind="cpu", device=-1, name=f"cpu_rows_l{a}", compute_s=comp(0).cpu_split_s, layers=(a,),
+            ordered=row_ins, row_writes=tuple((j, o) for o in k_offs + v_offs))
+        gpu(f"gpu_attn_l{a}", list(range(a, bounds[j + 1])), attn_j=j, head=j == model.n_attn - 1)
     return DecodeGraph(
         token=token,
         splits=tuple(splits),
         window_rows=rows,
-        full_window_rows=full_rows,
+        full_window_rows=wl.cells_per_stream,
         host_cache_bytes=layout.nbytes,
-        positions=(position,),
+        positions=tuple(r for _, r in writes),
     )

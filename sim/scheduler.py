@@ -37,7 +37,7 @@ All times in seconds, sizes in bytes.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from backends.base import (
@@ -52,7 +52,7 @@ from backends.base import (
     Stream,
     Work,
 )
-from sim.graph import DecodeGraph, Split, StagedInput
+from sim.graph import DecodeGraph, Split, StagedInput, WindowPiece
 
 MIB = 1024 * 1024
 MAX_DEPTH = 14
@@ -78,6 +78,7 @@ class TransportConfig:
     margin_slots: int = 2
     idle_release_graphs: int = 4
     min_alignment_bytes: int = 128
+    pack_streams: bool = True
     mutations: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
@@ -181,6 +182,14 @@ class _DevicePlan:
     consumed: int = 0
 
 
+def piece_range(p: WindowPiece, dst_offset: int, start: int, end: int) -> CopyRange:
+    """The copy of bytes ``[start, end)`` of piece ``p`` (whole rows for a strided piece) to ``dst_offset + start``."""
+    if p.rows == 1:
+        return CopyRange(p.src_offset + start, dst_offset + start, end - start)
+    w = p.width
+    return CopyRange(p.src_offset + start // w * p.src_pitch, dst_offset + start, end - start, (end - start) // w, p.src_pitch)
+
+
 def align_up(n: int, alignment: int) -> int:
     return -(-n // alignment) * alignment
 
@@ -205,8 +214,10 @@ class TransportScheduler:
         alignment_bytes: Sequence[int] = (256,),
         graph_base_bytes: Sequence[int] = (0,),
         program: Program | None = None,
+        io_bytes: int = 1 << 20,
     ) -> None:
         self.be = backend
+        self.io_bytes = io_bytes
         self.cfg = config
         self.host_cache = host_cache
         self.align = [max(a, config.min_alignment_bytes) for a in alignment_bytes]
@@ -217,9 +228,10 @@ class TransportScheduler:
         self.rings: dict[int, _Ring] = {}
         self.graph_mem: dict[int, Buffer] = {}
         self.io_dev: dict[int, Buffer] = {}
-        self.io_host = backend.alloc_host(1 << 20, "io_host", pinned=True)
+        self.io_host = backend.alloc_host(io_bytes, "io_host", pinned=True)
         self.graphs_run = 0
         self._last_gpu_device = 0
+        self._producers: set[int] = set()
         self.history: list[GraphStats] = []
         if program is not None:
             program.setup(backend, host_cache)
@@ -251,10 +263,21 @@ class TransportScheduler:
             lst = []
             for inp in s.staged:
                 lst.append((inp, off))
-                off += sum(align_up(p.nbytes, align) for p in inp.pieces)
+                off += sum(self._span(p, device) for p in inp.pieces)
             entries[s.index] = lst
             need = max(need, off)
         return need, entries
+
+    def _span(self, p: WindowPiece, device: int) -> int:
+        """Bytes a piece takes in a slot: its window padded (packed) or the stream's whole stride (unpacked)."""
+        size = p.nbytes if self.cfg.pack_streams else max(p.nbytes, p.reserve_bytes)
+        return align_up(size, self.align[device])
+
+    def _full_need(self, split: Split, device: int, graph: DecodeGraph) -> int:
+        """What the split's slot would need with every window at the full context."""
+        scale = graph.full_window_rows / max(1, graph.window_rows)
+        return sum(self._span(replace(p, nbytes=int(p.nbytes * scale), prefix_bytes=0, rows=1), device)
+                   for inp in split.staged for p in inp.pieces)
 
     def _plan(self, graph: DecodeGraph, stats: GraphStats) -> dict[int, _DevicePlan]:
         plans: dict[int, _DevicePlan] = {}
@@ -265,7 +288,7 @@ class TransportScheduler:
             stats.staged_splits += len(splits)
             ring = self._ring(dev)
             need, entries = self._slot_need(splits, dev)
-            full_need = need * graph.full_window_rows // max(1, graph.window_rows)
+            full_need = max(self._full_need(s, dev, graph) for s in splits)
             stats.slot_need_bytes = max(stats.slot_need_bytes, need)
             stats.full_slot_need_bytes = max(stats.full_slot_need_bytes, full_need)
             plan = _DevicePlan(False, need, entries, splits)
@@ -352,7 +375,7 @@ class TransportScheduler:
                 if not self._grow_graph_mem(dev, need):
                     raise OutOfDeviceMemory(f"the graph does not fit device {dev} even on the ordered path")
             if dev not in self.io_dev:
-                self.io_dev[dev] = self.be.alloc(dev, 1 << 20, f"io{dev}")
+                self.io_dev[dev] = self.be.alloc(dev, self.io_bytes, f"io{dev}")
 
     def _grow_graph_mem(self, dev: int, need: int) -> bool:
         cur = self.graph_mem.get(dev)
@@ -403,11 +426,12 @@ class TransportScheduler:
                 yield from self._cpu_split(split, stats)
             else:
                 yield from self._gpu_split(split, plans.get(split.device), stats)
-        # The decode loop reads the logits: the host waits for the last split.
-        last_dev = graph.splits[-1].device
-        t = be.now_s()
-        yield from be.synchronize(self.consumer[last_dev])
-        stats.consumer_wait_s += be.now_s() - t
+        # The decode loop reads the logits: the host waits for every device still running
+        # (not after an intermediate ubatch, whose output nobody reads: the boundary wait covers it).
+        if graph.reads_output:
+            for dev in sorted(self._producers) or [graph.splits[-1].device]:
+                yield from self._wait_consumer(dev, stats)
+            self._producers.clear()
         stats.total_s = be.now_s() - t0
         self.graphs_run += 1
         self.history.append(stats)
@@ -447,20 +471,26 @@ class TransportScheduler:
         stats.ordered_copies += 1
 
     def _cpu_split(self, split: Split, stats: GraphStats) -> HostOp:
-        producer = self._producer_device(split)
-        yield from self._wait_consumer(producer, stats)
+        producers = sorted(self._producers) or [self._last_gpu_device]
+        for dev in producers:
+            yield from self._wait_consumer(dev, stats)
+        self._producers.clear()
+        producer = producers[0]
         io = self.io_dev[producer]
         bindings: dict[str, tuple[Buffer, int, int]] = {}
+        accesses: list[Access] = []
         off = 0
         for inp in split.ordered:
             yield from self._blocking_copy(
                 self.consumer[producer], self.io_host, io, [CopyRange(off, off, inp.nbytes)], stats, inp.name
             )
             bindings[inp.name] = (self.io_host, off, inp.nbytes)
-            bindings[f"cache:{inp.name}"] = (self.host_cache, inp.host_offset, inp.nbytes)
+            accesses.append(Access(self.io_host, off, inp.nbytes, False))
+            for t, (row_off, row_bytes) in enumerate(inp.rows):
+                key = f"cache:{inp.name}" if len(inp.rows) == 1 else f"cache:{inp.name}#{t}"
+                bindings[key] = (self.host_cache, row_off, row_bytes)
+                accesses.append(Access(self.host_cache, row_off, row_bytes, True))
             off += inp.nbytes
-        accesses = [Access(self.io_host, o, n, False) for _, (b, o, n) in bindings.items() if b is self.io_host]
-        accesses += [Access(self.host_cache, inp.host_offset, inp.nbytes, True) for inp in split.ordered]
         run = self.program.cpu_run(split, bindings) if self.program else None
         yield from self.be.run_host(Work(split.name, split.compute_s, 0, run, tuple(accesses), tag="cpu"))
 
@@ -471,12 +501,19 @@ class TransportScheduler:
     def _gpu_split(self, split: Split, plan: _DevicePlan | None, stats: GraphStats) -> HostOp:
         dev = split.device
         self._last_gpu_device = dev
+        self._producers.add(dev)
         consumer = self.consumer[dev]
         io = self.io_dev[dev]
         bindings: dict[str, tuple[Buffer, int, int]] = {}
         if split.ordered:
+            off = 1 << 16  # small inputs live above the region a split's kernels write
+            for inp in split.ordered:
+                if inp.src_device >= 0:  # activation handed over from another device, through the host
+                    src_dev = inp.src_device
+                    yield from self._wait_consumer(src_dev, stats)
+                    yield from self._blocking_copy(self.consumer[src_dev], self.io_host, self.io_dev[src_dev],
+                                                   [CopyRange(0, off, inp.nbytes)], stats, inp.name)
             yield from self._wait_consumer(dev, stats)
-            off = 0
             for inp in split.ordered:
                 yield from self._blocking_copy(consumer, io, self.io_host, [CopyRange(off, off, inp.nbytes)], stats, inp.name)
                 bindings[f"small:{inp.name}"] = (io, off, inp.nbytes)
@@ -490,8 +527,8 @@ class TransportScheduler:
             for inp in split.staged:
                 ranges = []
                 for p in inp.pieces:
-                    ranges.append(CopyRange(p.src_offset, off, p.nbytes))
-                    off = align_up(off + p.nbytes, self.align[dev])
+                    ranges.append(piece_range(p, off, 0, p.nbytes))
+                    off += self._span(p, dev)
                 yield from self._blocking_copy(consumer, gm, self.host_cache, ranges, stats, inp.name)
                 bindings[f"window:{inp.name}"] = (gm, ranges[0].dst_offset, inp.nbytes)
         elif pipelined:
@@ -508,8 +545,8 @@ class TransportScheduler:
                 for i, p in enumerate(inp.pieces):
                     early = self._prefix(ring, inp, i, p.prefix_bytes, p.nbytes)
                     if p.nbytes > early:
-                        late_ranges.append(CopyRange(p.src_offset + early, off + early, p.nbytes - early))
-                    off = align_up(off + p.nbytes, self.align[dev])
+                        late_ranges.append(piece_range(p, off, early, p.nbytes))
+                    off += self._span(p, dev)
                 bindings[f"window:{inp.name}"] = (dst, base + entry_off, inp.nbytes)
             if late_ranges:
                 yield from self.be.copy(consumer, dst, self.host_cache, late_ranges, tag="late")
@@ -565,8 +602,8 @@ class TransportScheduler:
             for i, p in enumerate(inp.pieces):
                 early = self._prefix(ring, inp, i, p.prefix_bytes, p.nbytes)
                 if early:
-                    ranges.append(CopyRange(p.src_offset, off, early))
-                off = align_up(off + p.nbytes, self.align[split.device])
+                    ranges.append(piece_range(p, off, 0, early))
+                off += self._span(p, split.device)
         if ranges:
             yield from self.be.copy(ring.transfer, dst, self.host_cache, ranges, tag=f"delivery{o}")
             stats.early_bytes += sum(r.nbytes for r in ranges)
@@ -578,4 +615,6 @@ class TransportScheduler:
         """Early bytes of one piece: its stable prefix (stale-prefix mutation: the first graph's, never refreshed)."""
         if self.cfg.mutated("stale-prefix"):
             prefix = ring.prefix_rows_last.setdefault(f"{inp.name}#{piece}", prefix)
-        return min(prefix, nbytes)
+        early = min(prefix, nbytes)
+        p = inp.pieces[piece]
+        return early if p.rows == 1 else early // p.width * p.width

@@ -19,7 +19,7 @@ from typing import Any
 
 from backends.base import Backend, Buffer, HostOp, Span
 from backends.profile import HardwareProfile
-from sim.graph import DecodeGraph, decode_graph
+from sim.graph import DecodeGraph, decode_graph, head_ranges
 from sim.scheduler import MIB, GraphStats, Program, TransportConfig, TransportScheduler
 from sim.workload import Workload
 
@@ -52,11 +52,43 @@ class RunResult:
 
 
 def graphs_for(point: Point, start_token: int = 0) -> Iterator[DecodeGraph]:
-    """The decode graphs of ``point``: one per token, the new row at context + i."""
+    """The decode graphs of ``point``: one per decode step (every sequence writes one new row)."""
     wl = point.workload
-    compute = point.hardware.devices[0].compute
+    computes = tuple(d.compute for d in point.hardware.devices)
+    n_dev = len(point.hardware.devices) if wl.split_mode != "none" else 1
     for i in range(wl.tokens):
-        yield decode_graph(wl, compute, position=point.context + i, token=start_token + i)
+        yield decode_graph(wl, computes, step=i, token=start_token + i, n_devices=n_dev)
+
+
+def placed_hardware(point: Point) -> HardwareProfile:
+    """The profile with each device's memory use as this workload places its weights.
+
+    One device keeps its profiled ``memory_used``; a split over several
+    devices charges each its reserved memory plus the weights of its layers
+    (layer split) or its share of every layer (tensor split).
+    """
+    wl, hw = point.workload, point.hardware
+    if wl.split_mode == "none" or len(hw.devices) < 2:
+        return hw
+    n = len(hw.devices)
+    if wl.split_mode == "layer":
+        per_layer = wl.model.layer_weight_bytes
+        share = [sum(per_layer for d in wl.devices_of_layers(n) if d == i) for i in range(n)]
+    else:
+        heads = head_ranges(wl.model.n_head_kv, wl.tensor_split, n)
+        share = [wl.model.weight_bytes * (b - a) / wl.model.n_head_kv for a, b in heads]
+    devices = tuple(
+        replace(d, memory_used_bytes=min(d.memory_total_bytes, d.memory_reserved_bytes + int(w)))
+        for d, w in zip(hw.devices, share, strict=True)
+    )
+    return replace(hw, devices=devices)
+
+
+def io_bytes_for(wl: Workload) -> int:
+    """Bytes of the small-input staging buffers: graph inputs, the KQ mask at full context, new rows, activations."""
+    mask = wl.cells * 2 * wl.n_parallel
+    rows = 2 * wl.n_parallel * wl.row_bytes
+    return (1 << 20) + sum(wl.model.small_inputs_bytes) + mask + rows + 4 * wl.model.hidden * wl.n_parallel
 
 
 def run_decode(
@@ -79,6 +111,7 @@ def run_decode(
         alignment_bytes=[point.hardware.devices[d].alignment_bytes for d in range(n_dev)],
         graph_base_bytes=[GRAPH_BASE_BYTES] * n_dev,
         program=program,
+        io_bytes=io_bytes_for(wl),
     )
     stats = []
     for g in graphs(point):
@@ -91,6 +124,7 @@ def simulate(point: Point, trace: bool = False, functional: bool = False, progra
     from backends.simpy_machine import SimMachine
 
     t = time.perf_counter()
+    point = replace(point, hardware=placed_hardware(point))
     machine = SimMachine(point.hardware, functional=functional, trace=trace)
     _, stats = machine.run(run_decode(machine, point, program))
     first = next(iter(graphs_for(point)))
@@ -113,11 +147,16 @@ def row(result: RunResult, model: str = "", hardware: str = "", cache_type: str 
         "hardware": hardware or p.hardware.name,
         "cache_type": cache_type or p.workload.cache_k.name,
         "context": p.context,
+        "contexts": list(p.workload.contexts),
+        "parallel": p.workload.n_parallel,
+        "unified": p.workload.unified,
+        "split_mode": p.workload.split_mode,
+        "devices": len(p.hardware.devices),
         "depth": p.transport.depth,
         "budget_mib": p.transport.budget_mib,
         "tokens": len(g),
         "window_rows": result.window_rows,
-        "tokens_per_s": 1e3 / ms if ms > 0 else 0.0,
+        "tokens_per_s": p.workload.n_parallel * 1e3 / ms if ms > 0 else 0.0,
         "ms_per_token": ms,
         "ring_mib": last.ring_need_bytes / MIB,
         "ring_alloc_mib": last.ring_alloc_bytes / MIB if not declined else 0.0,

@@ -119,13 +119,25 @@ class ModelShape:
         return self.weight_bytes / self.n_layers
 
 
+SPLIT_MODES = ("none", "layer", "tensor")
+
+
 @dataclass(frozen=True)
 class Workload:
     """One decode run: a model, cache types, where decoding starts, how long it runs.
 
-    ``context`` holds one entry per sequence (tokens already cached). The cache
-    holds ``ctx_size`` cells in all (default: enough for context + tokens,
-    padded); ``pinned`` says whether the host cache is in pinned memory.
+    ``context`` holds the tokens already cached per sequence (one value for
+    all, or one per sequence). ``n_parallel`` sequences decode together, one
+    new row each per step (llama.cpp ``--parallel``). A *unified* cache is one
+    stream of cells shared by all sequences (prompts laid end to end, decode
+    rows interleaved after them); otherwise the cache is split into one stream
+    per sequence, each ``cells_per_stream`` cells. ``ctx_size`` is the total
+    number of cells (``-c``; default: just enough, padded). ``pinned`` says
+    whether the host cache is in pinned memory. ``split_mode`` places layers
+    (``layer``) or attention heads (``tensor``) on several devices in the
+    proportions ``tensor_split``. ``flat_prefix`` reproduces the old
+    behaviour that treated a multi-stream window as one flat byte range with
+    one stable prefix (for comparison only).
     """
 
     model: ModelShape
@@ -135,6 +147,11 @@ class Workload:
     tokens: int = 4
     ctx_size: int = 0
     pinned: bool = True
+    n_parallel: int = 1
+    unified: bool = True
+    split_mode: str = "none"
+    tensor_split: tuple[float, ...] = ()
+    flat_prefix: bool = False
 
     def __post_init__(self) -> None:
         if not self.context:
@@ -144,8 +161,31 @@ class Workload:
                 raise ValueError(f"context {c} out of range; allowed: 1..{MAX_CONTEXT}")
         if self.tokens < 1:
             raise ValueError(f"tokens {self.tokens} out of range; allowed: >= 1")
-        if self.ctx_size and self.ctx_size < max(self.context) + self.tokens:
-            raise ValueError(f"ctx-size {self.ctx_size} cannot hold context {max(self.context)} + {self.tokens} tokens")
+        if not 1 <= self.n_parallel <= 256:
+            raise ValueError(f"parallel {self.n_parallel} out of range; allowed: 1..256")
+        if len(self.context) not in (1, self.n_parallel):
+            raise ValueError(f"context has {len(self.context)} values; allowed: one, or one per sequence ({self.n_parallel})")
+        if self.split_mode not in SPLIT_MODES:
+            raise ValueError(f"split-mode {self.split_mode!r} unknown; allowed: {', '.join(SPLIT_MODES)}")
+        if any(p < 0 for p in self.tensor_split) or (self.tensor_split and sum(self.tensor_split) <= 0):
+            raise ValueError(f"tensor-split {list(self.tensor_split)} must be non-negative proportions with a positive sum")
+        if self.ctx_size and self.ctx_size < self._cells_needed():
+            raise ValueError(f"ctx-size {self.ctx_size} cannot hold context {max(self.context)} + {self.tokens} tokens "
+                             f"for {self.n_parallel} sequence(s)")
+
+    @property
+    def contexts(self) -> tuple[int, ...]:
+        """Tokens already cached, one entry per sequence."""
+        return self.context * self.n_parallel if len(self.context) == 1 else self.context
+
+    @property
+    def n_streams(self) -> int:
+        return 1 if self.unified else self.n_parallel
+
+    def _cells_needed(self) -> int:
+        if self.unified:
+            return sum(self.contexts) + self.tokens * self.n_parallel
+        return (max(self.contexts) + self.tokens) * self.n_parallel
 
     @property
     def k_row_bytes(self) -> int:
@@ -161,14 +201,42 @@ class Workload:
         return self.k_row_bytes + self.v_row_bytes
 
     @property
+    def cells_per_stream(self) -> int:
+        """Cache rows per stream, padded to the window padding."""
+        if self.ctx_size:
+            return pad_rows(self.ctx_size // self.n_streams) if self.unified else self.ctx_size // self.n_streams
+        return pad_rows(self._cells_needed() // self.n_streams)
+
+    @property
     def cells(self) -> int:
-        """Cache rows per layer (llama.cpp's -c), padded to the window padding."""
-        need = self.ctx_size or max(self.context) + self.tokens
-        return pad_rows(need)
+        """Cache rows per layer in all streams (llama.cpp's -c)."""
+        return self.cells_per_stream * self.n_streams
 
     def window_rows(self, position: int) -> int:
-        """Rows the attention reads when the new row is written at ``position``."""
-        return min(pad_rows(position + 1), self.cells)
+        """Rows the attention reads when the highest new row of a stream is written at ``position``."""
+        return min(pad_rows(position + 1), self.cells_per_stream)
+
+    def writes(self, step: int) -> tuple[tuple[int, int], ...]:
+        """(stream, row) each sequence writes at decode step ``step`` (0 = the first decode token)."""
+        ctx = self.contexts
+        if self.unified:
+            base = sum(ctx) + step * self.n_parallel
+            return tuple((0, base + i) for i in range(self.n_parallel))
+        return tuple((i, c + step) for i, c in enumerate(ctx))
+
+    def devices_of_layers(self, n_devices: int) -> tuple[int, ...]:
+        """Device of each layer under ``split_mode layer`` (contiguous blocks by proportion); all on 0 otherwise."""
+        n = self.model.n_layers
+        if self.split_mode != "layer" or n_devices < 2:
+            return (0,) * n
+        props = list(self.tensor_split[:n_devices]) or [1.0] * n_devices
+        props += [0.0] * (n_devices - len(props))
+        total = sum(props)
+        bounds, acc = [], 0.0
+        for p in props:
+            acc += p
+            bounds.append(round(acc / total * n))
+        return tuple(next(d for d, b in enumerate(bounds) if layer < b) for layer in range(n))
 
 
 def pad_rows(rows: int, pad: int = WINDOW_PAD_ROWS) -> int:
