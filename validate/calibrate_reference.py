@@ -397,6 +397,46 @@ def derive_rtx3060(rtx4070: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
+#: Sensitivity variants of the derived preset: what each calibration choice is worth (docs/reproduction.md).
+VARIANTS = {
+    "fixed-on-engine": "the whole fixed cost of a copy on the copy engine (latency f, no host issue or wake cost)",
+    "fixed-on-host": "the whole fixed cost of a copy on the host (issue f/2, wake f/2, no link latency)",
+    "duplex-h200": "the H200 probe's full-duplex slowdown (1.161) on the 4070's link",
+    "events-x2": "twice the borrowed event cost",
+    "launch-only": "the per-split host residual charged to GPU launches only (no CPU split time)",
+}
+
+
+def variant(preset: dict[str, Any], name: str) -> dict[str, Any]:
+    """A copy of ``preset`` with one calibration choice changed (see VARIANTS). Raises KeyError for an unknown name."""
+    d = json.loads(json.dumps(preset))
+    d.pop("derivation", None)
+    dev, host = d["devices"][0], d["host"]
+    f = preset["derivation"]["link"]["fixed_per_copy_us"]
+    links = [dev["links"][k] for k in ("h2d_pinned", "d2h_pinned")]
+    if name == "fixed-on-engine":
+        host["copy_issue_us"], host["host_wait_us"] = 0.0, 0.0
+        for c in links:
+            c["latency_us"] = f
+    elif name == "fixed-on-host":
+        host["copy_issue_us"], host["host_wait_us"] = f / 2, f / 2
+        for c in links:
+            c["latency_us"] = 0.0
+    elif name == "duplex-h200":
+        dev["duplex_slowdown"] = 1.161
+    elif name == "events-x2":
+        host["event_us"] *= 2
+    elif name == "launch-only":
+        counts = graph_counts(ORDERED_TABLE[0][0])
+        host["launch_us"] += dev["compute"]["cpu_split_us"] * counts["cpu_splits"] / counts["gpu_splits"]
+        dev["compute"]["cpu_split_us"] = 0.0
+    else:
+        raise KeyError(name)
+    d["name"] = f"rtx4070-gen4x16-{name}"
+    d["source"] = f"Sensitivity variant of rtx4070-gen4x16: {VARIANTS[name]}."
+    return d
+
+
 def preset_json(preset: dict[str, Any]) -> str:
     return json.dumps(preset, indent=1) + "\n"
 
@@ -448,7 +488,14 @@ def main(argv: list[str] | None = None) -> int:
                     "these contexts under the committed preset (or --hardware), then exit")
     ap.add_argument("--hardware", default=str(PRESET_PATH), help="profile for --ceiling (default: the committed preset)")
     ap.add_argument("--cache-type", default="q8_0", help="cache type for --ceiling")
+    ap.add_argument("--variant", choices=sorted(VARIANTS), help="write a sensitivity variant of the derived preset to --out")
     args = ap.parse_args(argv)
+    if args.variant:
+        if Path(args.out) == PRESET_PATH:
+            ap.error("--variant needs --out FILE (it must not overwrite the committed preset)")
+        Path(args.out).write_text(preset_json(variant(derive(), args.variant)))
+        print(f"wrote {args.out}")
+        return 0
     if args.ceiling:
         print("| context | window | copy ms | compute ms | max ms | 1/max t/s |")
         print("|---:|---:|---:|---:|---:|---:|")
