@@ -101,6 +101,15 @@ def _figure(size: tuple[float, float] = (9, 5.5)) -> Figure:
     return fig
 
 
+def png_bytes(fig: Figure) -> bytes:
+    """The figure as PNG bytes (for notebooks: ``IPython.display.Image(png_bytes(fig))``). Does not block on I/O."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
 def save(fig: Figure, prefix: str | Path, formats: Sequence[str] = FORMATS) -> list[Path]:
     """Write ``prefix.png`` / ``prefix.svg``; returns the paths. Blocks on the writes (atomic: temp file + rename)."""
     import os
