@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate the figures of docs/capacity-planning.md (about a minute on two cores).
+# Regenerate the figures of docs/capacity-planning.md (a few minutes on two cores).
 # Sweeps land in out/ (ignored by git); the plots in docs/figures/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -13,6 +13,7 @@ kvpipe plot gain-per-mib --rows out/ref-context/rows.json --out $F/ref-gain-per-
 kvpipe plot ring-vs-context --rows out/ref-context/rows.json --budget-lines 256 --out $F/ref-ring-vs-context
 kvpipe plot gain-vs-depth --rows out/ref-depth/rows.json --out $F/ref-gain-vs-depth
 kvpipe plot timeline --context 16384 --depth 1 --tokens 4 --out $F/ref-timeline
+kvpipe plot timeline --context 16384 --depth 1,3 --budget 0 --tokens 4 --out $F/ref-timeline-depths
 kvpipe plan --budget-for-gain 0.9 > $F/ref-plan.txt
 
 # H200 preset: llama-3.1-70b, f16 KV (80 attention layers, 4 KiB per row and layer), H200 on PCIe gen5 x16.

@@ -2,8 +2,8 @@
 
 Rows come from ``--rows FILE`` (a sweep's rows.json or rows.csv) or are
 simulated from the grid flags (ranges ``START:STOP:STEP`` allowed; depth 0 is
-added where a gain needs its baseline). ``timeline`` simulates one point
-ordered and pipelined with tracing on. ``all`` draws every kind (every
+added where a gain needs its baseline). ``timeline`` simulates the first
+point of the grid ordered and at each depth >= 1 given, with tracing on. ``all`` draws every kind (every
 row kind with ``--rows``).
 """
 
@@ -89,15 +89,20 @@ def _timeline_figure(args: argparse.Namespace) -> Any:
     from sim.plots import timeline, token_window
 
     points = grid_points(args)
-    piped = max(points, key=lambda p: (p.transport.depth, -points.index(p)))
-    if piped.transport.depth == 0:
+    first = points[0]
+    same = [p for p in points if (p.workload.model, p.hardware.name, p.workload.cache_k, p.context, p.transport.budget_mib)
+            == (first.workload.model, first.hardware.name, first.workload.cache_k, first.context, first.transport.budget_mib)]
+    depths = sorted({p.transport.depth for p in same} - {0})
+    if not depths:
         raise UsageError("timeline compares ordered with pipelined: give a --depth >= 1")
-    ordered = replace(piped, transport=replace(piped.transport, depth=0))
+    piped = next(p for p in same if p.transport.depth == depths[0])
     panels = []
-    for label, p in (("ordered (depth 0)", ordered), (f"pipelined (depth {piped.transport.depth})", piped)):
+    for depth in [0, *depths]:
+        p = replace(piped, transport=replace(piped.transport, depth=depth))
         res = checks.run_checked(p, trace=True)
         totals = [g.total_s for g in res.graphs]
-        declined = p.transport.depth and all(g.declined for g in res.graphs)
+        declined = depth and all(g.declined for g in res.graphs)
+        label = "ordered (depth 0)" if not depth else f"pipelined (depth {depth})"
         panels.append((label + (" - ring declined, ran ordered" if declined else ""), res.spans, token_window(totals, -1)))
     wl, tc = piped.workload, piped.transport
     budget = "no budget cap" if not tc.budget_mib else f"budget {tc.budget_mib:g} MiB"
