@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from backends.checked import CheckedBackend
+from backends.simpy_machine import SimMachine
 from sim.graph import DecodeGraph
 from sim.program import DecodeProgram
 from sim.simulate import Point, RunResult, graphs_for, run_decode
@@ -38,16 +39,18 @@ def check(
     graphs: GraphsFn | None = None,
     program: DecodeProgram | None = None,
     record_copies: bool = False,
+    machine: SimMachine | None = None,
 ) -> Checked:
     """Simulate ``point`` under the checker, as given (no scaling). Blocks for the simulation's wall time.
 
     ``graphs`` defaults to the plain decode graphs; ``program`` (functional
-    mode) defaults to a :class:`DecodeProgram` of the point's workload.
+    mode) defaults to a :class:`DecodeProgram` of the point's workload;
+    ``machine`` (a fresh SimPy machine by default) lets a test inject faults.
     """
-    from backends.simpy_machine import SimMachine
-
     t = time.perf_counter()
-    machine = SimMachine(point.hardware, functional=functional, trace=trace)
+    point = _placed(point)
+    if machine is None:
+        machine = SimMachine(point.hardware, functional=functional, trace=trace)
     checker = CheckedBackend(machine, record_copies=record_copies)
     if functional and program is None:
         program = DecodeProgram(point.workload)
@@ -61,6 +64,14 @@ def check(
     if functional and program is not None:
         result.extra["output_hash"] = program.output_hash()
     return Checked(result, checker, program if functional else None)
+
+
+def _placed(point: Point) -> Point:
+    """The point with its weights placed on its devices, as ``sim.simulate.simulate`` does it."""
+    from sim import simulate as sim_simulate
+
+    placed = getattr(sim_simulate, "placed_hardware", None)
+    return replace(point, hardware=placed(point)) if placed else point
 
 
 def run_checked(point: Point, trace: bool = False, functional: bool = False) -> RunResult:

@@ -1,0 +1,212 @@
+"""The happens-before checker on hand-built host programs: what it orders, what it reports."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from backends.base import Access, Backend, CopyRange, HostOp, Work
+from backends.checked import CheckedBackend
+from backends.profile import load_profile
+from backends.simpy_machine import SimMachine
+from sim.checks import check
+from sim.scheduler import TransportConfig
+from sim.simulate import Point, simulate
+from tests.conftest import reference_workload
+
+Program = Callable[[CheckedBackend], HostOp]
+
+
+def run(program: Program) -> CheckedBackend:
+    machine = SimMachine(load_profile("rtx4070-gen4x16"), trace=False)
+    checker = CheckedBackend(machine)
+    machine.run(program(checker))
+    return checker
+
+
+def setup(be: CheckedBackend) -> tuple[Any, ...]:
+    host = be.alloc_host(4096, "host")
+    dev = be.alloc(0, 4096, "dev")
+    a, b = be.create_stream(0, "a"), be.create_stream(0, "b")
+    return host, dev, a, b
+
+
+def reader(dev: Any, lo: int = 0, n: int = 1024) -> Work:
+    return Work("reader", 1e-5, 1, None, (Access(dev, lo, n, False),))
+
+
+def test_copy_then_kernel_on_another_stream_without_event_is_a_named_hazard() -> None:
+    def prog(be: CheckedBackend) -> HostOp:
+        host, dev, a, b = setup(be)
+        yield from be.copy(a, dev, host, [CopyRange(0, 0, 1024)], tag="delivery0")
+        yield from be.launch(b, reader(dev, 512, 1024))
+
+    c = run(prog)
+    assert c.hazard_count == 1
+    h = c.examples[0]
+    assert (h.buffer, h.lo, h.hi) == ("dev", 512, 1024)
+    assert (h.first.name, h.first.actor, h.first_write) == ("delivery0", "a", True)
+    assert (h.second.name, h.second.actor, h.second_write) == ("reader", "b", False)
+    assert "delivery0" in c.report()[0] and "reader" in c.report()[0] and "dev[512:1024]" in c.report()[0]
+
+
+@pytest.mark.parametrize("order", ["event", "host-sync", "same-stream", "host-event"])
+def test_each_ordering_removes_the_hazard(order: str) -> None:
+    def prog(be: CheckedBackend) -> HostOp:
+        host, dev, a, b = setup(be)
+        ev = be.create_event(0, "ready")
+        yield from be.copy(a, dev, host, [CopyRange(0, 0, 1024)], tag="delivery0")
+        consumer = b
+        if order == "event":
+            yield from be.record(ev, a)
+            yield from be.wait_event(b, ev)
+        elif order == "host-sync":
+            yield from be.synchronize(a)
+        elif order == "same-stream":
+            consumer = a
+        else:
+            yield from be.record(ev, a)
+            yield from be.wait_host(ev)
+        yield from be.launch(consumer, reader(dev))
+
+    assert run(prog).hazard_count == 0
+
+
+def test_a_wait_on_an_event_recorded_only_later_orders_nothing() -> None:
+    def prog(be: CheckedBackend) -> HostOp:
+        host, dev, a, b = setup(be)
+        ev = be.create_event(0, "ready")
+        yield from be.wait_event(b, ev)  # never recorded yet: a no-op, as in CUDA
+        yield from be.copy(a, dev, host, [CopyRange(0, 0, 1024)], tag="delivery0")
+        yield from be.record(ev, a)
+        yield from be.launch(b, reader(dev))
+
+    assert run(prog).hazard_count == 1
+
+
+def test_event_snapshot_is_taken_at_record_time() -> None:
+    def prog(be: CheckedBackend) -> HostOp:
+        host, dev, a, b = setup(be)
+        ev = be.create_event(0, "ready")
+        yield from be.record(ev, a)
+        yield from be.copy(a, dev, host, [CopyRange(0, 0, 1024)], tag="after_record")
+        yield from be.wait_event(b, ev)
+        yield from be.launch(b, reader(dev))
+
+    assert run(prog).hazard_count == 1
+
+
+def test_host_write_under_an_in_flight_copy_and_the_sync_that_fixes_it() -> None:
+    def prog(sync: bool) -> Program:
+        def p(be: CheckedBackend) -> HostOp:
+            host, dev, a, _ = setup(be)
+            yield from be.copy(a, dev, host, [CopyRange(100, 0, 200)], tag="delivery0")
+            if sync:
+                yield from be.synchronize(a)
+            yield from be.run_host(Work("cpu_rows", 0.0, 0, None, (Access(host, 250, 100, True),)))
+
+        return p
+
+    bad = run(prog(False))
+    assert bad.hazard_count == 1
+    h = bad.examples[0]
+    assert (h.buffer, h.lo, h.hi, h.kind) == ("host", 250, 300, "read/write")
+    assert h.second.kind == "cpu" and h.second.actor == "host"
+    assert run(prog(True)).hazard_count == 0
+
+
+def test_reads_never_conflict_and_disjoint_bytes_never_conflict() -> None:
+    def prog(be: CheckedBackend) -> HostOp:
+        host, dev, a, b = setup(be)
+        yield from be.launch(a, reader(dev, 0, 1024))
+        yield from be.launch(b, reader(dev, 0, 1024))  # read/read
+        yield from be.copy(a, dev, host, [CopyRange(0, 2048, 1024)], tag="elsewhere")
+        yield from be.launch(b, reader(dev, 0, 2048))  # ends where the copy starts
+
+    assert run(prog).hazard_count == 0
+
+
+def test_write_write_on_two_streams_is_reported() -> None:
+    def prog(be: CheckedBackend) -> HostOp:
+        host, dev, a, b = setup(be)
+        yield from be.copy(a, dev, host, [CopyRange(0, 0, 64)], tag="one")
+        yield from be.copy(b, dev, host, [CopyRange(0, 32, 64)], tag="two")
+
+    c = run(prog)
+    assert c.hazard_count == 1 and c.examples[0].kind == "write/write" and (c.examples[0].lo, c.examples[0].hi) == (32, 64)
+
+
+def test_strided_source_rows_only_touch_their_rows() -> None:
+    def prog(be: CheckedBackend) -> HostOp:
+        host, dev, a, _ = setup(be)
+        yield from be.copy(a, dev, host, [CopyRange(0, 0, 256, rows=4, src_pitch=128)], tag="strided")
+        yield from be.run_host(Work("gap_write", 0.0, 0, None, (Access(host, 64, 64, True),)))  # between rows 0 and 1
+        yield from be.run_host(Work("row_write", 0.0, 0, None, (Access(host, 130, 4, True),)))  # inside row 1
+
+    c = run(prog)
+    assert c.hazard_count == 1 and c.examples[0].second.name == "row_write"
+
+
+def test_pageable_copy_blocks_the_host_and_orders_it() -> None:
+    def prog(be: CheckedBackend) -> HostOp:
+        host = be.alloc_host(4096, "pageable", pinned=False)
+        dev = be.alloc(0, 4096, "dev")
+        a = be.create_stream(0, "a")
+        yield from be.copy(a, dev, host, [CopyRange(0, 0, 1024)], tag="pageable_copy")
+        yield from be.run_host(Work("overwrite", 0.0, 0, None, (Access(host, 0, 1024, True),)))
+
+    assert run(prog).hazard_count == 0
+
+
+def test_freeing_a_buffer_under_a_copy_is_a_hazard() -> None:
+    def prog(be: CheckedBackend) -> HostOp:
+        host, dev, a, _ = setup(be)
+        yield from be.copy(a, dev, host, [CopyRange(0, 0, 1024)], tag="in_flight")
+        be.free(dev)
+
+    c = run(prog)
+    assert c.hazard_count == 1 and c.examples[0].second.kind == "free"
+
+
+def test_hazards_are_counted_once_per_pair_of_operations() -> None:
+    def prog(be: CheckedBackend) -> HostOp:
+        host, dev, a, b = setup(be)
+        yield from be.copy(a, dev, host, [CopyRange(0, 0, 64), CopyRange(128, 128, 64)], tag="two_ranges")
+        yield from be.launch(b, Work("k", 1e-6, 1, None, (Access(dev, 0, 64, False), Access(dev, 128, 64, False))))
+
+    assert run(prog).hazard_count == 1
+
+
+def test_checked_backend_is_a_backend_and_forwards() -> None:
+    machine = SimMachine(load_profile("rtx4070-gen4x16"))
+    c = CheckedBackend(machine)
+    assert isinstance(c, Backend)
+    assert c.device_count() == machine.device_count() and c.free_bytes(0) == machine.free_bytes(0)
+    assert c.env is machine.env  # non-Protocol attributes forwarded
+
+
+def test_plain_simulation_matches_unchecked_timing() -> None:
+    point = Point(reference_workload(16384, tokens=3), load_profile("rtx4070-gen4x16"), TransportConfig(depth=1))
+    checked = check(point).result
+    plain = simulate(point)
+    assert [g.total_s for g in checked.graphs] == [g.total_s for g in plain.graphs]
+    assert checked.extra["hazards"] == 0 and "hazard_examples" not in checked.extra
+
+
+@pytest.mark.benchmark
+def test_checker_cost_in_a_plain_simulation() -> None:
+    """Wall time of the reference grid with and without the checker (prints figures; not a pass/fail timing)."""
+    hw = load_profile("rtx4070-gen4x16")
+    points = [Point(reference_workload(c, tokens=32), hw, TransportConfig(depth=d)) for c in (4096, 16384, 32768) for d in (0, 1)]
+    runs: dict[str, Callable[[Point], Any]] = {"plain": simulate, "checked": check}
+    best = {label: float("inf") for label in runs}
+    for _ in range(7):  # interleaved, best of 7: the machine is shared
+        for label, fn in runs.items():
+            t = time.perf_counter()
+            for p in points:
+                fn(p)
+            best[label] = min(best[label], time.perf_counter() - t)
+    print(f"plain {best['plain']:.3f} s, checked {best['checked']:.3f} s, overhead {best['checked'] / best['plain'] - 1:+.1%}")
