@@ -39,7 +39,8 @@ TRACK_LABELS = {"host": "host thread", "consumer0": "consumer stream", "transfer
                 "h2d0": "H2D copy engine", "d2h0": "D2H copy engine"}
 COLORS = {"kernel": "#2ca02c", "window": "#8c564b", "delivery": "#1f77b4", "late": "#17becf", "small": "#d62728", "rows": "#ff7f0e",
           "cpu": "#9467bd", "blocked": "#c7c7c7", "issue": "#444444", "wait": "#e8e8e8"}
-LEGEND = {"kernel": "GPU kernels (split)", "window": "KV window, blocking (ordered path)", "delivery": "delivery (stable prefix, early)", "late": "late rows",
+LEGEND = {"kernel": "GPU kernels (split)", "window": "KV window, blocking (ordered path)",
+          "delivery": "delivery (stable prefix, early)", "late": "late rows",
           "small": "small blocking H2D input", "rows": "new K/V rows D2H", "cpu": "CPU split (row write)",
           "blocked": "host blocked (sync/wait)", "issue": "host issuing calls", "wait": "stream waits on event"}
 

@@ -25,7 +25,8 @@ def register(sub: Any) -> None:
     p.add_argument("--context", default=REFERENCE_CONTEXTS, help="contexts to plan, comma list (START:STOP:STEP ranges too)")
     p.add_argument("--max-depth", type=int, default=4, help="deepest look-ahead to try (default 4)")
     p.add_argument("--default-budget", type=float, default=DEFAULT_BUDGET_MIB, help="the budget to judge, MiB (default 128)")
-    p.add_argument("--budget-for-gain", type=float, metavar="FRACTION", help="also: smallest budget keeping this fraction of the uncapped gain")
+    p.add_argument("--budget-for-gain", type=float, metavar="FRACTION",
+                   help="also: smallest budget keeping this fraction of the uncapped gain")
     p.add_argument("--tokens", type=int, default=4, help="decode tokens simulated per point (default 4)")
     p.add_argument("--pageable", action="store_true", help="host cache in pageable memory (default pinned)")
     p.add_argument("--jobs", type=int, default=0, help="local worker processes (default: all cores)")

@@ -22,7 +22,8 @@ RANGE_FLAGS = ("context", "depth", "budget")
 def register(sub: Any) -> None:
     p = sub.add_parser("sweep", help="run a grid of points in parallel into CSV/JSON rows (resumable)")
     add_grid_args(p)
-    p.add_argument("--out", metavar="DIR", default="out/sweep", help="output folder (default out/sweep); a rerun into it skips finished points")
+    p.add_argument("--out", metavar="DIR", default="out/sweep",
+                   help="output folder (default out/sweep); a rerun into it skips finished points")
     p.add_argument("--jobs", type=int, default=0, help="local worker processes (default: all cores; 1 = this process)")
     p.add_argument("--dask", metavar="ADDRESS", help="run on an existing Dask cluster (needs the 'cluster' extra)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
