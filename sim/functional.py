@@ -35,6 +35,8 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from sim.graph import DecodeGraph, decode_graph, layout_of
+from sim.grid import UsageError
+from sim.program import PROGRAM_CACHE_TYPES
 from sim.simulate import Point
 from sim.workload import ModelShape, Workload
 
@@ -55,6 +57,11 @@ def functional_model(model: ModelShape) -> ModelShape:
 def functional_point(point: Point) -> Point:
     """The CI-sized version of ``point``: same hardware, cache types and transport, scaled model and context."""
     wl = point.workload
+    for ct in (wl.cache_k, wl.cache_v):
+        if ct.name not in PROGRAM_CACHE_TYPES:
+            raise UsageError(f"--functional supports cache types {', '.join(PROGRAM_CACHE_TYPES)}; got {ct.name}")
+    if getattr(wl, "n_parallel", 1) > 1 or getattr(wl, "split_mode", "none") != "none":
+        raise UsageError("--functional runs one sequence on one device for now (no --parallel, no split mode)")
     ctx = max(MIN_CONTEXT, min(MAX_CONTEXT, point.context // 32))
     tokens = max(wl.tokens, MIN_GRAPHS)
     fwl = Workload(functional_model(wl.model), wl.cache_k, wl.cache_v, (ctx,), tokens=tokens, pinned=wl.pinned)

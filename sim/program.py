@@ -66,6 +66,7 @@ from sim.graph import CacheLayout, DecodeGraph, Split, layout_of
 from sim.workload import CacheType, Workload
 
 Binding = tuple[Buffer, int, int]
+PROGRAM_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0")
 RunFn = Callable[[Any], None]
 
 
