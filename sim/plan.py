@@ -249,15 +249,16 @@ def _uncapped(req: PlanRequest, context: int, by_depth: dict[int, dict[str, Any]
     if gains[best] <= 0:
         best = 0
     r = by_depth[best]
-    pt = points(req, [context], [0], 0, tokens=1)[0]
+    pt = points(req, [context], [0], 0)[0]
     w = r["window_rows"]
+    last_w = pt.workload.window_rows(context + req.tokens - 1)  # the ring the row reports is the last graph's
     uncapped = gains.get(best, 0.0)
     ring = rings.get(best, 0.0)
     return ContextPlan(
         context=context, window_rows=w, best_depth=best, uncapped_gain=uncapped,
         budget_mib_for_full_gain=float(math.ceil(ring)) if best else 0.0,
         gain_at_default_budget=0.0, default_budget_mib=req.default_budget_mib, default_declines=False,
-        default_decline_rows=decline_rows(rings.get(best or 1, 0.0), w, req.default_budget_mib),
+        default_decline_rows=decline_rows(rings.get(best or 1, 0.0), last_w, req.default_budget_mib),
         gain_per_mib=uncapped / ring if best and ring else None,
         copy_ms=copy_s(pt, w) * 1e3, compute_ms=gpu_compute_s(pt, w) * 1e3,
         gain_by_depth=gains, ring_mib_by_depth=rings,

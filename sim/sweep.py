@@ -41,7 +41,8 @@ from sim.simulate import Point, row
 from sim.telemetry import rows_to_csv, write_atomic
 
 #: Row fields that identify a point (its grid coordinates).
-KEY_FIELDS = ("model", "hardware", "cache_type", "context", "depth", "budget_mib", "tokens")
+KEY_FIELDS = ("model", "hardware", "cache_type", "context", "contexts", "parallel", "unified", "split_mode", "depth",
+              "budget_mib", "tokens")
 SNAPSHOT_EVERY_S = 2.0
 ROWS_JSON, ROWS_CSV, JOURNAL, MANIFEST = "rows.json", "rows.csv", "rows.jsonl", "sweep.json"
 
@@ -49,46 +50,71 @@ Key = tuple[Any, ...]
 
 
 def key_of_row(r: dict[str, Any]) -> Key:
-    """The grid coordinates of a result row (budget normalized to float)."""
-    return (str(r["model"]), str(r["hardware"]), str(r["cache_type"]), int(r["context"]), int(r["depth"]),
-            float(r["budget_mib"]), int(r["tokens"]))
+    """The grid coordinates of a result row (lists as tuples, budget as float)."""
+    return tuple(_norm(k, r[k]) for k in KEY_FIELDS)
+
+
+def _norm(field: str, value: Any) -> Any:
+    if isinstance(value, list | tuple):
+        return tuple(int(v) for v in value)
+    if field == "budget_mib":
+        return float(value)
+    if field in ("context", "parallel", "depth", "tokens"):
+        return int(value)
+    if field == "unified":
+        return bool(value)
+    return str(value)
 
 
 def key_of_point(p: Point) -> Key:
     """The grid coordinates the row of ``p`` will carry (the labels ``sim.simulate.row`` uses)."""
     wl = p.workload
-    return (wl.model.name, p.hardware.name, wl.cache_k.name, p.context, p.transport.depth,
-            float(p.transport.budget_mib), wl.tokens)
+    fields = {"model": wl.model.name, "hardware": p.hardware.name, "cache_type": wl.cache_k.name, "context": p.context,
+              "contexts": list(wl.contexts), "parallel": wl.n_parallel, "unified": wl.unified, "split_mode": wl.split_mode,
+              "depth": p.transport.depth, "budget_mib": p.transport.budget_mib, "tokens": wl.tokens}
+    return tuple(_norm(k, fields[k]) for k in KEY_FIELDS)
 
 
 def settings_of(points: Sequence[Point]) -> dict[str, Any]:
     """What a sweep's rows depend on but do not record (checked on resume)."""
-    pinned = sorted({p.workload.pinned for p in points})
-    mutations = sorted({m for p in points for m in p.transport.mutations})
-    return {"pinned": pinned, "mutations": mutations}
+
+    def values(get: Callable[[Point], Any]) -> list[Any]:
+        return sorted({get(p) for p in points}, key=repr)
+
+    return {
+        "pinned": values(lambda p: p.workload.pinned),
+        "mutations": sorted({m for p in points for m in p.transport.mutations}),
+        "ctx_size": values(lambda p: p.workload.ctx_size),
+        "tensor_split": [list(t) for t in values(lambda p: tuple(p.workload.tensor_split))],
+        "flat_prefix": values(lambda p: p.workload.flat_prefix),
+        "pack_streams": values(lambda p: p.transport.pack_streams),
+    }
 
 
 def expand_ranges(text: str) -> str:
-    """Expand ``START:STOP:STEP`` items of a comma list into their values (STOP included).
+    """Expand ``START..STOP`` and ``START..STOP/STEP`` items of a comma list (STOP included, STEP default 1).
 
-    ``"1024:4096:1024,8192"`` -> ``"1024,2048,3072,4096,8192"``. Other items pass
-    through unchanged. Raises UsageError on a malformed or empty range.
+    ``"1024..4096/1024,8192"`` -> ``"1024,2048,3072,4096,8192"``. Other items (``:``
+    joins one context per sequence) pass through. Raises UsageError on a malformed range.
     """
     out: list[str] = []
     for item in str(text).split(","):
-        if ":" not in item:
+        if ".." not in item:
             out.append(item)
             continue
-        parts = item.strip().split(":")
+        spec = item.strip()
+        head, _, step_text = spec.partition("/")
+        start_text, _, stop_text = head.partition("..")
         try:
-            start, stop, step = (float(x.replace("_", "")) for x in parts)
-        except ValueError:  # not three numbers
+            start, stop = float(start_text.replace("_", "")), float(stop_text.replace("_", ""))
+            step = float(step_text.replace("_", "")) if step_text else 1.0
+        except ValueError:
             start = stop = step = math.nan
         if not step > 0 or not stop >= start:
-            raise UsageError(f"range {item.strip()!r} is not valid; allowed: START:STOP:STEP with STEP > 0 and STOP >= START")
+            raise UsageError(f"range {spec!r} is not valid; allowed: START..STOP or START..STOP/STEP with STEP > 0, STOP >= START")
         n = int(math.floor((stop - start) / step + 1e-9)) + 1
         if n > 100_000:
-            raise UsageError(f"range {item.strip()!r} has {n} values; allowed: at most 100000")
+            raise UsageError(f"range {spec!r} has {n} values; allowed: at most 100000")
         integral = all(float(x).is_integer() for x in (start, step))
         out += [str(int(start + i * step)) if integral else f"{start + i * step:g}" for i in range(n)]
     return ",".join(out)
@@ -96,7 +122,7 @@ def expand_ranges(text: str) -> str:
 
 def grid(model: str = "qwen3.8-27b", hardware: str = "rtx4070-gen4x16", cache_type: str = "q8_0", context: str = "4096",
          depth: str = "0,1", budget: str = "128", tokens: int = 8, pageable: bool = False) -> list[Point]:
-    """The points of a grid written as the CLI writes it (comma lists, START:STOP:STEP ranges). Raises UsageError."""
+    """The points of a grid written as the CLI writes it (comma lists, START..STOP/STEP ranges). Raises UsageError."""
     import argparse
 
     from sim.grid import points_from_args
@@ -365,4 +391,4 @@ def gain_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _base_key(r: dict[str, Any]) -> Key:
-    return (r["model"], r["hardware"], r["cache_type"], r["context"], r["tokens"], r.get("parallel"))
+    return tuple(_norm(k, r[k]) if k in r else None for k in KEY_FIELDS if k not in ("depth", "budget_mib"))

@@ -14,9 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 SMALL = {  # CI-sized grids: a few seconds of simulation each
     "KVPIPE_CONTEXTS": "4096,16384",
-    "KVPIPE_SCAN": "4096:24576:4096",
+    "KVPIPE_SCAN": "4096..24576/4096",
     "KVPIPE_BUDGETS": "0,128",
-    "KVPIPE_DEPTHS": "0:2:1",
+    "KVPIPE_DEPTHS": "0..2/1",
     "KVPIPE_TOKENS": "2",
     "KVPIPE_DEEP": "2",
 }

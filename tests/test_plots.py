@@ -14,7 +14,7 @@ from sim.plan import PlanRequest, points
 from sim.simulate import simulate
 from sim.sweep import gain_rows
 
-GRID = ["--context", "4096:24576:4096", "--depth", "0,1", "--budget", "0,128", "--tokens", "2", "--jobs", "1"]
+GRID = ["--context", "4096..24576/4096", "--depth", "0,1", "--budget", "0,128", "--tokens", "2", "--jobs", "1"]
 
 
 @pytest.fixture(scope="module")

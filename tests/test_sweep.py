@@ -124,7 +124,7 @@ def test_dask_local_cluster_gives_the_same_rows(tmp_path: Path) -> None:
         (["--budget=-1,128"], "budget -1"),
         (["--context", ","], "empty value"),
         (["--jobs", "-1"], "--jobs"),
-        (["--context", "4096:1024:256"], "range"),
+        (["--context", "4096..1024/256"], "range"),
         (["--depth", "0,15"], "depth 15"),
     ],
 )
@@ -144,9 +144,11 @@ def test_empty_grid_and_changed_settings_refused(tmp_path: Path, capsys: pytest.
 
 
 def test_expand_ranges() -> None:
-    assert sweep.expand_ranges("1024:4096:1024,65536") == "1024,2048,3072,4096,65536"
-    assert sweep.expand_ranges("0:1:0.5") == "0,0.5,1"
-    for bad in ("1:2", "a:b:c", "4:1:1", "1:4:0"):
+    assert sweep.expand_ranges("1024..4096/1024,65536") == "1024,2048,3072,4096,65536"
+    assert sweep.expand_ranges("0..1/0.5") == "0,0.5,1"
+    assert sweep.expand_ranges("0..3") == "0,1,2,3"
+    assert sweep.expand_ranges("2048:4096,1024") == "2048:4096,1024"  # ':' joins one context per sequence
+    for bad in ("1..", "a..b", "4..1/1", "1..4/0", "1..4/x"):
         with pytest.raises(UsageError, match="range"):
             sweep.expand_ranges(bad)
 
@@ -158,3 +160,16 @@ def sweep_points(args: list[str]):  # type: ignore[no-untyped-def]
     from sim.commands.sweep import grid_points
 
     return grid_points(ns)
+
+
+def test_parallel_sequences_are_part_of_the_grid_coordinates(tmp_path: Path) -> None:
+    grid = ["--context", "4096,2048:4096", "--parallel", "2", "--depth", "0,1", "--tokens", "1", "--jobs", "1"]
+    assert _sweep(tmp_path / "a", grid) == 0
+    rows = json.loads((tmp_path / "a" / "rows.json").read_text())
+    assert {r["context"] for r in rows} == {4096}  # same longest context, different sequences: still 4 points
+    assert len(rows) == 4 and len({sweep.key_of_row(r) for r in rows}) == 4
+    again = sweep.run_sweep(sweep_points(grid), tmp_path / "a", jobs=1, progress=False)
+    assert (again.ran, again.resumed) == (0, 4)
+    grid = ["--context", "4096", "--parallel", "1,2", "--depth", "0", "--tokens", "1", "--jobs", "1"]
+    assert _sweep(tmp_path / "b", grid) == 0
+    assert sorted(r["parallel"] for r in json.loads((tmp_path / "b" / "rows.json").read_text())) == [1, 2]

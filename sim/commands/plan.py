@@ -22,7 +22,7 @@ def register(sub: Any) -> None:
     p.add_argument("--model", default="qwen3.8-27b", help="preset, .gguf file or config.json")
     p.add_argument("--hardware", default="rtx4070-gen4x16", help="hardware preset or profile .json")
     p.add_argument("--cache-type", default="q8_0", help="KV cache type (q8_0, f16, ...)")
-    p.add_argument("--context", default=REFERENCE_CONTEXTS, help="contexts to plan, comma list (START:STOP:STEP ranges too)")
+    p.add_argument("--context", default=REFERENCE_CONTEXTS, help="contexts to plan, comma list (START..STOP/STEP ranges too)")
     p.add_argument("--max-depth", type=int, default=4, help="deepest look-ahead to try (default 4)")
     p.add_argument("--default-budget", type=float, default=DEFAULT_BUDGET_MIB, help="the budget to judge, MiB (default 128)")
     p.add_argument("--budget-for-gain", type=float, metavar="FRACTION",

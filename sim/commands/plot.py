@@ -1,7 +1,7 @@
 """``kvpipe plot KIND``: draw a sweep (or simulate one) as PNG and SVG.
 
 Rows come from ``--rows FILE`` (a sweep's rows.json or rows.csv) or are
-simulated from the grid flags (ranges ``START:STOP:STEP`` allowed; depth 0 is
+simulated from the grid flags (ranges ``START..STOP/STEP`` allowed; depth 0 is
 added where a gain needs its baseline). ``timeline`` simulates the first
 point of the grid ordered and at each depth >= 1 given, with tracing on. ``all`` draws every kind (every
 row kind with ``--rows``).

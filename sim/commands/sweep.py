@@ -1,7 +1,7 @@
 """``kvpipe sweep``: a grid of points in parallel, written as CSV and JSON, resumable.
 
 The grid flags are those of ``simulate`` (list flags also take
-``START:STOP:STEP`` ranges here). Points run over ``--jobs`` local processes
+``START..STOP/STEP`` ranges here). Points run over ``--jobs`` local processes
 or on a Dask cluster (``--dask ADDRESS``); rows land in ``--out DIR`` as
 ``rows.json`` and ``rows.csv`` with the schema of ``simulate --json``, plus
 the ``rows.jsonl`` journal a rerun resumes from.
