@@ -184,11 +184,18 @@ def executor_for(jobs: int | None = None, dask_address: str | None = None) -> It
     if n == 1:
         yield _Serial()
         return
-    pool = ProcessPoolExecutor(max_workers=n)
+    pool = ProcessPoolExecutor(max_workers=n, initializer=_ignore_sigint)
     try:
         yield pool
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _ignore_sigint() -> None:
+    """Workers leave Ctrl-C to the parent, which keeps finished rows and shuts the pool down."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def chunks(points: Sequence[Point], workers: int) -> list[list[Point]]:
