@@ -85,7 +85,7 @@ def compute_fields(c: ComputeModel) -> dict[str, float]:
 
 
 def profile_for(profile: HardwareProfile, model: str) -> HardwareProfile:
-    """``profile`` with the compute model and launch cost calibrated for ``model``, where the file has them."""
+    """``profile`` with the compute model, launch and event costs calibrated for ``model``, where the file has them."""
     w = profile.meta.get("workloads", {}).get(model)
     if not w:
         return profile
@@ -98,7 +98,8 @@ def profile_for(profile: HardwareProfile, model: str) -> HardwareProfile:
         head_s=c["head_us"] * 1e-6,
         cpu_split_s=c["cpu_split_us"] * 1e-6,
     )
-    host = replace(profile.host, launch_s=w.get("launch_us", profile.host.launch_s * 1e6) * 1e-6)
+    host = replace(profile.host, launch_s=w.get("launch_us", profile.host.launch_s * 1e6) * 1e-6,
+                   event_s=w.get("event_us", profile.host.event_s * 1e6) * 1e-6)
     devices = tuple(replace(d, compute=compute) for d in profile.devices)
     return replace(profile, devices=devices, host=host)
 
@@ -107,9 +108,13 @@ def profile_for(profile: HardwareProfile, model: str) -> HardwareProfile:
 
 
 def split_samples(workload: Workload, hardware: HardwareProfile, spans: Sequence[Any], tokens: int, warmup: int) -> tuple[list, list[float]]:
-    """GPU split samples (for :func:`fit_compute`) and CPU split seconds of one ordered calibration run."""
-    samples: list[tuple[int, bool, float, bool, float]] = []
-    cpu: list[float] = []
+    """GPU split samples ``(layers, attention?, window_bytes, last?, span_s, host_launch_s)`` and CPU split seconds of one run.
+
+    ``span_s`` is the split's kernel span on its consumer stream (on a GPU it
+    starts when the host starts launching, since the stream is idle on the
+    ordered path); ``host_launch_s`` the host's time inside ``launch``.
+    """
+    samples: list[tuple[int, bool, float, bool, float, float]] = []
     ctx = max(workload.context)
     for i in range(tokens):
         g = decode_graph(workload, hardware.devices[0].compute, position=ctx + warmup + i)
@@ -117,13 +122,24 @@ def split_samples(workload: Workload, hardware: HardwareProfile, spans: Sequence
         last = gpu[-1].index
         for s in gpu:
             found = [sp for sp in spans if sp.track == f"consumer{s.device}" and sp.name == s.name]
+            host = [sp for sp in spans if sp.track == "host" and sp.name == f"launch {s.name}"]
             if len(found) < tokens:
                 continue
             sp = found[len(found) - tokens + i]
+            hl = host[len(host) - tokens + i].end_s - host[len(host) - tokens + i].start_s if len(host) >= tokens else 0.0
             wb = g.window_rows * workload.row_bytes
-            samples.append((len(s.layers), s.attn_layer >= 0, float(wb), s.index == last, sp.end_s - sp.start_s))
+            samples.append((len(s.layers), s.attn_layer >= 0, float(wb), s.index == last, sp.end_s - sp.start_s, hl))
     cpu = [sp.end_s - sp.start_s for sp in spans if sp.track == "host" and sp.name.startswith("cpu_rows_")]
     return samples, cpu
+
+
+def _residual(runs: Sequence[tuple[Workload, int, float, int]], hw: HardwareProfile, warmup: int) -> list[float]:
+    """(measured - simulated) seconds per unit for each ``(workload, depth, measured token s, units)``."""
+    out = []
+    for wl, depth, total_s, units in runs:
+        sim = simulate(Point(replace(wl, tokens=wl.tokens + warmup), hw, TransportConfig(depth=depth, budget_mib=0.0)))
+        out.append((total_s - statistics.fmean(g.total_s for g in sim.graphs[warmup:])) / max(units, 1))
+    return out
 
 
 def calibrate_workload(
@@ -139,47 +155,55 @@ def calibrate_workload(
     scale: float = 1.0,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Fit the compute model and the per-split host overhead of ``model``'s decode program. Blocks for the runs.
+    """Fit the compute model and the host costs of ``model``'s decode program. Blocks for the runs.
 
-    Returns the ``workloads[model]`` entry of the profile file.
+    Each calibration window runs ordered (depth 0) and pipelined (depth 1).
+    The host's launch time of a split becomes ``launch_us`` (the host pays it
+    before the kernels are queued, as CuPy does); the kernel span beyond it
+    is fitted as compute. What remains of the ordered token, per GPU split,
+    is added to ``launch_us``; what remains of the pipelined token (at the
+    windows where copies do not bound it), per staged split, is spread over
+    its four event calls (``event_us``), the calls only the pipelined path
+    makes. Returns the ``workloads[model]`` entry of the profile file.
     """
-    samples: list[tuple[int, bool, float, bool, float]] = []
+    samples: list[tuple[int, bool, float, bool, float, float]] = []
     cpu: list[float] = []
-    measured: list[tuple[Workload, float, int]] = []
-    launch_host: dict[str, list[float]] = {}
+    ordered: list[tuple[Workload, int, float, int]] = []
+    piped: list[tuple[Workload, int, float, int]] = []
     for ctx in windows:
         wl = Workload(model, ctype, ctype, (ctx,), tokens=tokens)
         prog = GpuProgram(wl, xp, store, scale=scale)
-        group = run_group(be, wl, hardware, [(0, 0.0)], prog, reps=1, warmup=warmup, progress=progress)
-        run = group.runs[0]
-        s, c = split_samples(wl, hardware, run.spans, tokens, warmup)
+        group = run_group(be, wl, hardware, [(0, 0.0), (1, 0.0)], prog, reps=1, warmup=warmup, progress=progress)
+        run0, run1 = group.arm(0, 0.0)[0], group.arm(1, 0.0)[0]
+        s, c = split_samples(wl, hardware, run0.spans, tokens, warmup)
         samples += s
         cpu += c
-        n_gpu = sum(1 for sp in decode_graph(wl, hardware.devices[0].compute, ctx).splits if sp.kind == "gpu")
-        for sp in run.spans:
-            if sp.track == "host" and sp.name.startswith("launch "):
-                launch_host.setdefault(sp.name[7:], []).append((sp.end_s - sp.start_s) * 1e6)
-        measured.append((wl, statistics.fmean(g.total_s for g in run.stats), n_gpu))
-    compute = fit_compute(samples, statistics.median(cpu) if cpu else 0.0)
-    fitted = replace(hardware, devices=tuple(replace(d, compute=compute) for d in hardware.devices))
-    residual = []
-    for wl, total_s, n_gpu in measured:
-        sim = simulate(Point(replace(wl, tokens=tokens + warmup), fitted, TransportConfig(depth=0)))
-        predicted = statistics.fmean(g.total_s for g in sim.graphs[warmup:])
-        residual.append((total_s - predicted) / n_gpu)
-    glue_s = statistics.median(residual)
-    launch_s = max(hardware.host.launch_s, hardware.host.launch_s + glue_s)
+        g = decode_graph(wl, hardware.devices[0].compute, ctx)
+        n_gpu = sum(1 for sp in g.splits if sp.kind == "gpu")
+        ordered.append((wl, 0, statistics.fmean(x.total_s for x in run0.stats), n_gpu))
+        piped.append((wl, 1, statistics.fmean(x.total_s for x in run1.stats), 4 * len(g.staged_splits)))
+    launch_s = statistics.fmean(x[5] for x in samples) if samples else hardware.host.launch_s
+    compute = fit_compute([(n, a, wb, la, max(t - hl, 0.0)) for n, a, wb, la, t, hl in samples], statistics.median(cpu) if cpu else 0.0)
+    fitted = replace(hardware, devices=tuple(replace(d, compute=compute) for d in hardware.devices),
+                     host=replace(hardware.host, launch_s=launch_s))
+    glue0 = statistics.median(_residual(ordered, fitted, warmup))
+    fitted = replace(fitted, host=replace(fitted.host, launch_s=max(0.0, launch_s + glue0)))
+    glue1 = statistics.median(_residual(piped[: max(1, len(piped) - 1)], fitted, warmup))
+    event_s = max(0.0, hardware.host.event_s + glue1)
     return {
         "compute": compute_fields(compute),
-        "launch_us": launch_s * 1e6,
-        "glue_us_per_gpu_split": glue_s * 1e6,
+        "launch_us": fitted.host.launch_s * 1e6,
+        "event_us": event_s * 1e6,
+        "host_launch_us_mean": launch_s * 1e6,
+        "glue_us_per_gpu_split": glue0 * 1e6,
+        "glue_us_per_event_call": glue1 * 1e6,
         "windows": list(windows),
         "cache_type": ctype.name,
         "scale": scale,
-        "samples": [{"layers": n, "attention": a, "window_bytes": wb, "last": la, "gpu_us": t * 1e6} for n, a, wb, la, t in samples],
+        "samples": [{"layers": n, "attention": a, "window_bytes": wb, "last": la, "span_us": t * 1e6, "host_launch_us": hl * 1e6}
+                    for n, a, wb, la, t, hl in samples],
         "cpu_split_us_samples": len(cpu),
-        "host_launch_us": {k: statistics.median(v) for k, v in launch_host.items()},
-        "token_ms_measured": [t * 1e3 for _, t, _ in measured],
+        "token_ms_measured": {"ordered": [x[2] * 1e3 for x in ordered], "pipelined": [x[2] * 1e3 for x in piped]},
     }
 
 
@@ -187,7 +211,7 @@ def calibrate_workload(
 
 
 def build_profile(info: dict[str, Any], host: dict[str, float], links: dict[tuple[str, bool], dict[int, float]],
-                  eng: dict[str, Any], command: str = "") -> dict[str, Any]:
+                  eng: dict[str, Any], command: str = "", waits: dict[tuple[str, int], float] | None = None) -> dict[str, Any]:
     """The profile file's dict from the micro-measurements (no compute model yet)."""
     total = info.get("memory_total_bytes", 0)
     used = total - info.get("memory_free_bytes", 0)
@@ -228,7 +252,9 @@ def build_profile(info: dict[str, Any], host: dict[str, float], links: dict[tupl
         "measurements": {
             "host_costs_us": {k: v * 1e6 for k, v in host.items()},
             "copy_times_us": {f"{d}_{'pinned' if p else 'pageable'}": {str(n): s * 1e6 for n, s in t.items()} for (d, p), t in links.items()},
+            "peak_GBps": {f"{d}_{'pinned' if p else 'pageable'}": micro.peak_bytes_per_s(t) / 1e9 for (d, p), t in links.items()},
             "engines": eng,
+            "host_wake_after_copy_us": {f"{d}_{n}": w * 1e6 for (d, n), w in (waits or {}).items()},
         },
         "workloads": {},
     }
@@ -254,11 +280,14 @@ def calibrate(
     say("host costs")
     host = micro.run_on(be, micro.host_costs(be))
     say("link curves")
-    links = micro.run_on(be, micro.copy_times(be, sizes, reps, host["host_wait_s"], host["copy_issue_s"]))
+    links, waits = micro.run_on(be, micro.copy_times(be, sizes, reps, host["host_wait_s"], host["copy_issue_s"]))
+    long_waits = [w for (_, n), w in waits.items() if 1 << 20 <= n <= 64 << 20]
+    if long_waits:  # the scheduler's waits are mostly long (windows, kernels): their wake-up, not a tiny copy's
+        host["host_wait_s"] = max(host["host_wait_s"], statistics.median(long_waits))
     say("copy engines")
     eng = micro.run_on(be, micro.engines(be))
     eng["two_d_over_one_d"] = micro.run_on(be, micro.two_d_ratio(be))
-    data = build_profile(info, host, links, eng, command)
+    data = build_profile(info, host, links, eng, command, waits)
     store = WeightStore()
     for i, model in enumerate(models):
         say(f"workload {model.name}")

@@ -111,11 +111,13 @@ def host_costs(be: Backend, reps: int = 200) -> HostOp:
 
 
 def copy_times(be: Backend, sizes: Iterable[int], reps: int, host_wait_s: float, copy_issue_s: float) -> HostOp:
-    """Seconds one copy of each size occupies the link: ``{(direction, pinned): {size: seconds}}``.
+    """Seconds one copy of each size occupies the link, and the host's wake-up after a blocking pinned copy.
 
-    Pinned copies are timed by the stream's own events; pageable copies block
-    the host, so they are timed by the host clock minus the issue and wake-up
-    costs. Blocks the host for the measurement.
+    Returns ``({(direction, pinned): {size: seconds}}, {(direction, size):
+    wake seconds})``. Pinned copies are timed by the stream's own events (the
+    wake-up is the host's round trip minus issue and event time); pageable
+    copies block the host, so they are timed by the host clock minus the issue
+    and wake-up costs. Blocks the host for the measurement.
     """
     sizes = sorted(set(int(n) for n in sizes) | {LATENCY_PROBE_BYTES})
     top = max(sizes)
@@ -126,6 +128,7 @@ def copy_times(be: Backend, sizes: Iterable[int], reps: int, host_wait_s: float,
         if b.array is not None:
             b.array[:] = 1  # touch every page before timing
     out: dict[tuple[str, bool], dict[int, float]] = {}
+    waits: dict[tuple[str, int], float] = {}
     for direction in ("h2d", "d2h"):
         for pinned, hb in bufs.items():
             times: dict[int, float] = {}
@@ -142,13 +145,14 @@ def copy_times(be: Backend, sizes: Iterable[int], reps: int, host_wait_s: float,
                     prefix = f"link_{direction}_{pinned}_{n}_"
                     spans = [sp for sp in be.timeline() if sp.track == s.name and sp.name.startswith(prefix) and not sp.name.endswith("_0")]
                     times[n] = _median(sp.end_s - sp.start_s for sp in spans)
+                    waits[(direction, n)] = _median(host_dt) + host_wait_s - times[n]
                 else:
                     times[n] = max(_median(host_dt), 1e-9)
             out[(direction, pinned)] = times
     be.free(dev)
     for b in bufs.values():
         be.free(b)
-    return out
+    return out, waits
 
 
 def curve_points(times: dict[int, float]) -> dict[str, Any]:
@@ -157,14 +161,22 @@ def curve_points(times: dict[int, float]) -> dict[str, Any]:
     ``latency_us`` is the time of the tiny probe copy; each larger size gets
     the bandwidth that makes ``latency + size / bandwidth`` its measured time.
     """
-    latency = times.get(LATENCY_PROBE_BYTES, 0.0)
+    small = [t for n, t in times.items() if n <= 64 << 10]
+    latency = min(small) if small else 0.0
+    peak = max(n / t for n, t in times.items() if t > 0)
     points = []
     for n in sorted(times):
         if n == LATENCY_PROBE_BYTES:
             continue
-        transfer = max(times[n] - latency, times[n] * 0.05, 1e-9)
-        points.append([n / MIB, n / transfer / 1e9])
+        transfer = max(times[n] - latency, 1e-9)
+        points.append([n / MIB, min(n / transfer, peak * 1.02) / 1e9])
     return {"latency_us": latency * 1e6, "points": points}
+
+
+def peak_bytes_per_s(times: dict[int, float], min_bytes: int = 16 << 20) -> float:
+    """The best plain rate (size / time, latency included) of copies of at least ``min_bytes``."""
+    big = [n / t for n, t in times.items() if n >= min_bytes and t > 0]
+    return max(big) if big else max(n / t for n, t in times.items() if t > 0)
 
 
 # ------------------------------------------------------------ copy engines
