@@ -170,8 +170,11 @@ def gain_vs_depth(rows: Sequence[dict[str, Any]]) -> Figure:
     return fig
 
 
-def gain_vs_context(rows: Sequence[dict[str, Any]]) -> Figure:
-    """Gain (%) against context, one line per depth and budget; each capped budget's first decline marked."""
+def gain_vs_context(rows: Sequence[dict[str, Any]], marks: Sequence[tuple[str, float]] = ()) -> Figure:
+    """Gain (%) against context, one line per depth and budget; each capped budget's first decline marked.
+
+    ``marks`` are (label, context) pairs drawn as vertical dotted lines (e.g. the closed-form peak).
+    """
     rows = _need_gain(rows)
     fig = _figure()
     ax = fig.add_subplot()
@@ -189,6 +192,10 @@ def gain_vs_context(rows: Sequence[dict[str, Any]]) -> Figure:
             label += f": declines from window {first['window_rows']:,} (ring {first['ring_mib']:.0f} MiB)"
         ax.plot([r["context"] for r in grp], [100 * r["gain"] for r in grp], color=colors[d],
                 linestyle=styles[budgets.index(b) % len(styles)], label=label)
+    for i, (text, x) in enumerate(marks):
+        ax.axvline(x, color="grey", linestyle=":", linewidth=1.2)
+        ax.annotate(text, (x, 0.1 + 0.06 * i), xycoords=("data", "axes fraction"), textcoords="offset points",
+                    xytext=(4, 0), fontsize=8, color="dimgrey", bbox={"boxstyle": "round", "fc": "white", "ec": "none"})
     ax.set_xlabel("context (tokens already cached)")
     _thousands(ax)
     ax.set_ylabel("gain over the ordered path (%)")

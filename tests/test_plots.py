@@ -50,6 +50,19 @@ def test_gain_vs_context_marks_where_the_budget_declines(sweep_dir: Path) -> Non
     assert len(markers) == 1 and list(markers[0].get_xdata()) == [last_kept["context"]]
 
 
+def test_peak_mark_is_the_closed_form(sweep_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from sim.commands.plot import _peak_marks
+    from sim.plan import closed_form
+
+    rows = gain_rows(read_rows(str(sweep_dir / "rows.json")))
+    (label, x), = _peak_marks(rows)
+    cf = closed_form(points(PlanRequest(), [4096], [1], 0, tokens=1)[0], 3)
+    assert x == pytest.approx(cf.rows - 1) and f"{cf.rows:,.0f} rows" in label
+    ax = plots.gain_vs_context(rows, [(label, x)]).axes[0]
+    assert any(list(line.get_xdata()) == [x, x] for line in ax.get_lines())
+    assert main(["plot", "gain-vs-context", "--peak", "--rows", str(sweep_dir / "rows.json"), "--out", str(tmp_path / "g")]) == 0
+
+
 def test_csv_rows_read_back_like_json(sweep_dir: Path) -> None:
     j = read_rows(str(sweep_dir / "rows.json"))
     c = read_rows(str(sweep_dir / "rows.csv"))

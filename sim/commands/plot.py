@@ -33,6 +33,8 @@ def register(sub: Any) -> None:
     p.add_argument("--x", help="xy: column on the x axis")
     p.add_argument("--y", help="xy: column on the y axis")
     p.add_argument("--group", help="xy: one line per value of this column")
+    p.add_argument("--peak", action="store_true",
+                   help="gain-vs-context: mark the closed-form peak rows* = compute x BW / (n_attn x b) at depth 1")
     p.add_argument("--budget-lines", default="", help="ring-vs-context: extra budget lines, MiB (comma list)")
     p.add_argument("--jobs", type=int, default=0, help="local worker processes when simulating (default: all cores)")
     p.set_defaults(func=run)
@@ -111,6 +113,18 @@ def _timeline_figure(args: argparse.Namespace) -> Any:
     return timeline(panels, title)
 
 
+def _peak_marks(rows: list[dict[str, Any]]) -> list[tuple[str, float]]:
+    """The closed-form peak of the rows' one model/hardware/cache type, as a context to mark."""
+    from sim.plan import PlanRequest, closed_form, points
+
+    combos = {(r["model"], r["hardware"], r["cache_type"]) for r in rows}
+    if len(combos) != 1:
+        raise UsageError("--peak needs rows of one model, one hardware and one cache type")
+    model, hardware, cache = combos.pop()
+    cf = closed_form(points(PlanRequest(model=model, hardware=hardware, cache_type=cache), [4096], [1], 0, tokens=1)[0], 3)
+    return [(f"closed-form peak: {cf.rows:,.0f} rows (copy = compute)", cf.rows - 1)]
+
+
 def run(args: argparse.Namespace) -> int:
     from sim import plots
 
@@ -136,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
                 rows = gain_rows(rows)
             if kind == "xy":
                 fig = plots.xy(rows, args.x, args.y, args.group)
+            elif kind == "gain-vs-context":
+                fig = plots.gain_vs_context(rows, _peak_marks(rows) if args.peak else ())
             elif kind == "ring-vs-context":
                 fig = plots.ring_vs_context(rows, budget_lines)
             else:
