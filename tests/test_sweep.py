@@ -173,3 +173,21 @@ def test_parallel_sequences_are_part_of_the_grid_coordinates(tmp_path: Path) -> 
     grid = ["--context", "4096", "--parallel", "1,2", "--depth", "0", "--tokens", "1", "--jobs", "1"]
     assert _sweep(tmp_path / "b", grid) == 0
     assert sorted(r["parallel"] for r in json.loads((tmp_path / "b" / "rows.json").read_text())) == [1, 2]
+
+
+def test_models_x_hardware_grid_matches_simulate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = ["--model", "qwen3.8-27b,llama-3.1-8b", "--hardware", "rtx4070-gen4x16,h200-gen5x16", "--context", "8192",
+            "--depth", "0,1", "--tokens", "1"]
+    expected = _simulate_json(capsys, grid)
+    assert _sweep(tmp_path, grid, "--jobs", "2") == 0
+    got = json.loads((tmp_path / "rows.json").read_text())
+    assert got == expected and len({sweep.key_of_row(r) for r in got}) == 8
+
+
+def test_dask_missing_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "dask.distributed", None)  # import fails as if the extra were not installed
+    assert _sweep(tmp_path, ["--context", "4096", "--tokens", "1"], "--dask", "tcp://127.0.0.1:8786") == 2
+    assert "pip install 'kvpipe[cluster]'" in _one_line_error(capsys)
