@@ -150,6 +150,9 @@ class DeviceProfile:
     alignment_bytes: int = 256
     compute: ComputeModel = field(default_factory=ComputeModel)
     memory_reserved_bytes: int = 600 * MIB
+    #: A copy engine that finishes a stream's copy serves that stream's next queued copy in the same
+    #: direction before any other stream's waiting copy (observed on an H200: docs/reproduction.md).
+    copy_engine_drains_stream: bool = False
 
     def __post_init__(self) -> None:
         if self.memory_total_bytes <= 0:
@@ -242,6 +245,7 @@ def _device(d: dict[str, Any], where: str) -> DeviceProfile:
         alignment_bytes=int(d.get("alignment_bytes", 256)),
         compute=compute,
         memory_reserved_bytes=int(float(d.get("memory_reserved_mib", 600)) * MIB),
+        copy_engine_drains_stream=bool(d.get("copy_engine_drains_stream", False)),
     )
 
 

@@ -76,6 +76,7 @@ class _StreamState:
     completed: int = 0
     wake: simpy.Event | None = None
     waiters: list[tuple[int, simpy.Event]] = field(default_factory=list)
+    held: Any = None  # (engine, request) kept for this stream's next copy (copy_engine_drains_stream)
 
 
 def copy_seconds(link: LinkCurve, ranges: Sequence[CopyRange]) -> float:
@@ -310,8 +311,16 @@ class SimMachine:
         engines = self._h2d if to_device else self._d2h
         other = self._d2h if to_device else self._h2d
         link = dev.link(to_device, host_buf.pinned)
-        with engines[dev_buf.device].request() as req:
+        engine = engines[dev_buf.device]
+        st: _StreamState = stream.handle
+        held, st.held = st.held, None
+        if held is not None and held[0] is not engine:
+            held[0].release(held[1])
+            held = None
+        req = held[1] if held is not None else engine.request()
+        if held is None:
             yield req
+        try:
             t = self.env.now
             seconds = copy_seconds(link, ranges)
             if other[dev_buf.device].count:
@@ -326,3 +335,20 @@ class SimMachine:
             nbytes = sum(r.nbytes for r in ranges)
             self._span(track, item.name, t, bytes=nbytes, stream=stream.name)
             self._span(stream.name, item.name, t, bytes=nbytes)
+        finally:
+            if dev.copy_engine_drains_stream and self._next_copy_on(stream, to_device, dev_buf.device):
+                st.held = (engine, req)
+            else:
+                engine.release(req)
+
+    @staticmethod
+    def _next_copy_on(stream: Stream, to_device: bool, device: int) -> bool:
+        """Whether the stream's next item past records and fired waits is a copy on the same engine."""
+        for item in stream.handle.queue:
+            if item.kind == "record" or (item.kind == "wait" and item.payload.triggered):
+                continue
+            if item.kind != "copy":
+                return False
+            dst, src, _ = item.payload
+            return bool(src.on_host == to_device and (dst if to_device else src).device == device)
+        return False

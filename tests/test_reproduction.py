@@ -192,3 +192,41 @@ def test_h200_embedded_probe_numbers_match_the_probe_file() -> None:
     if path is None:
         pytest.skip("shared/reference/h200-probe.json is not beside this checkout; the embedded copy is unchecked")
     assert h200_preset.probe_mismatches(path) == []
+
+
+# ------------------------------------------- the copy engine drains a stream
+
+
+def _engine_order(drain: bool) -> list[str]:
+    """Three H2D copies: A and B queued on stream s1, C on s2 submitted after A but before B starts."""
+    from dataclasses import replace as dc_replace
+
+    from backends.base import CopyRange
+    from backends.simpy_machine import SimMachine
+
+    base = load_profile("rtx4070-gen4x16")
+    hw = dc_replace(base, devices=(dc_replace(base.devices[0], copy_engine_drains_stream=drain),))
+    m = SimMachine(hw, trace=True)
+    host = m.alloc_host(64 * MIB, "host")
+    dev = m.alloc(0, 64 * MIB, "dev")
+    s1, s2 = m.create_stream(0, "s1"), m.create_stream(0, "s2")
+
+    def program():  # type: ignore[no-untyped-def]
+        yield from m.copy(s1, dev, host, [CopyRange(0, 0, 16 * MIB)], tag="A")
+        yield from m.copy(s2, dev, host, [CopyRange(0, 0, 4096)], tag="C")
+        yield from m.copy(s1, dev, host, [CopyRange(0, 0, 16 * MIB)], tag="B")
+        yield from m.synchronize(s1)
+        yield from m.synchronize(s2)
+
+    m.run(program())
+    return [s.name for s in sorted(m.timeline(), key=lambda s: s.start_s) if s.track == "h2d0"]
+
+
+def test_copy_engine_serves_copies_in_arrival_order_by_default() -> None:
+    assert _engine_order(False) == ["A", "C", "B"]
+
+
+def test_draining_engine_serves_the_streams_queued_copy_first() -> None:
+    # observed on an H200 (docs/reproduction.md): a late copy on the consumer stream waited
+    # behind the transfer stream's next delivery although that was issued after it
+    assert _engine_order(True) == ["A", "B", "C"]
