@@ -327,25 +327,24 @@ def run_sweep(
     if not points:
         raise UsageError("the grid is empty; give at least one value per flag")
     t0 = time.perf_counter()
-    order: list[Key] = []
-    todo: list[Point] = []
-    seen: set[Key] = set()
-    store = RowStore(out_dir, settings_of(points))
-    for p in points:
-        k = key_of_point(p)
-        if k in seen:
-            continue
-        seen.add(k)
-        order.append(k)
-        if k not in store:
-            todo.append(p)
-    result = SweepResult(rows=[], resumed=len(order) - len(todo))
-    try:
-        with executor_for(jobs, dask_address) as ex:
+    with executor_for(jobs, dask_address) as ex:  # first: a missing extra or scheduler writes nothing
+        order: list[Key] = []
+        todo: list[Point] = []
+        seen: set[Key] = set()
+        store = RowStore(out_dir, settings_of(points))
+        for p in points:
+            k = key_of_point(p)
+            if k not in seen:
+                seen.add(k)
+                order.append(k)
+                if k not in store:
+                    todo.append(p)
+        result = SweepResult(rows=[], resumed=len(order) - len(todo))
+        try:
             workers = 1 if isinstance(ex, _Serial) else (jobs or os.cpu_count() or 1)
             _collect(ex, chunks(todo, workers), store, order, result, progress)
-    finally:
-        store.close(order)
+        finally:
+            store.close(order)
     result.rows = store.ordered(order) if out_dir else [store.rows[k] for k in order if k in store.rows]
     result.wall_s = time.perf_counter() - t0
     return result

@@ -191,3 +191,4 @@ def test_dask_missing_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setitem(sys.modules, "dask.distributed", None)  # import fails as if the extra were not installed
     assert _sweep(tmp_path, ["--context", "4096", "--tokens", "1"], "--dask", "tcp://127.0.0.1:8786") == 2
     assert "pip install 'kvpipe[cluster]'" in _one_line_error(capsys)
+    assert not tmp_path.exists() or not list(tmp_path.iterdir())
