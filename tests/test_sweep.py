@@ -192,3 +192,21 @@ def test_dask_missing_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.Mo
     assert _sweep(tmp_path, ["--context", "4096", "--tokens", "1"], "--dask", "tcp://127.0.0.1:8786") == 2
     assert "pip install 'kvpipe[cluster]'" in _one_line_error(capsys)
     assert not tmp_path.exists() or not list(tmp_path.iterdir())
+
+
+@pytest.mark.benchmark
+def test_thousand_point_sweep_benchmark(tmp_path: Path) -> None:
+    """The issue's benchmark: 1,000 reference points, --jobs 2 (prints wall and CPU; not a pass/fail timing)."""
+    import os
+    import time
+
+    grid = ["--context", "1024..51200/1024", "--depth", "0..4", "--budget", "0,64,128,256"]
+    points = sweep_points(grid)
+    assert len(points) == 1000
+    t, cpu = time.perf_counter(), os.times()
+    res = sweep.run_sweep(points, tmp_path, jobs=2, progress=False)
+    wall, after = time.perf_counter() - t, os.times()
+    used = (after.user + after.children_user + after.system + after.children_system) - (
+        cpu.user + cpu.children_user + cpu.system + cpu.children_system)
+    assert res.ran == 1000 and not res.failed
+    print(f"1,000 points, 8 tokens each, --jobs 2: wall {wall:.1f} s, CPU {used:.1f} s (target <= 60 s, goal <= 30 s)")
