@@ -375,9 +375,17 @@ def render(plans: list[ContextPlan]) -> str:
         f"peak (depth {p.peak_depth}, {p.peak_depth + 2} slots): closed form rows* = compute x BW / (n_attn x b) = "
         f"{p.extra['peak_compute_ms_closed_form']:.2f} ms x {p.extra['peak_bw_gbps_closed_form']:.2f} GB/s / (n_attn x b) = "
         f"{p.peak_rows_closed_form:,.0f} rows, ring (n_slots / n_attn) x compute x BW = {cf_ring:.1f} MiB",
-        f"                        simulated: {p.peak_rows_simulated:,} rows (context {p.peak_context_simulated:,}), "
+        f"                      simulated: {p.peak_rows_simulated:,} rows (context {p.peak_context_simulated:,}), "
         f"gain {p.peak_gain_simulated:+.1%}, ring {p.peak_ring_mib_simulated:.1f} MiB",
+        f"     best of the contexts asked: {_asked_line(plans)}",
         "",
         "note: " + p.peak_note,
     ]
     return "\n".join(text)
+
+
+def _asked_line(plans: list[ContextPlan]) -> str:
+    d = plans[0].peak_depth
+    best = max(plans, key=lambda p: p.gain_by_depth.get(d, 0.0))
+    return (f"context {best.context:,} (window {best.window_rows:,} rows), gain {best.gain_by_depth.get(d, 0.0):+.1%}, "
+            f"ring {best.ring_mib_by_depth.get(d, 0.0):.1f} MiB")
