@@ -370,14 +370,15 @@ def render(plans: list[ContextPlan]) -> str:
     text.insert(1, "  ".join("-" * w for w in widths))
     p = plans[0]
     cf_ring = p.peak_ring_mib_closed_form
+    pad = " " * len(f"peak (depth {p.peak_depth}, {p.peak_depth + 2} slots): ")
     text += [
         "",
         f"peak (depth {p.peak_depth}, {p.peak_depth + 2} slots): closed form rows* = compute x BW / (n_attn x b) = "
         f"{p.extra['peak_compute_ms_closed_form']:.2f} ms x {p.extra['peak_bw_gbps_closed_form']:.2f} GB/s / (n_attn x b) = "
         f"{p.peak_rows_closed_form:,.0f} rows, ring (n_slots / n_attn) x compute x BW = {cf_ring:.1f} MiB",
-        f"                      simulated: {p.peak_rows_simulated:,} rows (context {p.peak_context_simulated:,}), "
+        f"{pad}simulated: {p.peak_rows_simulated:,} rows (context {p.peak_context_simulated:,}), "
         f"gain {p.peak_gain_simulated:+.1%}, ring {p.peak_ring_mib_simulated:.1f} MiB",
-        f"     best of the contexts asked: {_asked_line(plans)}",
+        f"{pad}best of the contexts asked: {_asked_line(plans)}",
         "",
         "note: " + p.peak_note,
     ]
