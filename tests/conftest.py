@@ -120,13 +120,13 @@ def ranges_cover(ranges: list[CopyRange]) -> list[tuple[int, int]]:
 
 
 def fast_profile(base: HardwareProfile, h2d_gbps: float, memory_free_mib: float | None = None) -> HardwareProfile:
-    """``base`` with zero host costs, zero latencies, a flat H2D link and an instant D2H link."""
+    """``base`` with zero host costs, zero latencies, a flat H2D link, an instant D2H link and engines in arrival order."""
     from backends.profile import LinkCurve
 
     dev = base.devices[0]
     h2d = LinkCurve((1.0,), (h2d_gbps * 1e9,), 0.0)
     d2h = LinkCurve((1.0,), (1e18,), 0.0)
-    dev = replace(dev, h2d_pinned=h2d, h2d_pageable=h2d, d2h_pinned=d2h, d2h_pageable=d2h)
+    dev = replace(dev, h2d_pinned=h2d, h2d_pageable=h2d, d2h_pinned=d2h, d2h_pageable=d2h, copy_engine_drains_stream=False)
     if memory_free_mib is not None:
         dev = replace(dev, memory_used_bytes=dev.memory_total_bytes - int(memory_free_mib * 2**20))
     return replace(base, devices=(dev,), host=base.host.zero())

@@ -90,6 +90,11 @@ BORROWED_EVENT_US = 2.262932499998982 / 2
 #: only measurement is the H200 host's (probe, 1 MiB .. 1 GiB), capped below at
 #: nothing and used as is. An estimate for pageable runs only.
 BORROWED_PAGEABLE_POINTS = ((1.0, 9.53), (4.0, 10.02), (16.0, 8.84), (64.0, 6.58), (256.0, 5.96), (1024.0, 7.66))
+#: How a copy engine picks its next copy. Observed on an H200 (kvpipe's own schedule and a
+#: three-copy micro-test, docs/reproduction.md): after a stream's copy the engine serves that
+#: stream's next queued copy before an earlier-submitted copy of another stream. The reference's
+#: ordered path uses one stream and cannot show it; we take the CUDA behaviour as the 4070's too.
+BORROWED_COPY_ENGINE_DRAINS_STREAM = True
 
 
 def _workload(context: int, tokens: int = 1) -> Workload:
@@ -237,8 +242,8 @@ def _preset(link: dict[str, Any], host: dict[str, float], mem: dict[str, float],
             "RTX 4070 on PCIe gen4 x16 with the reference model (qwen3.8-27b, q8_0 KV, pinned host cache). Every number "
             "derived by validate/calibrate_reference.py from the ordered-path table, the cache-on-device times, the 4,096 "
             "host split and the ordered column of the 19,246 breakdown in shared/reference/kv-transport.md, plus physical "
-            "facts; no pipelined figure is an input. Borrowed from the H200 probe (no ordered-path input exists): "
-            "event_us and the pageable link (estimates). " + note
+            "facts; no pipelined figure is an input. Borrowed from H200 measurements (no ordered-path input exists): "
+            "event_us and the pageable link (estimates) and copy_engine_drains_stream (the CUDA copy engine's order). " + note
         ),
         "estimate": False,
         "host": {
@@ -257,6 +262,7 @@ def _preset(link: dict[str, Any], host: dict[str, float], mem: dict[str, float],
                 "h2d_engines": 1,
                 "d2h_engines": 1,
                 "duplex_slowdown": 1.0,
+                "copy_engine_drains_stream": BORROWED_COPY_ENGINE_DRAINS_STREAM,
                 "alignment_bytes": PHYSICAL["alignment_bytes"],
                 "links": {
                     "h2d_pinned": {"latency_us": round(lat, 3), "points": [[1.0, round(bw, 3)]]},
@@ -404,6 +410,7 @@ VARIANTS = {
     "duplex-h200": "the H200 probe's full-duplex slowdown (1.161) on the 4070's link",
     "events-x2": "twice the borrowed event cost",
     "launch-only": "the per-split host residual charged to GPU launches only (no CPU split time)",
+    "engine-fifo": "copy engines strictly in arrival order across streams (copy_engine_drains_stream off)",
 }
 
 
@@ -426,6 +433,8 @@ def variant(preset: dict[str, Any], name: str) -> dict[str, Any]:
         dev["duplex_slowdown"] = 1.161
     elif name == "events-x2":
         host["event_us"] *= 2
+    elif name == "engine-fifo":
+        dev["copy_engine_drains_stream"] = False
     elif name == "launch-only":
         counts = graph_counts(ORDERED_TABLE[0][0])
         host["launch_us"] += dev["compute"]["cpu_split_us"] * counts["cpu_splits"] / counts["gpu_splits"]

@@ -58,6 +58,27 @@ PROBE: dict[str, Any] = {
 }
 
 
+#: kvpipe's own schedule on this H200 (docs/figures/reproduction-gpu-schedule.py, results in
+#: docs/figures/reproduction-gpu-schedule.json): ms per token at depth 0 (blocked in ordered
+#: copies, consumer wait) and depth 1, where copy > compute.
+GPU_SCHEDULE_MS = {
+    65536: {"blocked": 44.85149520000391, "consumer": 34.020662399994706, "pipelined": 64.96563460000004},
+    131072: {"blocked": 86.11770919998918, "consumer": 43.95995900000429, "pipelined": 115.85108960000099},
+}
+
+
+def copy_engine_drains_stream() -> bool:
+    """Whether the H2D engine serves the stream it just served before an earlier copy of another stream.
+
+    In arrival order the pipelined token cannot take much longer than max(copy, compute)
+    (the engine always has the next delivery); draining the transfer stream first makes the
+    consumer's late copy wait behind a delivery issued after it, and the token grows by about
+    one split's compute per two deliveries. The measured copy-bound tokens took 1.3-1.4 x
+    max(copy, compute): the engine drains (the trace shows the pairs, docs/reproduction.md).
+    """
+    return all(v["pipelined"] > 1.2 * max(v["blocked"], v["consumer"]) for v in GPU_SCHEDULE_MS.values())
+
+
 def _sizes() -> list[float]:
     return sorted(float(k) for k in PROBE["bandwidth"])
 
@@ -151,7 +172,8 @@ def derive() -> dict[str, Any]:
             "NVIDIA H200 on PCIe gen5 x16, every number derived from shared/reference/h200-probe.json by "
             "validate/h200_preset.py (regenerate: python -m validate.h200_preset): link curves reproduce each probed copy "
             "time; one FIFO engine per direction (two-stream probe) and the probed full-duplex slowdown; compute from the "
-            "probe's matvec (weights) and attention kernels, host costs from its issue/launch/event timings. The probe ran "
+            "probe's matvec (weights) and attention kernels, host costs from its issue/launch/event timings; the copy "
+            "engine drains a stream before serving another (kvpipe's schedule on this GPU, docs/reproduction.md). The probe ran "
             "through CuPy, so launch_us (61 us) is a Python-side launch and the kernels are the probe's own; "
             "memory_used is the profile's default reservation (no model weights), cpu_split_us an estimate (no probe)."
         ),
@@ -166,6 +188,7 @@ def derive() -> dict[str, Any]:
                 "h2d_engines": eng["h2d_engines"],
                 "d2h_engines": eng["d2h_engines"],
                 "duplex_slowdown": eng["duplex_slowdown"],
+                "copy_engine_drains_stream": copy_engine_drains_stream(),
                 "alignment_bytes": 256,
                 "links": {
                     "h2d_pinned": link_curve("h2d_pinned_GBps"),
