@@ -121,7 +121,7 @@ def expand_ranges(text: str) -> str:
 
 
 def grid(model: str = "qwen3.8-27b", hardware: str = "rtx4070-gen4x16", cache_type: str = "q8_0", context: str = "4096",
-         depth: str = "0,1", budget: str = "128", tokens: int = 8, pageable: bool = False) -> list[Point]:
+         depth: str = "0,1", budget: str = "128", tokens: int = 8, pageable: bool = False, parallel: str = "1") -> list[Point]:
     """The points of a grid written as the CLI writes it (comma lists, START..STOP/STEP ranges). Raises UsageError."""
     import argparse
 
@@ -129,7 +129,7 @@ def grid(model: str = "qwen3.8-27b", hardware: str = "rtx4070-gen4x16", cache_ty
 
     ns = argparse.Namespace(model=model, hardware=hardware, cache_type=cache_type, context=expand_ranges(str(context)),
                             depth=expand_ranges(str(depth)), budget=expand_ranges(str(budget)), tokens=tokens,
-                            pageable=pageable, mutate="")
+                            pageable=pageable, mutate="", parallel=expand_ranges(str(parallel)))
     return points_from_args(ns)
 
 

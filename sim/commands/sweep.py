@@ -16,7 +16,7 @@ from typing import Any
 from sim.grid import UsageError, add_grid_args, points_from_args
 from sim.sweep import JOURNAL, ROWS_CSV, ROWS_JSON, expand_ranges, run_sweep
 
-RANGE_FLAGS = ("context", "depth", "budget")
+RANGE_FLAGS = ("context", "depth", "budget", "parallel")
 
 
 def register(sub: Any) -> None:
