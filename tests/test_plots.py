@@ -112,6 +112,7 @@ def test_xy_plots_any_column(sweep_dir: Path, tmp_path: Path) -> None:
     (["xy", "--x", "context"], "--y"),
     (["gain-vs-depth", "--format", "gif"], "--format"),
     (["timeline", "--depth", "0"], "--depth >= 1"),
+    (["ring-vs-context", "--budget-lines", "abc"], "--budget-lines"),
 ])
 def test_bad_input_one_line_exit_2(sweep_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
                                    message: str) -> None:

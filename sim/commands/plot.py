@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sim.grid import UsageError, add_grid_args
+from sim.grid import UsageError, add_grid_args, parse_list
 from sim.sweep import gain_rows, run_sweep
 
 ROW_KINDS = ("gain-vs-depth", "gain-vs-context", "gain-per-mib", "ring-vs-context")
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     formats = [f.strip() for f in args.format.split(",") if f.strip()]
     if not formats or any(f not in plots.FORMATS for f in formats):
         raise UsageError(f"--format {args.format!r}; allowed: {', '.join(plots.FORMATS)} (comma list)")
-    budget_lines = [float(b) for b in args.budget_lines.split(",") if b.strip()] if args.budget_lines else []
+    budget_lines = parse_list(args.budget_lines, float, "--budget-lines", "MiB, comma list") if args.budget_lines else []
     rows: list[dict[str, Any]] | None = None
     written = []
     for kind in kinds:
