@@ -128,3 +128,10 @@ def test_rows_without_an_ordered_baseline_are_refused(sweep_dir: Path, tmp_path:
     (tmp_path / "piped.json").write_text(json.dumps(rows))
     assert main(["plot", "gain-vs-depth", "--rows", str(tmp_path / "piped.json"), "--out", str(tmp_path / "x")]) == 2
     assert "depth-0" in capsys.readouterr().err
+
+
+def test_rows_missing_a_field_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "bad.json").write_text(json.dumps([{"model": "m", "context": 4096}]))
+    assert main(["plot", "gain-vs-context", "--rows", str(tmp_path / "bad.json"), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "lacks hardware" in err

@@ -19,6 +19,8 @@ from sim.grid import UsageError, add_grid_args, parse_list
 from sim.sweep import gain_rows, run_sweep
 
 ROW_KINDS = ("gain-vs-depth", "gain-vs-context", "gain-per-mib", "ring-vs-context")
+ROW_FIELDS = ("model", "hardware", "cache_type", "context", "depth", "budget_mib", "tokens", "tokens_per_s", "window_rows",
+              "ring_mib", "declined", "decline_reason")
 
 
 def register(sub: Any) -> None:
@@ -48,13 +50,23 @@ def read_rows(path: str) -> list[dict[str, Any]]:
     except OSError as exc:
         raise UsageError(f"cannot read rows {path!r}: {exc.strerror}") from None
     if p.suffix == ".csv":
-        return [{k: _value(v) for k, v in r.items()} for r in csv.DictReader(text.splitlines())]
+        return _checked([{k: _value(v) for k, v in r.items()} for r in csv.DictReader(text.splitlines())], path)
     try:
         rows = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageError(f"rows {path!r} are not valid JSON: {exc.msg} at line {exc.lineno}") from None
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise UsageError(f"rows {path!r} must hold a JSON list of row objects")
+    return _checked(rows, path)
+
+
+def _checked(rows: list[dict[str, Any]], path: str) -> list[dict[str, Any]]:
+    if not rows:
+        raise UsageError(f"rows {path!r} hold no row")
+    for i, r in enumerate(rows):
+        missing = [k for k in ROW_FIELDS if k not in r]
+        if missing:
+            raise UsageError(f"row {i} of {path!r} lacks {', '.join(missing)}; rows come from kvpipe sweep or simulate --json")
     return rows
 
 
