@@ -80,12 +80,13 @@ ENGINE_ORDER_MS = {
 def copy_engine_drains_stream() -> bool:
     """Whether the H2D engine serves the stream it just served before an earlier copy of another stream.
 
-    The micro-test: C was issued before B, yet finished after B in every repetition of every
+    The micro-test: C was issued before B, yet finished with or after B (never near A's end, where
+    arrival order would put it) in every repetition of every
     case (also with A already running, with an event record + wait between A and B, and with a
     64 MiB C). The schedule agrees: in arrival order a copy-bound pipelined token cannot take
     much longer than max(copy, compute), and the measured ones took 1.3-1.4 x that.
     """
-    order = all(c > b for runs in ENGINE_ORDER_MS.values() for _, c, b in runs)
+    order = all(c >= b for runs in ENGINE_ORDER_MS.values() for _, c, b in runs)  # ties: 0.01 ms rounding
     schedule = all(v["pipelined"] > 1.2 * max(v["blocked"], v["consumer"]) for v in GPU_SCHEDULE_MS.values())
     return order and schedule
 
