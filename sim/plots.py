@@ -354,7 +354,7 @@ def timeline(panels: Sequence[tuple[str, Sequence[Span], tuple[float, float]]], 
         if hit is not None and "h2d0" in tracks:
             x, y = (hit.first.start_s - t0) * 1e3, tracks.index("h2d0")
             text = (f"small blocking inputs ({hit.nbytes / 1024:.0f} KiB) queued {hit.queued_s * 1e3:.2f} ms"
-                    + (f" behind {hit.deliveries_ahead} deliveries (FIFO)" if hit.deliveries_ahead else " (engine idle)"))
+                    + (f" behind {hit.deliveries_ahead} deliveries on the one H2D engine" if hit.deliveries_ahead else " (engine idle)"))
             ax.annotate(text, (x, y), xytext=(max(x, span_ms * 0.05) + span_ms * 0.04, y + 0.95), fontsize=8,
                         color=COLORS["small"], arrowprops={"arrowstyle": "->", "color": COLORS["small"]},
                         annotation_clip=False, bbox={"boxstyle": "round", "fc": "white", "ec": "none", "alpha": 0.8})
