@@ -101,8 +101,10 @@ class ComputeModel:
 
     A layer costs ``layer_s + layer_weight_bytes / weight_bytes_per_s``; an
     attention layer adds ``attn_s + window_bytes / attn_bytes_per_s`` where
-    ``window_bytes`` is the K+V window its attention reads. A CPU split costs
-    ``cpu_split_s`` of host time. ``weight_bytes_per_s`` of 0 ignores weights.
+    ``window_bytes`` is the K+V window its attention reads, but no less than
+    ``attn_floor_s`` (a split whose launches take longer than its kernels: the
+    host-bound floor; 0 = none). A CPU split costs ``cpu_split_s`` of host
+    time. ``weight_bytes_per_s`` of 0 ignores weights.
     """
 
     layer_s: float = 0.0
@@ -111,6 +113,7 @@ class ComputeModel:
     attn_bytes_per_s: float = 0.0
     head_s: float = 0.0
     cpu_split_s: float = 0.0
+    attn_floor_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name, value in self.__dict__.items():
@@ -123,7 +126,7 @@ class ComputeModel:
 
     def attention_seconds(self, window_bytes: float) -> float:
         a = window_bytes / self.attn_bytes_per_s if self.attn_bytes_per_s > 0 else 0.0
-        return self.attn_s + a
+        return max(self.attn_floor_s, self.attn_s + a)
 
 
 @dataclass(frozen=True)
@@ -229,6 +232,7 @@ def _device(d: dict[str, Any], where: str) -> DeviceProfile:
         attn_bytes_per_s=float(c.get("attn_GBps", 0.0)) * 1e9,
         head_s=float(c.get("head_us", 0.0)) * 1e-6,
         cpu_split_s=float(c.get("cpu_split_us", 0.0)) * 1e-6,
+        attn_floor_s=float(c.get("attn_floor_us", 0.0)) * 1e-6,
     )
     links = d["links"]
     return DeviceProfile(

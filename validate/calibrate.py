@@ -42,7 +42,7 @@ from sim.workload import CacheType, ModelShape, Workload
 from validate import micro
 from validate.gpu_run import GpuProgram, WeightStore, run_group
 
-CALIBRATION_WINDOWS = (1024, 8192, 32768)
+CALIBRATION_WINDOWS = (2048, 12288, 32768, 98304)
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -59,17 +59,31 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def fit_compute(samples: Sequence[tuple[int, bool, float, bool, float]], cpu_split_s: float) -> ComputeModel:
-    """A ComputeModel from GPU split samples ``(layers, attention?, window_bytes, last?, seconds)``."""
-    a = np.array([[n, float(att), wb / 1e9 if att else 0.0, float(last)] for n, att, wb, last, _ in samples], dtype=float)
-    b = np.array([s[-1] for s in samples], dtype=float)
-    layer_s, attn_s, s_per_gb, head_s = nnls(a, b)
-    return ComputeModel(
-        layer_s=float(layer_s),
-        attn_s=float(attn_s),
-        attn_bytes_per_s=1e9 / s_per_gb if s_per_gb > 0 else 0.0,
-        head_s=float(head_s),
-        cpu_split_s=float(cpu_split_s),
-    )
+    """A ComputeModel from GPU split samples ``(layers, attention?, window_bytes, last?, seconds)``.
+
+    The attention part is ``max(floor, attn_s + window_bytes / attn_bytes_per_s)``:
+    flat where launching the split's kernels takes longer than running them,
+    linear in the window beyond. Every split point between the sampled windows
+    is tried (the windows below it fit the floor, those above it the line, all
+    by non-negative least squares); the one with the least squared error wins.
+    """
+    wins = sorted({wb for _, att, wb, _, _ in samples if att})
+    cuts = [-1.0] + [(a + b) / 2 for a, b in zip(wins, wins[1:], strict=False)] + [float("inf")]
+    t = np.array([x[-1] for x in samples], dtype=float)
+    best: tuple[float, ComputeModel] | None = None
+    for cut in cuts:
+        a = np.array([[n, float(att and wb < cut), float(att and wb >= cut), (wb / 1e9) * float(att and wb >= cut), float(last)]
+                      for n, att, wb, last, _ in samples], dtype=float)
+        ls, floor, base, s_per_gb, head = nnls(a, t)
+        model = ComputeModel(layer_s=float(ls), attn_s=float(base), attn_bytes_per_s=1e9 / s_per_gb if s_per_gb > 0 else 0.0,
+                             head_s=float(head), cpu_split_s=float(cpu_split_s), attn_floor_s=float(floor))
+        pred = np.array([n * model.layer_s + (model.attention_seconds(wb) if att else 0.0) + (model.head_s if last else 0.0)
+                         for n, att, wb, last, _ in samples])
+        sse = float(((pred - t) ** 2).sum())
+        if best is None or sse < best[0]:
+            best = (sse, model)
+    assert best is not None
+    return best[1]
 
 
 def compute_fields(c: ComputeModel) -> dict[str, float]:
@@ -81,6 +95,7 @@ def compute_fields(c: ComputeModel) -> dict[str, float]:
         "attn_GBps": c.attn_bytes_per_s / 1e9,
         "head_us": c.head_s * 1e6,
         "cpu_split_us": c.cpu_split_s * 1e6,
+        "attn_floor_us": c.attn_floor_s * 1e6,
     }
 
 
@@ -97,6 +112,7 @@ def profile_for(profile: HardwareProfile, model: str) -> HardwareProfile:
         attn_bytes_per_s=c["attn_GBps"] * 1e9,
         head_s=c["head_us"] * 1e-6,
         cpu_split_s=c["cpu_split_us"] * 1e-6,
+        attn_floor_s=c.get("attn_floor_us", 0.0) * 1e-6,
     )
     host = replace(profile.host, launch_s=w.get("launch_us", profile.host.launch_s * 1e6) * 1e-6,
                    event_s=w.get("event_us", profile.host.event_s * 1e6) * 1e-6)
@@ -158,13 +174,14 @@ def calibrate_workload(
     """Fit the compute model and the host costs of ``model``'s decode program. Blocks for the runs.
 
     Each calibration window runs ordered (depth 0) and pipelined (depth 1).
-    The host's launch time of a split becomes ``launch_us`` (the host pays it
-    before the kernels are queued, as CuPy does); the kernel span beyond it
-    is fitted as compute. What remains of the ordered token, per GPU split,
-    is added to ``launch_us``; what remains of the pipelined token (at the
-    windows where copies do not bound it), per staged split, is spread over
-    its four event calls (``event_us``), the calls only the pipelined path
-    makes. Returns the ``workloads[model]`` entry of the profile file.
+    A split's compute is its kernel span on the idle consumer stream of the
+    ordered path: from the first launch to the last kernel's end, so it holds
+    the host's launching where that is the slower part (:func:`fit_compute`).
+    What remains of the ordered token, per GPU split, is added to
+    ``launch_us``; what remains of the pipelined token (at the windows where
+    copies do not bound it), per staged split, is spread over its four event
+    calls (``event_us``), the calls only the pipelined path makes. Returns the
+    ``workloads[model]`` entry of the profile file.
     """
     samples: list[tuple[int, bool, float, bool, float, float]] = []
     cpu: list[float] = []
@@ -182,8 +199,9 @@ def calibrate_workload(
         n_gpu = sum(1 for sp in g.splits if sp.kind == "gpu")
         ordered.append((wl, 0, statistics.fmean(x.total_s for x in run0.stats), n_gpu))
         piped.append((wl, 1, statistics.fmean(x.total_s for x in run1.stats), 4 * len(g.staged_splits)))
-    launch_s = statistics.fmean(x[5] for x in samples) if samples else hardware.host.launch_s
-    compute = fit_compute([(n, a, wb, la, max(t - hl, 0.0)) for n, a, wb, la, t, hl in samples], statistics.median(cpu) if cpu else 0.0)
+    host_launch_s = statistics.fmean(x[5] for x in samples) if samples else 0.0
+    launch_s = hardware.host.launch_s
+    compute = fit_compute([(n, a, wb, la, t) for n, a, wb, la, t, _ in samples], statistics.median(cpu) if cpu else 0.0)
     fitted = replace(hardware, devices=tuple(replace(d, compute=compute) for d in hardware.devices),
                      host=replace(hardware.host, launch_s=launch_s))
     glue0 = statistics.median(_residual(ordered, fitted, warmup))
@@ -194,7 +212,7 @@ def calibrate_workload(
         "compute": compute_fields(compute),
         "launch_us": fitted.host.launch_s * 1e6,
         "event_us": event_s * 1e6,
-        "host_launch_us_mean": launch_s * 1e6,
+        "host_launch_us_mean": host_launch_s * 1e6,
         "glue_us_per_gpu_split": glue0 * 1e6,
         "glue_us_per_event_call": glue1 * 1e6,
         "windows": list(windows),

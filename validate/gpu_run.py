@@ -21,6 +21,7 @@ Units: seconds and bytes.
 
 from __future__ import annotations
 
+import gc
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -213,7 +214,12 @@ def run_group(
                 clear = getattr(backend, "clear_timeline", None)
                 if clear:
                     clear()
-                sched, stats = run_on(backend, run_decode(backend, point, program, host_cache=host_cache))
+                gc.collect()
+                gc.disable()  # a collector pause inside a timed token is noise, not transport
+                try:
+                    sched, stats = run_on(backend, run_decode(backend, point, program, host_cache=host_cache))
+                finally:
+                    gc.enable()
                 spans = backend.timeline() if keep_spans and rep == reps - 1 else []
                 runs.append(Run(depth, budget, rep, stats[warmup:], program.step_hashes(), program.tokens(), spans))
                 del sched

@@ -24,7 +24,7 @@ def register(sub: Any) -> None:
     p.add_argument("--model", default="llama-3.1-8b,qwen3.8-27b", help="model(s) whose decode program is timed (comma list)")
     p.add_argument("--cache-type", default="q8_0", help="KV cache type of the timed program")
     p.add_argument("--out", default="calibrated.json", help="profile file to write (default calibrated.json)")
-    p.add_argument("--windows", default="1024,8192,32768", help="calibration contexts of the compute fit (comma list)")
+    p.add_argument("--windows", default="2048,12288,32768,98304", help="calibration contexts of the compute fit (comma list)")
     p.add_argument("--reps", type=int, default=5, help="repetitions per copy size (default 5)")
     p.add_argument("--max-copy-mib", type=float, default=1024, help="largest copy of the link curves in MiB (default 1024)")
     p.add_argument("--scale", type=float, default=1.0, help="hidden/FFN/vocab of the program as a fraction of the model's (default 1.0)")
