@@ -158,6 +158,18 @@ def _residual(runs: Sequence[tuple[Workload, int, float, int]], hw: HardwareProf
     return out
 
 
+Sample = tuple[int, bool, float, bool, float, float]
+
+
+def _median_samples(rounds: Sequence[Sequence[Sample]]) -> list[Sample]:
+    """Element-wise median of the same split samples measured in several rounds (the shortest round's length)."""
+    out = []
+    for same in zip(*rounds, strict=False):
+        n, att, wb, last = same[0][:4]
+        out.append((n, att, wb, last, statistics.median(x[4] for x in same), statistics.median(x[5] for x in same)))
+    return out
+
+
 def calibrate_workload(
     be: Backend,
     model: ModelShape,
@@ -170,10 +182,16 @@ def calibrate_workload(
     warmup: int = 1,
     scale: float = 1.0,
     progress: Callable[[str], None] | None = None,
+    rounds: int = 3,
 ) -> dict[str, Any]:
     """Fit the compute model and the host costs of ``model``'s decode program. Blocks for the runs.
 
-    Each calibration window runs ordered (depth 0) and pipelined (depth 1).
+    Each calibration window runs ordered (depth 0) and pipelined (depth 1),
+    ``rounds`` times, the windows interleaved (round 1 over every window,
+    then round 2 ...), so a slow stretch of the host -- this program is
+    launch-bound at small windows, and its launch time moved by 1.8x between
+    windows of one H200 calibration -- spreads over all windows instead of
+    inflating one; every sample is the median over the rounds.
     A split's compute is its kernel span on the idle consumer stream of the
     ordered path: from the first launch to the last kernel's end, so it holds
     the host's launching where that is the slower part (:func:`fit_compute`).
@@ -183,22 +201,28 @@ def calibrate_workload(
     calls (``event_us``), the calls only the pipelined path makes. Returns the
     ``workloads[model]`` entry of the profile file.
     """
+    per_window: dict[int, list[tuple[list, list[float], float, float]]] = {w: [] for w in windows}
+    for _ in range(max(1, rounds)):
+        for ctx in windows:
+            wl = Workload(model, ctype, ctype, (ctx,), tokens=tokens)
+            prog = GpuProgram(wl, xp, store, scale=scale)
+            group = run_group(be, wl, hardware, [(0, 0.0), (1, 0.0)], prog, reps=1, warmup=warmup, progress=progress)
+            run0, run1 = group.arm(0, 0.0)[0], group.arm(1, 0.0)[0]
+            s, c = split_samples(wl, hardware, run0.spans, tokens, warmup)
+            t0, t1 = (statistics.fmean(x.total_s for x in r.stats) for r in (run0, run1))
+            per_window[ctx].append((s, c, t0, t1))
     samples: list[tuple[int, bool, float, bool, float, float]] = []
     cpu: list[float] = []
     ordered: list[tuple[Workload, int, float, int]] = []
     piped: list[tuple[Workload, int, float, int]] = []
-    for ctx in windows:
+    for ctx, rs in per_window.items():
+        samples += _median_samples([r[0] for r in rs])
+        cpu += [statistics.median(x) for x in zip(*[r[1] for r in rs], strict=False)]
         wl = Workload(model, ctype, ctype, (ctx,), tokens=tokens)
-        prog = GpuProgram(wl, xp, store, scale=scale)
-        group = run_group(be, wl, hardware, [(0, 0.0), (1, 0.0)], prog, reps=1, warmup=warmup, progress=progress)
-        run0, run1 = group.arm(0, 0.0)[0], group.arm(1, 0.0)[0]
-        s, c = split_samples(wl, hardware, run0.spans, tokens, warmup)
-        samples += s
-        cpu += c
         g = decode_graph(wl, hardware.devices[0].compute, ctx)
         n_gpu = sum(1 for sp in g.splits if sp.kind == "gpu")
-        ordered.append((wl, 0, statistics.fmean(x.total_s for x in run0.stats), n_gpu))
-        piped.append((wl, 1, statistics.fmean(x.total_s for x in run1.stats), 4 * len(g.staged_splits)))
+        ordered.append((wl, 0, statistics.median(r[2] for r in rs), n_gpu))
+        piped.append((wl, 1, statistics.median(r[3] for r in rs), 4 * len(g.staged_splits)))
     host_launch_s = statistics.fmean(x[5] for x in samples) if samples else 0.0
     launch_s = hardware.host.launch_s
     compute = fit_compute([(n, a, wb, la, t) for n, a, wb, la, t, _ in samples], statistics.median(cpu) if cpu else 0.0)
@@ -216,6 +240,7 @@ def calibrate_workload(
         "glue_us_per_gpu_split": glue0 * 1e6,
         "glue_us_per_event_call": glue1 * 1e6,
         "windows": list(windows),
+        "rounds": max(1, rounds),
         "cache_type": ctype.name,
         "scale": scale,
         "samples": [{"layers": n, "attention": a, "window_bytes": wb, "last": la, "span_us": t * 1e6, "host_launch_us": hl * 1e6}
@@ -290,6 +315,7 @@ def calibrate(
     scale: float = 1.0,
     command: str = "",
     progress: Callable[[str], None] | None = None,
+    rounds: int = 3,
 ) -> dict[str, Any]:
     """Measure ``be`` and the decode program of each model; return the profile file's dict. Blocks for minutes on a GPU."""
     say = progress or (lambda _msg: None)
@@ -310,7 +336,7 @@ def calibrate(
     for i, model in enumerate(models):
         say(f"workload {model.name}")
         hw = profile_from_dict(data, "calibration")
-        entry = calibrate_workload(be, model, ctype, hw, xp, store, windows, scale=scale, progress=progress)
+        entry = calibrate_workload(be, model, ctype, hw, xp, store, windows, scale=scale, progress=progress, rounds=rounds)
         data["workloads"][model.name] = entry
         if i == 0:
             data["devices"][0]["compute"] = entry["compute"]

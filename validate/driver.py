@@ -70,14 +70,15 @@ def now_iso() -> str:
 
 
 def run_calibrate(backend: Any, xp: Any, info: dict[str, Any], models: Sequence[Any], ctype: Any, out: str,
-                  windows: Sequence[int], reps: int, scale: float, sizes: Sequence[int], command: str) -> dict[str, Any]:
+                  windows: Sequence[int], reps: int, scale: float, sizes: Sequence[int], command: str,
+                  rounds: int = 3) -> dict[str, Any]:
     """Calibrate and write the profile file to ``out``. Blocks for the measurements."""
     from validate.calibrate import calibrate
 
     info = {**info, "date": now_iso()}
-    bar = progress_bar(4 + len(models) * (len(windows) + 1), "calibrate")
+    bar = progress_bar(3 + len(models) * (1 + 2 * rounds * len(windows)), "calibrate")
     data = calibrate(backend, models, ctype, xp, info, sizes=sizes, reps=reps, windows=windows, scale=scale,
-                     command=command, progress=bar)
+                     command=command, progress=bar, rounds=rounds)
     write_atomic(out, json.dumps(data, indent=1, default=str))
     return data
 

@@ -26,6 +26,8 @@ def register(sub: Any) -> None:
     p.add_argument("--out", default="calibrated.json", help="profile file to write (default calibrated.json)")
     p.add_argument("--windows", default="2048,12288,32768,98304", help="calibration contexts of the compute fit (comma list)")
     p.add_argument("--reps", type=int, default=5, help="repetitions per copy size (default 5)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds over the calibration windows, interleaved;"
+                   " samples are their median (default 3)")
     p.add_argument("--max-copy-mib", type=float, default=1024, help="largest copy of the link curves in MiB (default 1024)")
     p.add_argument("--scale", type=float, default=1.0, help="hidden/FFN/vocab of the program as a fraction of the model's (default 1.0)")
     p.add_argument("--machine", default="cupy", help="cupy (the GPU) or simpy (the simulated --hardware, for checks)")
@@ -41,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
     models = [_load_model(m) for m in parse_list(args.model, str, "--model", "presets, .gguf or config.json")]
     ctype = cache_type_or_usage(args.cache_type)
     windows = parse_list(args.windows, _int, "--windows", "integers >= 1")
-    if args.reps < 1 or not 0 < args.scale <= 1 or args.max_copy_mib <= 0 or min(windows) < 1:
-        raise UsageError("--reps must be >= 1, --scale in (0, 1], --max-copy-mib > 0, --windows >= 1")
+    if args.reps < 1 or args.rounds < 1 or not 0 < args.scale <= 1 or args.max_copy_mib <= 0 or min(windows) < 1:
+        raise UsageError("--reps and --rounds must be >= 1, --scale in (0, 1], --max-copy-mib > 0, --windows >= 1")
     sizes = [n for n in micro.LINK_SIZES if n <= args.max_copy_mib * 2**20] or [micro.LINK_SIZES[0]]
     try:
         hw = _load_hw(args.hardware) if args.machine == "simpy" else None
@@ -52,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     command = "kvpipe " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "kvpipe calibrate"
-    data = driver.run_calibrate(be, xp, info, models, ctype, args.out, windows, args.reps, args.scale, sizes, command)
+    data = driver.run_calibrate(be, xp, info, models, ctype, args.out, windows, args.reps, args.scale, sizes, command, args.rounds)
     h = data["host"]
     print(f"wrote {args.out}: {data['device']}, peak pinned H2D "
           f"{max(p[1] for p in data['devices'][0]['links']['h2d_pinned']['points']):.1f} GB/s, "

@@ -15,7 +15,7 @@ M=llama-3.1-8b,qwen3.8-27b
 nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current,clocks.sm,clocks.mem \
   --format=csv | tee $R/nvidia-smi.txt
 # 1. calibrate: micro-measurements and the program's compute at windows that are not the validation grid's
-timeout $(left 330) python3 -m sim.cli calibrate --model $M --cache-type q8_0 --reps 5 --out $R/calibrated.json \
+timeout $(left 330) python3 -m sim.cli calibrate --model $M --cache-type q8_0 --reps 5 --rounds 3 --out $R/calibrated.json \
   2>$R/calibrate.err | tee $R/calibrate.txt
 echo "calibrate rc=$? at $(( $(date +%s) - START )) s" | tee -a $R/calibrate.txt
 # 2. validate: 2 models x 3 contexts x 4 depths x 2 budgets, A/B order, 3 repetitions, warm-up graph excluded
@@ -27,13 +27,13 @@ echo "validate rc=$? at $(( $(date +%s) - START )) s" | tee -a $R/validate.txt
 #    release wait (margin0 + no-release-wait), staging in allocator memory
 for MU in margin0,issue-before-enqueue margin0,no-release-wait allocator-staging; do
   timeout $(left 25) python3 -m sim.cli validate --hardware $R/calibrated.json --model llama-3.1-8b --cache-type q8_0 \
-    --context 4096 --depth 0,1 --budget 0 --tokens 4 --warmup 1 --reps 1 --mutate $MU \
+    --context 16384 --depth 0,1 --budget 0 --tokens 4 --warmup 1 --reps 1 --mutate $MU \
     --out $R/mutate-${MU//,/+} 2>>$R/mutate.err | tee -a $R/mutate.txt
   echo "mutate $MU rc=$? at $(( $(date +%s) - START )) s" | tee -a $R/mutate.txt
 done
 # 4. the gpu-marked tests, with what is left
 timeout $(left 12) python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cupy_backend.py 2>&1 | tail -15 | tee $R/pytest-gpu.txt
-tail -3 $R/calibrate.err $R/validate.err $R/mutate.err
+for f in $R/calibrate.err $R/validate.err $R/mutate.err; do tail -n 3 $f; done
 head -60 $R/report/report.md
 gzip -f $OUT/trace.json 2>/dev/null
 cd $OUT && tar czf h200.tgz h200 && rm -rf h200 && ls -la $OUT
