@@ -17,7 +17,7 @@ from backends.profile import ComputeModel, load_profile
 from backends.simpy_machine import SimMachine
 from sim.functional import functional_model
 from sim.workload import CACHE_TYPES, load_model
-from validate.calibrate import _median_samples, calibrate_workload, fit_compute
+from validate.calibrate import _fastest_samples, calibrate_workload, fit_compute
 from validate.gpu_run import WeightStore
 
 TRUE = ComputeModel(layer_s=300e-6, attn_s=100e-6, attn_bytes_per_s=30e9, head_s=500e-6, cpu_split_s=8e-6, attn_floor_s=1.5e-3)
@@ -51,12 +51,13 @@ def test_fit_without_a_floor_keeps_the_line() -> None:
     assert fitted.attention_seconds(300e6) == pytest.approx(line.attention_seconds(300e6), rel=1e-6)
 
 
-def test_round_medians_drop_one_slow_round() -> None:
+def test_the_fastest_round_wins_even_when_most_rounds_were_slow() -> None:
     base = [(4, True, 1e6, False, 2e-3, 1.5e-3), (3, False, 1e6, True, 1e-3, 0.9e-3)]
     slow = [(n, a, w, la, t * 1.8, h * 1.8) for n, a, w, la, t, h in base]
-    med = _median_samples([base, slow, base])
-    assert med == base
-    assert _median_samples([base, base[:1]]) == base[:1]  # the shortest round bounds the samples
+    assert _fastest_samples([slow, base, slow]) == base
+    mixed = [base[0], slow[1]], [slow[0], base[1]]  # element-wise: each split its own fastest round
+    assert _fastest_samples(mixed) == base
+    assert _fastest_samples([base, base[:1]]) == base[:1]  # the shortest round bounds the samples
 
 
 def test_calibrate_workload_runs_on_the_simulated_machine_and_fits_its_compute() -> None:

@@ -161,12 +161,17 @@ def _residual(runs: Sequence[tuple[Workload, int, float, int]], hw: HardwareProf
 Sample = tuple[int, bool, float, bool, float, float]
 
 
-def _median_samples(rounds: Sequence[Sequence[Sample]]) -> list[Sample]:
-    """Element-wise median of the same split samples measured in several rounds (the shortest round's length)."""
+def _fastest_samples(rounds: Sequence[Sequence[Sample]]) -> list[Sample]:
+    """Element-wise minimum of the same split samples measured in several rounds (the shortest round's length).
+
+    Interference on the host (another process, a slow stretch of the
+    machine) only ever adds time, so the fastest round is the estimate of
+    the program's own cost.
+    """
     out = []
     for same in zip(*rounds, strict=False):
         n, att, wb, last = same[0][:4]
-        out.append((n, att, wb, last, statistics.median(x[4] for x in same), statistics.median(x[5] for x in same)))
+        out.append((n, att, wb, last, min(x[4] for x in same), min(x[5] for x in same)))
     return out
 
 
@@ -182,16 +187,18 @@ def calibrate_workload(
     warmup: int = 1,
     scale: float = 1.0,
     progress: Callable[[str], None] | None = None,
-    rounds: int = 3,
+    rounds: int = 2,
 ) -> dict[str, Any]:
     """Fit the compute model and the host costs of ``model``'s decode program. Blocks for the runs.
 
     Each calibration window runs ordered (depth 0) and pipelined (depth 1),
     ``rounds`` times, the windows interleaved (round 1 over every window,
-    then round 2 ...), so a slow stretch of the host -- this program is
-    launch-bound at small windows, and its launch time moved by 1.8x between
-    windows of one H200 calibration -- spreads over all windows instead of
-    inflating one; every sample is the median over the rounds.
+    then round 2 ...), each run after one unrecorded warm run. This program
+    is launch-bound at small windows, and on the H200 machine the host's
+    launch time moved by 1.8x between windows of one calibration and its
+    micro-costs by 2x between two machines' calibrations: every sample is
+    the fastest of the rounds (interference only adds time), so a slow
+    stretch of the host inflates no window.
     A split's compute is its kernel span on the idle consumer stream of the
     ordered path: from the first launch to the last kernel's end, so it holds
     the host's launching where that is the slower part (:func:`fit_compute`).
@@ -216,13 +223,13 @@ def calibrate_workload(
     ordered: list[tuple[Workload, int, float, int]] = []
     piped: list[tuple[Workload, int, float, int]] = []
     for ctx, rs in per_window.items():
-        samples += _median_samples([r[0] for r in rs])
-        cpu += [statistics.median(x) for x in zip(*[r[1] for r in rs], strict=False)]
+        samples += _fastest_samples([r[0] for r in rs])
+        cpu += [min(x) for x in zip(*[r[1] for r in rs], strict=False)]
         wl = Workload(model, ctype, ctype, (ctx,), tokens=tokens)
         g = decode_graph(wl, hardware.devices[0].compute, ctx)
         n_gpu = sum(1 for sp in g.splits if sp.kind == "gpu")
-        ordered.append((wl, 0, statistics.median(r[2] for r in rs), n_gpu))
-        piped.append((wl, 1, statistics.median(r[3] for r in rs), 4 * len(g.staged_splits)))
+        ordered.append((wl, 0, min(r[2] for r in rs), n_gpu))
+        piped.append((wl, 1, min(r[3] for r in rs), 4 * len(g.staged_splits)))
     host_launch_s = statistics.fmean(x[5] for x in samples) if samples else 0.0
     launch_s = hardware.host.launch_s
     compute = fit_compute([(n, a, wb, la, t) for n, a, wb, la, t, _ in samples], statistics.median(cpu) if cpu else 0.0)
@@ -315,7 +322,7 @@ def calibrate(
     scale: float = 1.0,
     command: str = "",
     progress: Callable[[str], None] | None = None,
-    rounds: int = 3,
+    rounds: int = 2,
 ) -> dict[str, Any]:
     """Measure ``be`` and the decode program of each model; return the profile file's dict. Blocks for minutes on a GPU."""
     say = progress or (lambda _msg: None)

@@ -71,7 +71,7 @@ def now_iso() -> str:
 
 def run_calibrate(backend: Any, xp: Any, info: dict[str, Any], models: Sequence[Any], ctype: Any, out: str,
                   windows: Sequence[int], reps: int, scale: float, sizes: Sequence[int], command: str,
-                  rounds: int = 3) -> dict[str, Any]:
+                  rounds: int = 2) -> dict[str, Any]:
     """Calibrate and write the profile file to ``out``. Blocks for the measurements."""
     from validate.calibrate import calibrate
 

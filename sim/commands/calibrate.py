@@ -26,8 +26,8 @@ def register(sub: Any) -> None:
     p.add_argument("--out", default="calibrated.json", help="profile file to write (default calibrated.json)")
     p.add_argument("--windows", default="2048,12288,32768,98304", help="calibration contexts of the compute fit (comma list)")
     p.add_argument("--reps", type=int, default=5, help="repetitions per copy size (default 5)")
-    p.add_argument("--rounds", type=int, default=3, help="rounds over the calibration windows, interleaved;"
-                   " samples are their median (default 3)")
+    p.add_argument("--rounds", type=int, default=2, help="rounds over the calibration windows, interleaved;"
+                   " samples are the fastest round's (default 2)")
     p.add_argument("--max-copy-mib", type=float, default=1024, help="largest copy of the link curves in MiB (default 1024)")
     p.add_argument("--scale", type=float, default=1.0, help="hidden/FFN/vocab of the program as a fraction of the model's (default 1.0)")
     p.add_argument("--machine", default="cupy", help="cupy (the GPU) or simpy (the simulated --hardware, for checks)")

@@ -15,7 +15,7 @@ M=llama-3.1-8b,qwen3.8-27b
 nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current,clocks.sm,clocks.mem \
   --format=csv | tee $R/nvidia-smi.txt
 # 1. calibrate: micro-measurements and the program's compute at windows that are not the validation grid's
-timeout $(left 330) python3 -m sim.cli calibrate --model $M --cache-type q8_0 --reps 5 --rounds 3 --out $R/calibrated.json \
+timeout $(left 330) python3 -m sim.cli calibrate --model $M --cache-type q8_0 --reps 5 --rounds 2 --out $R/calibrated.json \
   2>$R/calibrate.err | tee $R/calibrate.txt
 echo "calibrate rc=$? at $(( $(date +%s) - START )) s" | tee -a $R/calibrate.txt
 # 2. validate: 2 models x 3 contexts x 4 depths x 2 budgets, A/B order, 3 repetitions, warm-up graph excluded
