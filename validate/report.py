@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -223,46 +224,100 @@ def markdown(pts: Sequence[dict[str, Any]], summ: dict[str, Any], gate: dict[str
 
 
 def plots(pts: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
-    """measured_vs_predicted.png and gain_vs_depth.png, one panel per model. Blocks on the file writes."""
+    """measured_vs_predicted.png and gain_vs_depth.png, one panel per model. Blocks on the file writes.
+
+    One line per (context, budget): the colour is the context, the budget
+    0 (uncapped) line is solid, a capped budget's is dotted with square
+    markers, so a budget's decline shows as its line dropping to depth 0's.
+    Gains are over depth 0 of the same context and budget.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     models = sorted({p["model"] for p in pts})
     files = []
     for kind in ("measured_vs_predicted", "gain_vs_depth"):
-        fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.2), squeeze=False)
+        fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.6), squeeze=False)
         for ax, model in zip(axes[0], models, strict=True):
             mp = [p for p in pts if p["model"] == model]
             for i, ctx in enumerate(sorted({p["context"] for p in mp})):
-                cp = sorted((p for p in mp if p["context"] == ctx), key=lambda p: (p["depth"], p["budget_mib"]))
-                color = f"C{i}"
-                d = [p["depth"] for p in cp]
-                if kind == "measured_vs_predicted":
-                    m = [p["measured_tps"] for p in cp]
-                    err = [[p["measured_tps"] - p["measured_tps_min"] for p in cp], [p["measured_tps_max"] - p["measured_tps"] for p in cp]]
-                    ax.errorbar(d, m, yerr=err, fmt="o-", color=color, label=f"{ctx:,} measured", capsize=3)
-                    ax.plot(d, [p["predicted_tps"] for p in cp], "x--", color=color, label=f"{ctx:,} predicted")
-                    ax.set_ylabel("tokens/s")
-                else:
-                    base_m = next((p["measured_tps"] for p in cp if p["depth"] == 0), None)
-                    base_p = next((p["predicted_tps"] for p in cp if p["depth"] == 0), None)
-                    if not base_m or not base_p:
-                        continue
-                    ax.plot(d, [100 * (p["measured_tps"] / base_m - 1) for p in cp], "o-", color=color, label=f"{ctx:,} measured")
-                    ax.plot(d, [100 * (p["predicted_tps"] / base_p - 1) for p in cp], "x--", color=color, label=f"{ctx:,} predicted")
-                    ax.set_ylabel("gain over depth 0 (%)")
-            ax.set_title(f"{model}")
-            ax.set_xlabel("look-ahead depth")
+                for budget in sorted({p["budget_mib"] for p in mp if p["context"] == ctx}):
+                    cp = sorted((p for p in mp if p["context"] == ctx and p["budget_mib"] == budget), key=lambda p: p["depth"])
+                    color, capped = f"C{i}", budget > 0
+                    tag = f"{ctx:,}" + (f", {budget:g} MiB" if capped else ", uncapped")
+                    mstyle, pstyle = ("s:", "+:") if capped else ("o-", "x--")
+                    d = [p["depth"] for p in cp]
+                    if kind == "measured_vs_predicted":
+                        m = [p["measured_tps"] for p in cp]
+                        err = [[p["measured_tps"] - p["measured_tps_min"] for p in cp], [p["measured_tps_max"] - p["measured_tps"] for p in cp]]
+                        ax.errorbar(d, m, yerr=err, fmt=mstyle, color=color, label=f"{tag} measured", capsize=3, alpha=0.9)
+                        ax.plot(d, [p["predicted_tps"] for p in cp], pstyle, color=color, label=f"{tag} predicted", alpha=0.7)
+                        ax.set_ylabel("tokens/s (median of the repetitions; bars: min-max)")
+                    else:
+                        base_m = next((p["measured_tps"] for p in cp if p["depth"] == 0), None)
+                        base_p = next((p["predicted_tps"] for p in cp if p["depth"] == 0), None)
+                        if not base_m or not base_p:
+                            continue
+                        ax.plot(d, [100 * (p["measured_tps"] / base_m - 1) for p in cp], mstyle, color=color, label=f"{tag} measured")
+                        ax.plot(d, [100 * (p["predicted_tps"] / base_p - 1) for p in cp], pstyle, color=color, label=f"{tag} predicted")
+                        ax.set_ylabel("gain over depth 0 (%)")
+            what = "measured vs predicted t/s" if kind == "measured_vs_predicted" else "gain vs depth"
+            ax.set_title(f"{model}: {what}")
+            ax.set_xlabel("look-ahead depth N")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=6, ncol=2)
         fig.tight_layout()
         path = folder / f"{kind}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         files.append(path)
     return files
+
+
+def compare(docs: Sequence[dict[str, Any]]) -> str:
+    """Markdown table of the same points measured in several reports: each run's median t/s, and the spread."""
+    keys = sorted({(p["model"], p["context"], p["depth"], p["budget_mib"]) for d in docs for p in d["points"]})
+    by = [{(p["model"], p["context"], p["depth"], p["budget_mib"]): p for p in d["points"]} for d in docs]
+    head = " | ".join(f"run {i + 1} measured / predicted" for i in range(len(docs)))
+    lines = [f"| model | context | depth | budget MiB | {head} | measured max/min |",
+             "|---|---:|---:|---:|" + "---|" * len(docs) + "---:|"]
+    for k in keys:
+        cells, ms = [], []
+        for b in by:
+            p = b.get(k)
+            cells.append(f"{p['measured_tps']:.2f} / {p['predicted_tps']:.2f}" if p else "-")
+            if p:
+                ms.append(p["measured_tps"])
+        spread = max(ms) / min(ms) if ms and min(ms) > 0 else 0.0
+        lines.append(f"| {k[0]} | {k[1]:,} | {k[2]} | {k[3]:g} | " + " | ".join(cells) + f" | {spread:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m validate.report FOLDER`` redraws a report's plots from its report.json;
+    ``--compare A.json B.json ...`` prints the same points across several reports. Blocks on the files."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m validate.report", description=main.__doc__)
+    ap.add_argument("paths", nargs="+", help="a report folder (redraw its plots), or report.json files with --compare")
+    ap.add_argument("--compare", action="store_true", help="print a table of the same points across the given report.json files")
+    args = ap.parse_args(argv)
+    try:
+        if args.compare:
+            print(compare([json.loads(Path(p).read_text()) for p in args.paths]), end="")
+            return 0
+        for folder in map(Path, args.paths):
+            for f in plots(json.loads((folder / "report.json").read_text())["points"], folder):
+                print(f"wrote {f}")
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"python -m validate.report: cannot read a report ({exc}); give report folders, or report.json files with --compare",
+              file=sys.stderr)
+        return 2
+    return 0
 
 
 def write_report(folder: str | Path, groups: Sequence[GroupResult], profile: HardwareProfile, meta: dict[str, Any]) -> dict[str, Any]:
@@ -277,3 +332,7 @@ def write_report(folder: str | Path, groups: Sequence[GroupResult], profile: Har
     write_atomic(folder / "report.md", markdown(pts, summ, gate, meta))
     plots(pts, folder)
     return doc
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

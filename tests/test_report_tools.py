@@ -1,0 +1,39 @@
+"""``python -m validate.report``: redraw a committed report's plots, compare runs, refuse what is not a report."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from validate.report import compare, main
+
+H200 = Path(__file__).resolve().parents[1] / "validate" / "results" / "h200"
+
+
+def _doc(tps: float, pred: float) -> dict:
+    return {"points": [{"model": "m", "context": 4096, "depth": 1, "budget_mib": 0.0, "measured_tps": tps, "predicted_tps": pred}]}
+
+
+def test_compare_puts_each_run_beside_the_others_with_the_spread() -> None:
+    table = compare([_doc(10.0, 11.0), _doc(15.0, 11.0)])
+    row = [line for line in table.splitlines() if line.startswith("| m |")]
+    assert row == ["| m | 4,096 | 1 | 0 | 10.00 / 11.00 | 15.00 / 11.00 | 1.50x |"]
+
+
+def test_replot_redraws_the_committed_h200_report(tmp_path: Path) -> None:
+    src = H200 / "report" / "report.json"
+    doc = json.loads(src.read_text())
+    assert doc["summary"]["exactness_gate"] is True and len(doc["points"]) == 48
+    shutil.copy(src, tmp_path / "report.json")
+    assert main([str(tmp_path)]) == 0
+    for name in ("measured_vs_predicted.png", "gain_vs_depth.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_folder_without_a_report_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot read a report" in err
