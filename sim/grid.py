@@ -55,7 +55,8 @@ def add_grid_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hardware", default="rtx4070-gen4x16", help="hardware preset or profile .json (comma list)")
     p.add_argument("--cache-type", default="q8_0", help=f"KV cache type(s): {', '.join(CACHE_TYPES)}")
     p.add_argument("--context", default=REFERENCE_CONTEXTS, help="tokens already cached when decoding starts (llama-bench -d), comma list")
-    p.add_argument("--depth", "--kv-pipeline-depth", "-kvpd", dest="depth", default="0,1", help=f"look-ahead depth(s) 0..{MAX_DEPTH}; 0 = ordered")
+    p.add_argument("--depth", "--kv-pipeline-depth", "-kvpd", dest="depth", default="0,1",
+                   help=f"look-ahead depth(s) 0..{MAX_DEPTH}; 0 = ordered")
     p.add_argument("--budget", "--kv-pipeline-budget", "-kvpb", dest="budget", default="128",
                    help=f"ring budget MiB per device (0 = no cap, max {MAX_BUDGET_MIB}), comma list")
     p.add_argument("--tokens", type=int, default=8, help="decode tokens simulated per point (default 8)")

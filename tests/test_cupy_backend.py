@@ -277,10 +277,9 @@ def test_fake_engine_track_is_serialised(fake_gpu: CupyGPU) -> None:
 def test_fake_gpu_runs_the_scheduler_and_the_report(fake_gpu: CupyGPU, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from backends.profile import load_profile
     from sim.workload import Workload, cache_type
+    from tests.conftest import toy_model
     from validate.gpu_run import GpuProgram, WeightStore, run_group
     from validate.report import write_report
-
-    from tests.conftest import toy_model
 
     be = fake_gpu
     q = cache_type("q8_0")

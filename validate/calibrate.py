@@ -36,8 +36,8 @@ import numpy as np
 from backends.base import Backend
 from backends.profile import MIB, ComputeModel, HardwareProfile, profile_from_dict
 from sim.graph import decode_graph
-from sim.simulate import Point, simulate
 from sim.scheduler import TransportConfig
+from sim.simulate import Point, simulate
 from sim.workload import CacheType, ModelShape, Workload
 from validate import micro
 from validate.gpu_run import GpuProgram, WeightStore, run_group
@@ -123,7 +123,8 @@ def profile_for(profile: HardwareProfile, model: str) -> HardwareProfile:
 # ------------------------------------------------------------ workload
 
 
-def split_samples(workload: Workload, hardware: HardwareProfile, spans: Sequence[Any], tokens: int, warmup: int) -> tuple[list, list[float]]:
+def split_samples(workload: Workload, hardware: HardwareProfile, spans: Sequence[Any], tokens: int,
+                  warmup: int) -> tuple[list, list[float]]:
     """GPU split samples ``(layers, attention?, window_bytes, last?, span_s, host_launch_s)`` and CPU split seconds of one run.
 
     ``span_s`` is the split's kernel span on its consumer stream (on a GPU it
@@ -301,7 +302,8 @@ def build_profile(info: dict[str, Any], host: dict[str, float], links: dict[tupl
         ],
         "measurements": {
             "host_costs_us": {k: v * 1e6 for k, v in host.items()},
-            "copy_times_us": {f"{d}_{'pinned' if p else 'pageable'}": {str(n): s * 1e6 for n, s in t.items()} for (d, p), t in links.items()},
+            "copy_times_us": {f"{d}_{'pinned' if p else 'pageable'}": {str(n): s * 1e6 for n, s in t.items()}
+                              for (d, p), t in links.items()},
             "peak_GBps": {f"{d}_{'pinned' if p else 'pageable'}": micro.peak_bytes_per_s(t) / 1e9 for (d, p), t in links.items()},
             "engines": eng,
             "host_wake_after_copy_us": {f"{d}_{n}": w * 1e6 for (d, n), w in (waits or {}).items()},

@@ -76,7 +76,7 @@ class GpuProgram(DecodeProgram):
     ``scale`` caps hidden/FFN/vocabulary at that fraction of the model's
     (1.0 = full size). ``setup`` (called by every scheduler) makes the
     weights on first use, fills ``host_cache`` the first time it sees it, and
-    otherwise only resets the hidden state, the current token and the results.
+    otherwise only resets each sequence's hidden state and current token, and the results.
     """
 
     def __init__(self, workload: Workload, xp: Any, store: WeightStore, seed: int = 0, scale: float = 1.0) -> None:
@@ -86,27 +86,12 @@ class GpuProgram(DecodeProgram):
         super().__init__(workload, cfg, xp)
         self.store = store
         self._filled: Buffer | None = None
-
-    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Name -> shape of every weight matrix (the parent's layout)."""
-        m, h = self.model, self.hidden
-        shapes: dict[str, tuple[int, ...]] = {"embed": (self.vocab, h), "out": (h, self.vocab)}
-        for layer in range(m.n_layers):
-            shapes[f"up{layer}"] = (h, self.ffn)
-            shapes[f"down{layer}"] = (self.ffn, h)
-        for j in range(m.n_attn):
-            shapes[f"wq{j}"] = (h, m.n_head * m.head_dim_k)
-            shapes[f"wk{j}"] = (h, m.k_elems)
-            shapes[f"wv{j}"] = (h, m.v_elems)
-            shapes[f"wo{j}"] = (m.n_head * m.head_dim_v, h)
-        return shapes
+        self._state: Any = None
 
     def setup(self, backend: Backend, host_cache: Buffer) -> None:
         """Make weights (once per model), fill the host cache (once per buffer), reset state. Blocks until done."""
         xp, name = self.xp, self.model.name
         self.host_cache = host_cache
-        self._logits = []
-        self._pos = {}
         if name not in self.store.weights:
             self.store.release(backend)
             bufs: list[Buffer] = []
@@ -116,13 +101,11 @@ class GpuProgram(DecodeProgram):
                 w[wname] = self._device_array(backend, bufs, wname, shape)
                 if w[wname] is not None:
                     w[wname][...] = _randn(xp, self.cfg.seed * 100003 + i, shape) * np.float32(scale)
-            w["state"] = self._device_array(backend, bufs, "state", (self.hidden + 1,))
             self.store.weights[name], self.store.buffers[name] = w, bufs
-        self._w = self.store.weights[name]
-        state = self._w["state"]
-        if state is not None:
-            state[...] = 0
-            state[self.hidden :].view(xp.int32)[...] = self.cfg.seed % self.vocab
+        if not self._bufs:  # the state is per program: its shape follows the workload's sequences, not the model
+            self._state = self._device_array(backend, self._bufs, "state", self.state_shape)
+        self._w = {**self.store.weights[name], "state": self._state}
+        self.reset()
         if host_cache.array is not None and self._filled is not host_cache:
             self.fill_cache(host_cache)
             self._filled = host_cache

@@ -252,7 +252,8 @@ def plots(pts: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
                     d = [p["depth"] for p in cp]
                     if kind == "measured_vs_predicted":
                         m = [p["measured_tps"] for p in cp]
-                        err = [[p["measured_tps"] - p["measured_tps_min"] for p in cp], [p["measured_tps_max"] - p["measured_tps"] for p in cp]]
+                        err = [[p["measured_tps"] - p["measured_tps_min"] for p in cp],
+                               [p["measured_tps_max"] - p["measured_tps"] for p in cp]]
                         ax.errorbar(d, m, yerr=err, fmt=mstyle, color=color, label=f"{tag} measured", capsize=3, alpha=0.9)
                         ax.plot(d, [p["predicted_tps"] for p in cp], pstyle, color=color, label=f"{tag} predicted", alpha=0.7)
                         ax.set_ylabel("tokens/s (median of the repetitions; bars: min-max)")

@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from sim.grid import add_grid_args, points_from_args
-from sim.simulate import Point, RunResult, row, simulate
+from sim.simulate import Point, RunResult, row
 from sim.telemetry import chrome_trace, rows_to_csv, table, write_atomic
 
 
