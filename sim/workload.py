@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sim.sequences import SequenceCells
+
 PRESET_DIR = Path(__file__).with_name("presets")
 WINDOW_PAD_ROWS = 256
 MAX_CONTEXT = 1 << 24
@@ -216,13 +218,15 @@ class Workload:
         """Rows the attention reads when the highest new row of a stream is written at ``position``."""
         return min(pad_rows(position + 1), self.cells_per_stream)
 
+    @property
+    def sequence_cells(self) -> SequenceCells:
+        """Which cell holds which sequence's row (``sim.sequences``)."""
+        return SequenceCells(self.contexts, self.unified, self.cells_per_stream)
+
     def writes(self, step: int) -> tuple[tuple[int, int], ...]:
         """(stream, row) each sequence writes at decode step ``step`` (0 = the first decode token)."""
-        ctx = self.contexts
-        if self.unified:
-            base = sum(ctx) + step * self.n_parallel
-            return tuple((0, base + i) for i in range(self.n_parallel))
-        return tuple((i, c + step) for i, c in enumerate(ctx))
+        cells = self.sequence_cells
+        return tuple(cells.cell(s, c + step) for s, c in enumerate(self.contexts))
 
     def devices_of_layers(self, n_devices: int) -> tuple[int, ...]:
         """Device of each layer under ``split_mode layer`` (contiguous blocks by proportion); all on 0 otherwise."""
