@@ -42,7 +42,8 @@ class WindowPiece:
     split, ``rows`` blocks of ``nbytes // rows`` bytes ``src_pitch`` apart in
     the host cache (one 2D copy). ``reserve_bytes`` is what an *unpacked*
     slot reserves for it (the stream's whole stride); a packed slot reserves
-    ``nbytes`` padded to the alignment.
+    ``nbytes`` padded to the alignment. ``cell_bytes`` is one cache cell's
+    share of the piece (a row, or a head slice's width of it; 0: unknown).
     """
 
     src_offset: int
@@ -51,6 +52,7 @@ class WindowPiece:
     rows: int = 1
     src_pitch: int = 0
     reserve_bytes: int = 0
+    cell_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.prefix_bytes <= self.nbytes:
@@ -197,10 +199,10 @@ def _pieces(
         if heads:
             width = (h1 - h0) * head_b
             out.append(WindowPiece(offset(j, s, 0) + h0 * head_b, rows * width, prefix_rows[s] * width, rows, row_b,
-                                   layout.cells_per_stream * width))
+                                   layout.cells_per_stream * width, width))
         else:
             out.append(WindowPiece(offset(j, s, 0), rows * row_b, prefix_rows[s] * row_b,
-                                   reserve_bytes=layout.cells_per_stream * row_b))
+                                   reserve_bytes=layout.cells_per_stream * row_b, cell_bytes=row_b))
     return tuple(out)
 
 
@@ -226,21 +228,24 @@ def decode_graph(
     device_of_layer: tuple[int, ...] | None = None,
     step: int | None = None,
     n_devices: int = 1,
+    writes: tuple[tuple[int, int], ...] = (),
 ) -> DecodeGraph:
     """The graph of one decode step.
 
-    Either ``position`` (a single sequence whose new row is written there) or
+    Either ``position`` (a single sequence whose new row is written there),
     ``step`` (decode step of every sequence of ``wl``; see
-    ``Workload.writes``). ``prefix_row`` overrides the stable prefix (rows
-    below it go early). Layers go to devices by ``device_of_layer`` (default:
+    ``Workload.writes``) or ``writes`` ((stream, row) of each sequence's new
+    row, in sequence order; see ``sim.sequences``). ``prefix_row``
+    overrides the stable prefix (rows below it go early). Layers go to devices by ``device_of_layer`` (default:
     ``wl.devices_of_layers(n_devices)``); under ``split_mode tensor`` every
     GPU split runs on each of ``n_devices`` devices with its share of the KV
     heads. ``compute`` is one model for all devices or one per device.
     """
     model = wl.model
     layout = layout_of(wl)
-    writes = ((0, position),) if position is not None else wl.writes(step or 0)
-    per_stream_top = {}
+    if not writes:
+        writes = ((0, position),) if position is not None else wl.writes(step or 0)
+    per_stream_top: dict[int, int] = {}
     for st, r in writes:
         per_stream_top[st] = max(per_stream_top.get(st, 0), r)
     rows = wl.window_rows(max(per_stream_top.values()))
@@ -254,8 +259,7 @@ def decode_graph(
         return computes[d] if d < len(computes) else computes[0]
 
     shares = [b - a for a, b in head_ranges(model.n_head_kv, wl.tensor_split, n_devices)] if tensor else [model.n_head_kv]
-    heads = head_ranges(model.n_head_kv, wl.tensor_split, n_devices) if tensor else [None]
-    group = list(range(n_devices)) if tensor else [None]
+    heads: list[tuple[int, int] | None] = list(head_ranges(model.n_head_kv, wl.tensor_split, n_devices)) if tensor else [None]
 
     splits: list[Split] = []
     last_dev = [devs[0]]
@@ -266,11 +270,11 @@ def decode_graph(
     def gpu(name: str, layers: list[int], attn_j: int = -1, ordered: tuple[SmallInput, ...] = (), head: bool = False) -> None:
         """Add the GPU split(s) of ``layers``: one per device run (layer split) or one per device (tensor split)."""
         if tensor:
-            for d in group:  # type: ignore[union-attr]
+            for d in range(n_devices):
                 frac = shares[d] / model.n_head_kv
                 if frac == 0:
                     continue
-                staged = ()
+                staged: tuple[StagedInput, ...] = ()
                 if attn_j >= 0:
                     hr = heads[d]
                     staged = (

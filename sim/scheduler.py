@@ -29,7 +29,14 @@ After more than ``idle_release_graphs`` graphs that stage nothing the ring is
 released. The configuration is frozen after the first graph.
 
 ``mutations`` switch off one load-bearing piece each (see docs/correctness.md);
-they exist so tests can show what each piece is worth.
+they exist so tests can show what each piece is worth. ``one-cell-range``
+instead reproduces the bug the reference's parallel exactness gate caught:
+each stream's early range of a multi-stream window sized from one cell, not
+from the stream's window, so the rest of the prefix is never delivered.
+
+The kernels of a split write the first ``kernel_io_bytes`` of the device's io
+buffer (the new K/V rows of every sequence, at least 64 KiB); the small
+inputs of the next split are staged above them.
 
 All times in seconds, sizes in bytes.
 """
@@ -65,7 +72,9 @@ MUTATIONS = (
     "no-boundary-wait",
     "stale-prefix",
     "allocator-staging",
+    "one-cell-range",
 )
+KERNEL_IO_BYTES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -232,6 +241,7 @@ class TransportScheduler:
         self.graphs_run = 0
         self._last_gpu_device = 0
         self._producers: set[int] = set()
+        self.kernel_io_bytes = KERNEL_IO_BYTES
         self.history: list[GraphStats] = []
         if program is not None:
             program.setup(backend, host_cache)
@@ -397,6 +407,8 @@ class TransportScheduler:
         be = self.be
         stats = GraphStats(token=graph.token)
         t0 = be.now_s()
+        rows = [sum(i.nbytes for i in s.ordered) for s in graph.splits if s.kind == "cpu"]
+        self.kernel_io_bytes = align_up(max([KERNEL_IO_BYTES, *rows]), KERNEL_IO_BYTES)
         if not self.cfg.mutated("no-boundary-wait"):
             for ring in self.rings.values():
                 if ring.delivered_last_graph:
@@ -505,19 +517,20 @@ class TransportScheduler:
         consumer = self.consumer[dev]
         io = self.io_dev[dev]
         bindings: dict[str, tuple[Buffer, int, int]] = {}
+        pieces: dict[str, tuple[Buffer, int, int]] = {}  # per-stream parts of the windows (inside their window's range)
         if split.ordered:
-            off = 1 << 16  # small inputs live above the region a split's kernels write
-            for inp in split.ordered:
-                if inp.src_device >= 0:  # activation handed over from another device, through the host
-                    src_dev = inp.src_device
+            off = self.kernel_io_bytes  # small inputs live above the region a split's kernels write
+            for small in split.ordered:
+                if small.src_device >= 0:  # activation handed over from another device, through the host
+                    src_dev = small.src_device
                     yield from self._wait_consumer(src_dev, stats)
                     yield from self._blocking_copy(self.consumer[src_dev], self.io_host, self.io_dev[src_dev],
-                                                   [CopyRange(0, off, inp.nbytes)], stats, inp.name)
+                                                   [CopyRange(0, off, small.nbytes)], stats, small.name)
             yield from self._wait_consumer(dev, stats)
-            for inp in split.ordered:
-                yield from self._blocking_copy(consumer, io, self.io_host, [CopyRange(off, off, inp.nbytes)], stats, inp.name)
-                bindings[f"small:{inp.name}"] = (io, off, inp.nbytes)
-                off += inp.nbytes
+            for small in split.ordered:
+                yield from self._blocking_copy(consumer, io, self.io_host, [CopyRange(off, off, small.nbytes)], stats, small.name)
+                bindings[f"small:{small.name}"] = (io, off, small.nbytes)
+                off += small.nbytes
         pipelined = plan is not None and plan.active and split.staged
         slot = -1
         if split.staged and not pipelined:
@@ -526,11 +539,11 @@ class TransportScheduler:
             off = 0
             for inp in split.staged:
                 ranges = []
+                self._bind_window(bindings, pieces, inp, gm, off, dev)
                 for p in inp.pieces:
                     ranges.append(piece_range(p, off, 0, p.nbytes))
                     off += self._span(p, dev)
                 yield from self._blocking_copy(consumer, gm, self.host_cache, ranges, stats, inp.name)
-                bindings[f"window:{inp.name}"] = (gm, ranges[0].dst_offset, inp.nbytes)
         elif pipelined:
             assert plan is not None
             ring = self.rings[dev]
@@ -547,13 +560,14 @@ class TransportScheduler:
                     if p.nbytes > early:
                         late_ranges.append(piece_range(p, off, early, p.nbytes))
                     off += self._span(p, dev)
-                bindings[f"window:{inp.name}"] = (dst, base + entry_off, inp.nbytes)
+                self._bind_window(bindings, pieces, inp, dst, base + entry_off, dev)
             if late_ranges:
                 yield from self.be.copy(consumer, dst, self.host_cache, late_ranges, tag="late")
                 stats.late_bytes += sum(r.nbytes for r in late_ranges)
             yield from self.be.wait_event(consumer, ring.ready[slot])
         accesses = [Access(b, o, n, False) for b, o, n in bindings.values()]
-        accesses.append(Access(io, 0, 1 << 16, True))
+        accesses.append(Access(io, 0, self.kernel_io_bytes, True))
+        bindings.update(pieces)
         bindings["io"] = (io, 0, io.nbytes)
         run = self.program.gpu_run(split, bindings) if self.program else None
         yield from self.be.launch(consumer, Work(split.name, split.compute_s, split.n_launches, run, tuple(accesses), tag="gpu"))
@@ -564,6 +578,20 @@ class TransportScheduler:
             plan.consumed += 1
             if not self.cfg.mutated("issue-before-enqueue"):
                 yield from self._prefetch(plan, stats, limit_extra=0)
+
+    def _bind_window(self, bindings: dict[str, tuple[Buffer, int, int]], pieces: dict[str, tuple[Buffer, int, int]],
+                     inp: StagedInput, buf: Buffer, start: int, dev: int) -> None:
+        """Bind ``inp`` as the kernel reads it from ``start`` of ``buf``: ``window:<name>``, and with several
+        streams also ``window:<name>#<i>`` per stream (packed or unpacked, as ``_span`` lays them out)."""
+        if len(inp.pieces) == 1:
+            bindings[f"window:{inp.name}"] = (buf, start, inp.nbytes)
+            return
+        off = start
+        for i, p in enumerate(inp.pieces):
+            pieces[f"window:{inp.name}#{i}"] = (buf, off, p.nbytes)
+            end = off + p.nbytes
+            off += self._span(p, dev)
+        bindings[f"window:{inp.name}"] = (buf, start, end - start)
 
     # pipelined pieces ------------------------------------------------
 
@@ -601,6 +629,8 @@ class TransportScheduler:
             off = base + entry_off
             for i, p in enumerate(inp.pieces):
                 early = self._prefix(ring, inp, i, p.prefix_bytes, p.nbytes)
+                if early and len(inp.pieces) > 1 and self.cfg.mutated("one-cell-range"):
+                    early = min(early, p.cell_bytes or p.width)  # the range sized from one cell, not the stream's window
                 if early:
                     ranges.append(piece_range(p, off, 0, early))
                 off += self._span(p, split.device)
