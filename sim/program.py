@@ -10,46 +10,60 @@ runs in seconds). Every numeric operation takes the array module ``xp`` as an
 argument (``numpy`` in the functional simulation, ``cupy`` on a GPU) and uses
 only operations both offer; this module never imports CuPy.
 
-One decode token, split by split (``sim.graph`` builds the splits):
+It decodes the workload's ``n_parallel`` sequences together, one new row each
+per graph (the batching schedule of ``Workload.writes`` and of
+``sim.functional``): every activation is one row per sequence, in sequence
+order. One decode token, split by split (``sim.graph`` builds the splits):
 
-* **GPU split 0** (``attn_layer < 0``): embeds the current token (kept on the
-  device, never read by the host), runs its non-attention layers, and projects
-  the new K and V rows of the first attention layer. Rows are *encoded in the
-  cache type* (f32, f16, bf16 or q8_0: 34 B per 32 elements, an f16 scale and
-  32 int8; q8_0 is quantized here, on the device, because the device->host copy
-  the graph prescribes carries exactly one cache-type row) and written to the
-  device ``io`` buffer: K at byte 0, V right after it.
+* **GPU split 0** (``attn_layer < 0``): embeds each sequence's current token
+  (kept on the device, never read by the host), runs its non-attention layers,
+  and projects the new K and V rows of the first attention layer. Rows are
+  *encoded in the cache type* (f32, f16, bf16 or q8_0: 34 B per 32 elements, an
+  f16 scale and 32 int8; q8_0 is quantized here, on the device, because the
+  device->host copy the graph prescribes carries exactly one cache-type row
+  per sequence) and written to the device ``io`` buffer: the K rows of all
+  sequences from byte 0, then their V rows.
 * **CPU split** (``kind == "cpu"``): the scheduler copied those rows back into
   the host ``io`` buffer (bindings ``k_cur_l<a>`` / ``v_cur_l<a>``); the split
-  writes them into the host cache rows it names (``cache:k_cur_l<a>``). This
-  is the write that a delivery of the same rows must not overtake.
+  writes each sequence's row into the host cache row it names
+  (``cache:k_cur_l<a>``, or ``cache:k_cur_l<a>#<t>`` for sequence t of
+  several). This is the write that a delivery of the same rows must not
+  overtake.
 * **Attention split** (``attn_layer = a``): reads layer ``a``'s K and V window
-  from its binding ``window:cache_k_l<a>`` / ``window:cache_v_l<a>`` -- a ring
-  slot when pipelined, the graph's own memory when ordered -- decodes rows
-  ``0..position`` and runs softmax attention (grouped heads) for the query of
-  this token, then the following non-attention layers, then the next attention
-  layer's K/V rows into ``io``; the last split computes the logits, records
-  them and stores the greedy next token on the device.
+  from its binding ``window:cache_k_l<a>`` / ``window:cache_v_l<a>`` (with
+  several streams, stream s at ``window:cache_k_l<a>#<s>``) -- a ring slot when
+  pipelined, the graph's own memory when ordered. Each sequence decodes only
+  its own rows 0..position -- the cells ``sim.sequences`` assigns it: its
+  stream's window over a split cache, its prompt block and interleaved rows
+  over a unified one (llama.cpp's per-sequence KQ mask) -- and runs softmax
+  attention (grouped heads) for its query, then the following non-attention
+  layers, then the next attention layer's K/V rows into ``io``; the last split
+  computes the logits of every sequence, records them and stores each
+  sequence's greedy next token on the device.
 
 Bindings (``name -> (buffer, byte offset, nbytes)``), as the scheduler passes
 them: ``window:<staged input>`` (read), ``small:<ordered input>`` (read, not
 used by this model), ``io`` (the device's io buffer, written), and for a CPU
 split ``<ordered input>`` (host io rows, read) with ``cache:<ordered input>``
-(host cache rows, written). The token's position -- which rows of a window
-are valid -- is a kernel argument taken from the row the CPU split writes.
+(host cache rows, written). Each sequence's position -- which of its rows are
+valid -- is a kernel argument taken from the row the CPU split writes for it.
 
-State (hidden vector, current token, logits) and weights live in device
+State (hidden vectors, current tokens, logits) and weights live in device
 buffers allocated through ``backend.alloc`` on device 0, so the same code holds
 on a GPU. Run callables are called at enqueue time on a GPU and at completion
 time on the SimPy machine; they capture only constants (positions, offsets),
 never values another callable computes, so both orders give the same result.
 
-``host_update_run(graph)`` writes ``graph.host_writes_at_start`` (cells reused
-after a sequence reset: a new prompt's rows) with deterministic content keyed
-by (seed, token, cell), the same at every depth. ``setup`` fills the host cache
-with deterministic rows 0..``prefill_rows``. Per-step output: ``step_hashes()``
-(sha256 of each step's float32 logits), ``tokens()`` (greedy tokens) and
-``output_hash()`` (sha256 over the step hashes); call them after the run.
+``setup`` fills each sequence's rows of the host cache (0..``prefill_rows``)
+with deterministic content keyed by (seed, layer, K/V, sequence): every
+sequence has its own prompt, so a read of another sequence's cells changes
+the output. ``host_update_run(graph)`` writes ``graph.host_writes_at_start``
+(cells reused after a context shift or a sequence reset: new rows) with
+content keyed by (seed, token, first cell), the same at every depth. Per-step
+output: ``step_hashes()`` (sha256 of each step's float32 logits of all
+sequences; ``step_hashes(s)``: of sequence s), ``tokens(s)`` (greedy tokens
+of sequence s) and ``output_hash()`` (sha256 over the step hashes); call them
+after the run.
 """
 
 from __future__ import annotations
@@ -63,6 +77,7 @@ import numpy as np
 
 from backends.base import Backend, Buffer
 from sim.graph import CacheLayout, DecodeGraph, Split, layout_of
+from sim.sequences import CellSlice, SequenceCells
 from sim.workload import CacheType, Workload
 
 Binding = tuple[Buffer, int, int]
@@ -147,6 +162,8 @@ class DecodeProgram:
         m = workload.model
         self.model = m
         self.layout: CacheLayout = layout_of(workload)
+        self.seqs: SequenceCells = workload.sequence_cells
+        self.n_seq = workload.n_parallel
         self.hidden = min(m.hidden, self.cfg.max_hidden)
         self.ffn = min(max(m.ffn, 2), self.cfg.max_ffn)
         self.vocab = min(max(m.vocab, 2), self.cfg.max_vocab)
@@ -154,17 +171,15 @@ class DecodeProgram:
         self.kb, self.vb = workload.k_row_bytes, workload.v_row_bytes
         self._w: dict[str, Any] = {}
         self._bufs: list[Buffer] = []
-        self._pos: dict[int, int] = {}  # attention index -> row written this token (kernel argument)
+        self._rows: dict[int, dict[int, int]] = {}  # attention index -> sequence -> row written this token (kernel argument)
         self._logits: list[Any] = []
         self.host_cache: Buffer | None = None
 
     # ---------------------------------------------------------- setup
 
-    def setup(self, backend: Backend, host_cache: Buffer) -> None:
-        """Allocate and upload weights and state on device 0; fill the host cache. Blocks for the upload."""
-        self.host_cache = host_cache
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of every weight matrix."""
         m, h = self.model, self.hidden
-        rng = np.random.RandomState(self.cfg.seed)
         shapes: dict[str, tuple[int, ...]] = {"embed": (self.vocab, h), "out": (h, self.vocab)}
         for layer in range(m.n_layers):
             shapes[f"up{layer}"] = (h, self.ffn)
@@ -174,17 +189,38 @@ class DecodeProgram:
             shapes[f"wk{j}"] = (h, m.k_elems)
             shapes[f"wv{j}"] = (h, m.v_elems)
             shapes[f"wo{j}"] = (m.n_head * m.head_dim_v, h)
-        for name, shape in shapes.items():
+        return shapes
+
+    @property
+    def state_shape(self) -> tuple[int, int]:
+        """One row per sequence: its hidden vector, then its current token (as a float, exact below 2**24)."""
+        return (self.n_seq, self.hidden + 1)
+
+    def setup(self, backend: Backend, host_cache: Buffer) -> None:
+        """Allocate and upload weights and state on device 0; fill the host cache. Blocks for the upload."""
+        self.host_cache = host_cache
+        rng = np.random.RandomState(self.cfg.seed)
+        for name, shape in self.weight_shapes().items():
             scale = 1.0 if name == "embed" else 1.0 / np.sqrt(shape[0])
             self._w[name] = self._upload(backend, name, (rng.standard_normal(shape) * scale).astype(np.float32))
-        state = np.zeros(h + 1, dtype=np.float32)
-        state.view(np.int32)[h] = self.cfg.seed % self.vocab
-        self._w["state"] = self._upload(backend, "state", state)  # hidden vector, then the current token (int32)
+        self._w["state"] = self._upload(backend, "state", np.zeros(self.state_shape, np.float32))
+        self.reset()
         if host_cache.array is not None:
-            rows = self.layout.cells if self.cfg.prefill_rows < 0 else min(self.cfg.prefill_rows, self.layout.cells)
-            for j in range(m.n_attn):
-                for kv in (0, 1):
-                    self._write_cells(host_cache.array, j, kv, 0, rows, token=-1)
+            for seq in range(self.n_seq):
+                cap = self.seqs.capacity(seq)
+                rows = cap if self.cfg.prefill_rows < 0 else min(self.cfg.prefill_rows, cap)
+                for j in range(self.model.n_attn):
+                    for kv in (0, 1):
+                        self._write_prompt(host_cache.array, j, kv, seq, rows)
+
+    def reset(self) -> None:
+        """Zero the hidden states, give every sequence the first token, forget the results. Does not block."""
+        self._logits = []
+        self._rows = {}
+        state = self._w.get("state")
+        if state is not None:
+            state[...] = 0
+            state[:, self.hidden] = self.cfg.seed % self.vocab
 
     def _upload(self, backend: Backend, name: str, host: np.ndarray) -> Any:
         buf = backend.alloc(0, max(host.nbytes, 1), f"prog_{name}")
@@ -194,17 +230,31 @@ class DecodeProgram:
         buf.array[: host.nbytes] = self.xp.asarray(host.view(np.uint8).reshape(-1))
         return buf.array[: host.nbytes].view(self.xp.float32).reshape(host.shape)
 
-    def _write_cells(self, cache: np.ndarray, j: int, kv: int, row0: int, row1: int, token: int) -> None:
-        """Deterministic content of cells row0..row1 of layer j's K (kv=0) or V (kv=1), keyed by (seed, token, cell)."""
-        if row1 <= row0:
-            return
+    def _block(self, cache: Any, j: int, kv: int) -> Any:
+        """Layer j's K (kv=0) or V (kv=1) cells of every stream, as a (cells, row bytes) view of ``cache``."""
+        lay, rb = self.layout, (self.kb if kv == 0 else self.vb)
+        base = lay.k_offset(j) if kv == 0 else lay.v_offset(j)
+        return cache[base : base + lay.cells * rb].reshape(lay.cells, rb)
+
+    def _rows_content(self, kv: int, rows: int, key: list[int]) -> np.ndarray:
+        """``rows`` deterministic K (kv=0) or V rows keyed by ``key``, encoded in the cache type."""
         elems = self.model.k_elems if kv == 0 else self.model.v_elems
-        ctype = self.wl.cache_k if kv == 0 else self.wl.cache_v
-        rb = self.kb if kv == 0 else self.vb
-        rng = np.random.default_rng([self.cfg.seed, token + 1, j, kv, row0])  # token -1: the prefill
-        x = rng.standard_normal((row1 - row0, elems), dtype=np.float32)
-        off = self.layout.k_offset(j, 0, row0) if kv == 0 else self.layout.v_offset(j, 0, row0)
-        cache[off : off + (row1 - row0) * rb] = encode_rows(np, x, ctype).reshape(-1)
+        x = np.random.default_rng(key).standard_normal((rows, elems), dtype=np.float32)
+        return encode_rows(np, x, self.wl.cache_k if kv == 0 else self.wl.cache_v)
+
+    def _write_prompt(self, cache: np.ndarray, j: int, kv: int, seq: int, rows: int) -> None:
+        """Rows 0..rows of sequence ``seq`` (its prompt and beyond), keyed by (seed, layer, kv, sequence)."""
+        enc, block = self._rows_content(kv, rows, [self.cfg.seed, 0, j, kv, seq]), self._block(cache, j, kv)
+        cps, i = self.layout.cells_per_stream, 0
+        for sl in self.seqs.cells_of(seq, rows):
+            base = sl.stream * cps
+            block[base + sl.start : base + sl.stop : sl.step] = enc[i : i + len(sl)]
+            i += len(sl)
+
+    def _write_cells(self, cache: np.ndarray, j: int, kv: int, row0: int, row1: int, token: int) -> None:
+        """Deterministic content of cells row0..row1 (of all streams) of layer j's K or V, keyed by (seed, token, cell)."""
+        if row1 > row0:
+            self._block(cache, j, kv)[row0:row1] = self._rows_content(kv, row1 - row0, [self.cfg.seed, token + 1, j, kv, row0])
 
     def host_update_run(self, graph: DecodeGraph) -> RunFn:
         """The run of the graph-start host writes: rewrite the named cells (row-aligned ranges) with fresh content."""
@@ -218,7 +268,7 @@ class DecodeProgram:
         return run
 
     def _region(self, offset: int, nbytes: int) -> tuple[int, int, int, int]:
-        """(attention index, kv, first row, end row) of a row-aligned host-cache range inside one K or V block."""
+        """(attention index, kv, first cell, end cell) of a row-aligned host-cache range inside one K or V block."""
         lay = self.layout
         for j in range(self.model.n_attn):
             for kv, base, rb in ((0, lay.k_offset(j), self.kb), (1, lay.v_offset(j), self.vb)):
@@ -233,30 +283,33 @@ class DecodeProgram:
     # ------------------------------------------------------------ splits
 
     def cpu_run(self, split: Split, bindings: dict[str, Binding]) -> RunFn | None:
-        """The CPU split: copy the new rows from the host io buffer into the host cache rows it names."""
+        """The CPU split: copy each sequence's new rows from the host io buffer into the host cache rows it names."""
         moves = []
         for inp in split.ordered:
-            src, dst = bindings.get(inp.name), bindings.get(f"cache:{inp.name}")
-            if src is None or dst is None:
-                continue
-            moves.append((src, dst))
-        for j, off in split.row_writes[:1]:
-            self._pos[j] = (off - self.layout.k_offset(j)) // self.kb
+            src = bindings.get(inp.name)
+            for t, (_, nbytes) in enumerate(inp.rows):
+                dst = bindings.get(f"cache:{inp.name}" if len(inp.rows) == 1 else f"cache:{inp.name}#{t}")
+                if src is not None and dst is not None:
+                    moves.append((src[0], src[1] + t * nbytes, dst, nbytes))
+        lay = self.layout
+        k_rows = [(j, (off - lay.k_offset(j)) // self.kb) for j, off in split.row_writes if off < lay.v_offset(j)]
+        for j, _ in k_rows:
+            self._rows[j] = {}
+        for j, cell in k_rows:  # which sequence's row each new K row is
+            seq, row = self.seqs.owner(*divmod(cell, lay.cells_per_stream))
+            self._rows[j][seq] = row
 
         def run(xp: Any) -> None:
-            for (sb, so, n), (db, do, _) in moves:
+            for sb, so, (db, do, _), n in moves:
                 db.array[do : do + n] = sb.array[so : so + n]
 
         return run
 
     def gpu_run(self, split: Split, bindings: dict[str, Binding]) -> RunFn | None:
         """A GPU split: attention of ``split.attn_layer`` (if any), its layers, next K/V rows or the logits."""
-        m = self.model
+        m, h = self.model, self.hidden
         attn = m.attn_layers.index(split.attn_layer) if split.attn_layer >= 0 else -1
-        window = None
-        if attn >= 0:
-            a = split.attn_layer
-            window = (bindings[f"window:cache_k_l{a}"], bindings[f"window:cache_v_l{a}"], self._pos.get(attn, 0))
+        reads = self._reads(attn, split.attn_layer, bindings) if attn >= 0 else []
         ffn_layers = [layer for layer in split.layers if layer not in m.attn_layers or layer == split.attn_layer]
         nxt = attn + 1
         io = bindings.get("io")
@@ -264,13 +317,10 @@ class DecodeProgram:
         def run(xp: Any) -> None:
             w = self._w
             state = w["state"]
-            x = state[: self.hidden]
             if attn < 0:
-                tok = state[self.hidden :].view(xp.int32)
-                x = xp.take(w["embed"], tok, axis=0).reshape(-1)
+                x = xp.take(w["embed"], state[:, h].astype(xp.int32), axis=0)
             else:
-                assert window is not None
-                x = x + self._attention(xp, attn, x, *window)
+                x = state[:, :h] + self._attention(xp, attn, state[:, :h], reads)
             for layer in ffn_layers:
                 x = x + xp.tanh(_norm(xp, x) @ w[f"up{layer}"]) @ w[f"down{layer}"]
             if nxt < m.n_attn:
@@ -279,45 +329,71 @@ class DecodeProgram:
             else:
                 logits = _norm(xp, x) @ w["out"]
                 self._logits.append(logits.copy())
-                state[self.hidden :].view(xp.int32)[...] = xp.argmax(logits).astype(xp.int32)
-            state[: self.hidden] = x
+                state[:, h] = xp.argmax(logits, axis=-1).astype(xp.float32)
+            state[:, :h] = x
 
         return run
 
+    def _reads(self, j: int, layer: int, bindings: dict[str, Binding]) -> list[list[tuple[Binding, Binding, CellSlice]]]:
+        """Per sequence, the window slices its attention reads: its own rows 0..position (the KQ mask)."""
+        rows = self._rows.get(j, {})
+        if sorted(rows) != list(range(self.n_seq)):
+            raise ValueError(f"layer {layer}: the decode program needs one new row per sequence, got sequences {sorted(rows)}")
+        several = self.layout.n_streams > 1
+        out = []
+        for seq in range(self.n_seq):
+            reads = []
+            for sl in self.seqs.cells_of(seq, rows[seq] + 1):
+                k, v = (bindings[f"window:cache_{kv}_l{layer}" + (f"#{sl.stream}" if several else "")] for kv in "kv")
+                if sl.stop * self.kb > k[2] or sl.stop * self.vb > v[2]:
+                    raise ValueError(f"window of layer {layer} holds {k[2] // self.kb} rows, sequence {seq} needs {sl.stop}")
+                reads.append((k, v, sl))
+            out.append(reads)
+        return out
+
     def _store_kv(self, xp: Any, j: int, x: Any, io: Binding) -> None:
+        """The new K rows of every sequence from byte 0 of ``io``, then their V rows."""
         buf, off, _ = io
-        xn = _norm(xp, x)[None, :]
+        xn = _norm(xp, x)
         k = encode_rows(xp, xn @ self._w[f"wk{j}"], self.wl.cache_k).reshape(-1)
         v = encode_rows(xp, xn @ self._w[f"wv{j}"], self.wl.cache_v).reshape(-1)
-        buf.array[off : off + self.kb] = k
-        buf.array[off + self.kb : off + self.kb + self.vb] = v
+        buf.array[off : off + k.size] = k
+        buf.array[off + k.size : off + k.size + v.size] = v
 
-    def _attention(self, xp: Any, j: int, x: Any, kwin: Binding, vwin: Binding, pos: int) -> Any:
+    def _attention(self, xp: Any, j: int, x: Any, reads: list[list[tuple[Binding, Binding, CellSlice]]]) -> Any:
+        """Each sequence's attention over the cells it reads; one output row per sequence."""
         m = self.model
-        rows = pos + 1
-        (kbuf, koff, kn), (vbuf, voff, vn) = kwin, vwin
-        if rows * self.kb > kn or rows * self.vb > vn:
-            raise ValueError(f"window of layer {m.attn_layers[j]} holds {kn // self.kb} rows, position {pos} needs {rows}")
-        k = decode_rows(xp, kbuf.array[koff : koff + rows * self.kb].reshape(rows, self.kb), self.wl.cache_k, m.k_elems)
-        v = decode_rows(xp, vbuf.array[voff : voff + rows * self.vb].reshape(rows, self.vb), self.wl.cache_v, m.v_elems)
-        q = (_norm(xp, x) @ self._w[f"wq{j}"]).reshape(m.n_head_kv, self.group, m.head_dim_k)
-        kt = xp.ascontiguousarray(k.reshape(rows, m.n_head_kv, m.head_dim_k).transpose(1, 2, 0))  # (kv, d, rows)
-        scores = (q @ kt) / np.float32(np.sqrt(m.head_dim_k))  # (kv, group, rows)
-        scores = scores - scores.max(axis=-1, keepdims=True)
-        p = xp.exp(scores)
-        p = p / p.sum(axis=-1, keepdims=True)
-        out = p @ xp.ascontiguousarray(v.reshape(rows, m.n_head_kv, m.head_dim_v).transpose(1, 0, 2))  # (kv, group, dv)
-        return out.reshape(-1) @ self._w[f"wo{j}"]
+        q = (_norm(xp, x) @ self._w[f"wq{j}"]).reshape(self.n_seq, m.n_head_kv, self.group, m.head_dim_k)
+        outs = []
+        for seq, slices in enumerate(reads):
+            k = xp.concatenate([self._cells(xp, kb, sl, self.kb, self.wl.cache_k, m.k_elems) for kb, _, sl in slices])
+            v = xp.concatenate([self._cells(xp, vb, sl, self.vb, self.wl.cache_v, m.v_elems) for _, vb, sl in slices])
+            rows = k.shape[0]
+            kt = xp.ascontiguousarray(k.reshape(rows, m.n_head_kv, m.head_dim_k).transpose(1, 2, 0))  # (kv, d, rows)
+            scores = (q[seq] @ kt) / np.float32(np.sqrt(m.head_dim_k))  # (kv, group, rows)
+            scores = scores - scores.max(axis=-1, keepdims=True)
+            p = xp.exp(scores)
+            p = p / p.sum(axis=-1, keepdims=True)
+            out = p @ xp.ascontiguousarray(v.reshape(rows, m.n_head_kv, m.head_dim_v).transpose(1, 0, 2))  # (kv, group, dv)
+            outs.append(out.reshape(-1))
+        return xp.stack(outs) @ self._w[f"wo{j}"]
+
+    @staticmethod
+    def _cells(xp: Any, win: Binding, sl: CellSlice, rb: int, ctype: CacheType, elems: int) -> Any:
+        """The cells ``sl`` of a window binding (rows of ``rb`` bytes), decoded to float32."""
+        buf, off, n = win
+        return decode_rows(xp, buf.array[off : off + n].reshape(n // rb, rb)[sl.start : sl.stop : sl.step], ctype, elems)
 
     # ----------------------------------------------------------- results
 
-    def step_hashes(self) -> list[str]:
-        """sha256 (hex) of each decoded step's float32 logits, in order. Blocks on a GPU until they are computed."""
-        return [hashlib.sha256(_to_host(lg).astype(np.float32).tobytes()).hexdigest() for lg in self._logits]
+    def step_hashes(self, seq: int | None = None) -> list[str]:
+        """sha256 (hex) of each step's float32 logits: of every sequence, or of sequence ``seq``. Blocks on a GPU."""
+        rows = slice(None) if seq is None else seq
+        return [hashlib.sha256(_to_host(lg)[rows].astype(np.float32).tobytes()).hexdigest() for lg in self._logits]
 
-    def tokens(self) -> list[int]:
-        """The greedy token of each decoded step. Blocks on a GPU until they are computed."""
-        return [int(np.argmax(_to_host(lg))) for lg in self._logits]
+    def tokens(self, seq: int = 0) -> list[int]:
+        """The greedy token of sequence ``seq`` at each step. Blocks on a GPU until they are computed."""
+        return [int(np.argmax(_to_host(lg)[seq])) for lg in self._logits]
 
     def output_hash(self) -> str:
         """sha256 (hex) over the per-step hashes: one value for the whole run."""
@@ -331,5 +407,5 @@ class DecodeProgram:
 
 
 def _norm(xp: Any, x: Any) -> Any:
-    """RMS norm of a vector (float32)."""
-    return x / xp.sqrt((x * x).mean() + np.float32(1e-6))
+    """RMS norm of each row (float32)."""
+    return x / xp.sqrt((x * x).mean(axis=-1, keepdims=True) + np.float32(1e-6))

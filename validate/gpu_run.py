@@ -86,7 +86,6 @@ class GpuProgram(DecodeProgram):
         super().__init__(workload, cfg, xp)
         self.store = store
         self._filled: Buffer | None = None
-        self._state: Any = None
 
     def setup(self, backend: Backend, host_cache: Buffer) -> None:
         """Make weights (once per model), fill the host cache (once per buffer), reset state. Blocks until done."""
@@ -102,9 +101,10 @@ class GpuProgram(DecodeProgram):
                 if w[wname] is not None:
                     w[wname][...] = _randn(xp, self.cfg.seed * 100003 + i, shape) * np.float32(scale)
             self.store.weights[name], self.store.buffers[name] = w, bufs
-        if not self._bufs:  # the state is per program: its shape follows the workload's sequences, not the model
-            self._state = self._device_array(backend, self._bufs, "state", self.state_shape)
-        self._w = {**self.store.weights[name], "state": self._state}
+        self._w = self.store.weights[name]
+        state = self._w.get("state", ())
+        if state is not None and getattr(state, "shape", ()) != self.state_shape:  # one row per sequence of this workload
+            self._w["state"] = self._device_array(backend, self.store.buffers[name], "state", self.state_shape)
         self.reset()
         if host_cache.array is not None and self._filled is not host_cache:
             self.fill_cache(host_cache)
