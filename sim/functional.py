@@ -5,9 +5,15 @@ its KV geometry (KV heads, head dims, cache types: every staged byte is a real
 cache byte) and its attention pattern, cut to the first ``FUNCTIONAL_ATTN``
 attention layers, with weights shrunk so the link, not the compute, is the
 bottleneck (a delivery is still in flight when the host moves on, which is
-where unordered accesses show in the bytes); the context is the point's
-divided by 32, clipped to 64..1024 rows. The decode program (``sim.program``)
-runs on it with its default (small) sizes.
+where unordered accesses show in the bytes); each sequence's context is the
+point's divided by 32, clipped to 64..1024 rows. The decode program
+(``sim.program``) runs on it with its default (small) sizes.
+
+With ``--parallel N`` the N sequences decode together over a unified cache or
+a cache split into streams (``--no-kv-unified``), each from its own prompt
+(the program keys each sequence's rows by its index). The batching schedule
+is fixed: every graph decodes one token of every sequence. "Row r" of a
+sequence below is its r-th token, in the cell ``sim.sequences`` assigns it.
 
 Events of the schedule, in order (``events(point)`` lists them):
 
@@ -16,14 +22,20 @@ Events of the schedule, in order (``events(point)`` lists them):
 2. ``ubatch``: one step whose output the loop does not read -- an intermediate
    ubatch, with no host sync at its end, so its last deliveries may still be
    in flight when the next graph starts (``no-boundary-wait`` bites here);
-3. ``shift``: a context shift (llama.cpp's, with the cells compacted): the host
-   rewrites cells K..p of every layer's K and V at the start of the graph
-   (``DecodeGraph.host_writes_at_start``; K = a quarter of the context, p the
-   ubatch's row) and the write position drops by half the context, below the
-   windows delivered so far. The rewrite covers the row the ubatch's last late
-   copy reads (``no-boundary-wait``); the lower position makes the first
-   graph's stable prefix cover the row this graph writes (``stale-prefix``);
-4. ``decode``: plain steps after the reset, up to the point's token count.
+3. ``shift``: a context shift of every sequence (llama.cpp's, with the cells
+   compacted): the host rewrites rows K..p of every layer's K and V at the
+   start of the graph (``DecodeGraph.host_writes_at_start``; K = a quarter of
+   the context, p the ubatch's row) and the write position drops by half the
+   context, below the windows delivered so far. The rewrite covers the row the
+   ubatch's last late copy reads (``no-boundary-wait``); the lower position
+   makes the first graph's stable prefix cover the row this graph writes
+   (``stale-prefix``);
+4. ``reset`` (several sequences only): sequence ``RESET_SEQ`` is reset -- the
+   host writes a new prompt into its rows 0..``RESET_ROWS`` at the start of the
+   graph and it writes at row ``RESET_ROWS`` while the others go on high up (a
+   per-stream stable prefix over a split cache; over a unified cache the one
+   stream's prefix drops to that cell and the rows above go late);
+5. ``decode``: plain steps after that, up to the point's token count.
 
 Release waits and host-side recycling are not exercised by any of these: see
 docs/correctness.md for why and for what does exercise them.
@@ -44,6 +56,7 @@ FUNCTIONAL_ATTN = 6
 MIN_CONTEXT, MAX_CONTEXT = 64, 1024
 WEIGHT_BYTES_PER_LAYER = 1 << 20
 MIN_GRAPHS = 6
+RESET_SEQ, RESET_ROWS = 1, 8
 
 
 def functional_model(model: ModelShape) -> ModelShape:
@@ -55,25 +68,30 @@ def functional_model(model: ModelShape) -> ModelShape:
 
 
 def functional_point(point: Point) -> Point:
-    """The CI-sized version of ``point``: same hardware, cache types and transport, scaled model and context."""
+    """The CI-sized version of ``point``: same hardware, cache types, sequences and transport, scaled model and contexts."""
     wl = point.workload
     for ct in (wl.cache_k, wl.cache_v):
         if ct.name not in PROGRAM_CACHE_TYPES:
             raise UsageError(f"--functional supports cache types {', '.join(PROGRAM_CACHE_TYPES)}; got {ct.name}")
-    if getattr(wl, "n_parallel", 1) > 1 or getattr(wl, "split_mode", "none") != "none":
-        raise UsageError("--functional runs one sequence on one device for now (no --parallel, no split mode)")
-    ctx = max(MIN_CONTEXT, min(MAX_CONTEXT, point.context // 32))
+    if getattr(wl, "split_mode", "none") != "none":
+        raise UsageError("--functional runs on one device for now (no split mode)")
+    contexts = tuple(max(MIN_CONTEXT, min(MAX_CONTEXT, c // 32)) for c in wl.context)
     tokens = max(wl.tokens, MIN_GRAPHS)
-    fwl = Workload(functional_model(wl.model), wl.cache_k, wl.cache_v, (ctx,), tokens=tokens, pinned=wl.pinned)
+    fwl = Workload(functional_model(wl.model), wl.cache_k, wl.cache_v, contexts, tokens=tokens, pinned=wl.pinned,
+                   n_parallel=wl.n_parallel, unified=wl.unified, flat_prefix=wl.flat_prefix)
     return replace(point, workload=fwl)
 
 
-def events(point: Point) -> list[tuple[str, int]]:
-    """The schedule: (event, position of the new row) per graph. ``point`` is already scaled."""
-    ctx, n = point.context, point.workload.tokens
-    shifted = ctx + 3 - ctx // 2
-    out = [("decode", ctx), ("decode", ctx + 1), ("ubatch", ctx + 2), ("shift", shifted)]
-    out += [("decode", shifted + i) for i in range(1, n - 3)]
+def events(point: Point) -> list[tuple[str, tuple[int, ...]]]:
+    """The schedule: (event, row of each sequence's new token) per graph. ``point`` is already scaled."""
+    ctxs = point.workload.contexts
+    rows = lambda d: tuple(c + d for c in ctxs)  # noqa: E731
+    shifted = tuple(c + 3 - c // 2 for c in ctxs)
+    out = [("decode", rows(0)), ("decode", rows(1)), ("ubatch", rows(2)), ("shift", shifted)]
+    if len(ctxs) > 1:
+        out.append(("reset", tuple(RESET_ROWS if s == RESET_SEQ else r + 1 for s, r in enumerate(shifted))))
+    while len(out) < point.workload.tokens:
+        out.append(("decode", tuple(r + 1 for r in out[-1][1])))
     return out
 
 
@@ -81,16 +99,24 @@ def functional_graphs(point: Point) -> Iterator[DecodeGraph]:
     """The graphs of the schedule, in order. ``point`` is already scaled (see :func:`functional_point`)."""
     wl = point.workload
     compute = point.hardware.devices[0].compute
-    layout = layout_of(wl)
-    keep, top = point.context // 4, point.context + 3
-    for token, (event, pos) in enumerate(events(point)):
-        g = decode_graph(wl, compute, position=pos, token=token)
+    seqs = wl.sequence_cells
+    for token, (event, rows) in enumerate(events(point)):
+        g = decode_graph(wl, compute, token=token, writes=tuple(seqs.cell(s, r) for s, r in enumerate(rows)))
         if event == "ubatch":
             g = replace(g, reads_output=False)
         elif event == "shift":
-            writes = []
-            for j in range(wl.model.n_attn):
-                writes.append((layout.k_offset(j, 0, keep), (top - keep) * wl.k_row_bytes))
-                writes.append((layout.v_offset(j, 0, keep), (top - keep) * wl.v_row_bytes))
-            g = replace(g, host_writes_at_start=tuple(writes))
+            g = replace(g, host_writes_at_start=host_writes(wl, [(s, c // 4, c + 3) for s, c in enumerate(wl.contexts)]))
+        elif event == "reset":
+            g = replace(g, host_writes_at_start=host_writes(wl, [(RESET_SEQ, 0, RESET_ROWS)]))
         yield g
+
+
+def host_writes(wl: Workload, rows: list[tuple[int, int, int]]) -> tuple[tuple[int, int], ...]:
+    """(offset, nbytes) of the host-cache K and V cells of rows ``row0..row1`` of each ``(seq, row0, row1)``, every layer."""
+    layout = layout_of(wl)
+    runs = wl.sequence_cells.runs(rows)
+    writes = []
+    for j in range(wl.model.n_attn):
+        writes += [(layout.k_offset(j, st, c0), (c1 - c0) * wl.k_row_bytes) for st, c0, c1 in runs]
+        writes += [(layout.v_offset(j, st, c0), (c1 - c0) * wl.v_row_bytes) for st, c0, c1 in runs]
+    return tuple(writes)

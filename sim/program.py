@@ -93,7 +93,7 @@ class ProgramConfig:
     max_hidden: int = 64
     max_ffn: int = 128
     max_vocab: int = 256
-    prefill_rows: int = -1  # rows of every layer filled by setup; -1: every cell
+    prefill_rows: int = -1  # rows of every sequence (every layer) filled by setup; -1: every cell
 
     def __post_init__(self) -> None:
         for name in ("max_hidden", "max_ffn", "max_vocab"):
