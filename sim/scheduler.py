@@ -265,7 +265,6 @@ class TransportScheduler:
         return ring
 
     def _slot_need(self, splits: Sequence[Split], device: int) -> tuple[int, dict[int, list[tuple[StagedInput, int]]]]:
-        align = self.align[device]
         need = 0
         entries: dict[int, list[tuple[StagedInput, int]]] = {}
         for s in splits:

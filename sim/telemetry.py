@@ -129,7 +129,8 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
     out = []
     for n, line in enumerate(lines):
-        out.append("  ".join(str(c).rjust(w) if 3 <= i < 16 else str(c).ljust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True))).rstrip())
+        cells = enumerate(zip(line, widths, strict=True))
+        out.append("  ".join(str(c).rjust(w) if 3 <= i < 16 else str(c).ljust(w) for i, (c, w) in cells).rstrip())
         if n == 0:
             out.append("  ".join("-" * w for w in widths))
     return "\n".join(out)

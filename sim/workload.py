@@ -16,7 +16,7 @@ header (the ``gguf`` package) or from a Hugging Face ``config.json``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
