@@ -67,9 +67,8 @@ def test_8_sequences_give_the_ordered_output_at_depths_1_and_4_without_hazards(u
         assert all(g.deliveries > 0 and g.early_bytes > 0 for g in r.result.graphs)  # pipelined, not declined
 
 
-@pytest.mark.parametrize("depth", [1, 4])
-def test_one_cell_range_breaks_the_output_of_a_split_cache(depth: int, ordered: dict[bool, Checked]) -> None:
-    r = run(fpoint(False, depth, "one-cell-range"))
+def test_one_cell_range_breaks_the_output_of_a_split_cache(ordered: dict[bool, Checked]) -> None:
+    r = run(fpoint(False, 1, "one-cell-range"))  # depth 4: the CLI test below
     assert output(r).output_hash() != output(ordered[False]).output_hash()
     # The stale bytes come from the slot's earlier use, ordered by its events: the checker cannot see it, only the hash.
     assert r.checker.hazard_count == 0
@@ -135,7 +134,7 @@ class SwappedPrompts(DecodeProgram):
 @LAYOUTS
 def test_each_sequence_reads_its_own_prompt_and_the_prompts_differ(unified: bool) -> None:
     p = fpoint(unified, 1)
-    p = replace(p, workload=replace(p.workload, tokens=3))
+    p = replace(p, workload=replace(p.workload, tokens=2))
     plain = output(run(p, events=False))  # plain decode steps: no host rewrite (its content is keyed by cell)
     swapped = output(run(p, SwappedPrompts(p.workload), events=False))
     assert plain.step_hashes(0) != plain.step_hashes(1)
