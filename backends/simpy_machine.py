@@ -31,15 +31,21 @@ lands in its destination when it completes (so a write to its source while it
 is in flight shows in the bytes, as it may on a real DMA engine); a kernel
 runs its ``Work.run`` with NumPy when it completes. Same scheduler, real bytes.
 
+Speed: every SimPy event the machine schedules is one the model needs (an
+issue cost, a wake, an engine grant and release, a completion); what is kept
+small is the Python work around them: per-copy constants are looked up once
+per device and direction (a ``_Lane``), link times are memoized per size, and
+span names and byte counts are built only when the timeline is recorded.
+
 Units: seconds and bytes.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import simpy
@@ -57,17 +63,11 @@ from backends.base import (
 )
 from backends.profile import HardwareProfile, LinkCurve
 
-
-@dataclass(eq=False)
-class _Item:
-    """One entry of a stream's queue."""
-
-    kind: str  # "copy" | "kernel" | "record" | "wait"
-    name: str
-    payload: Any = None
+#: One entry of a stream's queue: (kind, name, payload); kind is "copy" | "kernel" | "record" | "wait".
+_Item = tuple[str, str, Any]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _StreamState:
     """A stream's queue and progress: items run in order; waiters wake when item k has completed."""
 
@@ -75,23 +75,62 @@ class _StreamState:
     enqueued: int = 0
     completed: int = 0
     wake: simpy.Event | None = None
-    waiters: list[tuple[int, simpy.Event]] = field(default_factory=list)
+    # (k, event) in ascending k: every waiter is added for the stream's current tail, which only grows.
+    waiters: deque[tuple[int, simpy.Event]] = field(default_factory=deque)
     held: Any = None  # (engine, request) kept for this stream's next copy (copy_engine_drains_stream)
 
 
-def copy_seconds(link: LinkCurve, ranges: Sequence[CopyRange]) -> float:
+class _Seconds(Protocol):
+    def seconds(self, nbytes: float) -> float: ...
+
+
+class _Lane:
+    """One device's copy path in one direction from pinned or pageable host memory: what every copy on it reads."""
+
+    __slots__ = ("device", "to_device", "engine", "other", "link", "slowdown", "drains", "track", "_memo")
+
+    def __init__(self, device: int, to_device: bool, pinned: bool, h2d: simpy.Resource, d2h: simpy.Resource,
+                 profile: HardwareProfile) -> None:
+        dev = profile.devices[device]
+        self.device = device
+        self.to_device = to_device
+        self.engine, self.other = (h2d, d2h) if to_device else (d2h, h2d)
+        self.link = dev.link(to_device, pinned)
+        self.slowdown = dev.duplex_slowdown
+        self.drains = dev.copy_engine_drains_stream
+        self.track = f"{'h2d' if to_device else 'd2h'}{device}"
+        self._memo: dict[float, float] = {}
+
+    def seconds(self, nbytes: float) -> float:
+        """``link.seconds(nbytes)``, memoized (the same few sizes recur every token)."""
+        s = self._memo.get(nbytes)
+        if s is None:
+            s = self._memo[nbytes] = self.link.seconds(nbytes)
+        return s
+
+
+def copy_seconds(link: LinkCurve | _Seconds, ranges: Sequence[CopyRange]) -> float:
     """Engine time of one copy call: one 2D copy when the ranges share a length and strides, else one per range."""
+    if len(ranges) == 1:
+        return link.seconds(ranges[0].nbytes)
     if len(ranges) > 1:
-        n = ranges[0].nbytes
-        ds = ranges[1].src_offset - ranges[0].src_offset
-        dd = ranges[1].dst_offset - ranges[0].dst_offset
-        if all(
-            r.nbytes == n and r.rows == 1 and r.src_offset - p.src_offset == ds and r.dst_offset - p.dst_offset == dd
-            for p, r in zip(ranges, ranges[1:], strict=False)
-        ):
-            total = n * len(ranges)
-            return link.seconds(total)
+        p = ranges[0]
+        n = p.nbytes
+        ds = ranges[1].src_offset - p.src_offset
+        dd = ranges[1].dst_offset - p.dst_offset
+        for r in ranges[1:]:
+            if r.nbytes != n or r.rows != 1 or r.src_offset - p.src_offset != ds or r.dst_offset - p.dst_offset != dd:
+                break
+            p = r
+        else:
+            return link.seconds(n * len(ranges))
     return sum(link.seconds(r.nbytes) for r in ranges)
+
+
+def _nothing() -> HostOp:
+    """A host operation that does nothing."""
+    return
+    yield  # pragma: no cover - makes this a generator
 
 
 class SimMachine:
@@ -110,8 +149,16 @@ class SimMachine:
         self._used = [d.memory_used_bytes for d in profile.devices]
         self._h2d = [simpy.Resource(self.env, d.h2d_engines) for d in profile.devices]
         self._d2h = [simpy.Resource(self.env, d.d2h_engines) for d in profile.devices]
+        self._lanes = {
+            (d, to_device, pinned): _Lane(d, to_device, pinned, self._h2d[d], self._d2h[d], profile)
+            for d in range(len(profile.devices)) for to_device in (True, False) for pinned in (True, False)
+        }
         self._streams: list[Stream] = []
         self.host_busy_s = 0.0
+        host = profile.host  # frozen: its costs are read once
+        self._event_s, self._issue_s, self._launch_s, self._wait_s = host.event_s, host.copy_issue_s, host.launch_s, host.host_wait_s
+        self._timeout = self.env.timeout
+        self._event = self.env.event
 
     # ----------------------------------------------------------- driving
 
@@ -125,12 +172,15 @@ class SimMachine:
         if self.tracing:
             self.spans.append(Span(track, name, start, self.env.now, args))
 
-    def _host(self, seconds: float, what: str) -> HostOp:
-        if seconds > 0:
+    def _busy(self, seconds: float, what: str, name: str = "") -> simpy.Timeout:
+        """The host thread busy for ``seconds`` (> 0): the timeout to yield; its span ``what + name`` is
+        recorded when it fires, just before the host resumes (where a span recorded after the yield would go)."""
+        self.host_busy_s += seconds  # the host is one thread: its busy times add up in the same order either way
+        ev = self._timeout(seconds)
+        if self.tracing:
             t = self.env.now
-            yield self.env.timeout(seconds)
-            self.host_busy_s += seconds
-            self._span("host", what, t)
+            ev.callbacks.append(lambda _: self.spans.append(Span("host", what + name, t, self.env.now, {})))
+        return ev
 
     # --------------------------------------------------------- Protocol
 
@@ -152,50 +202,58 @@ class SimMachine:
         return Event(name, device, handle=None)
 
     def record(self, event: Event, stream: Stream) -> HostOp:
-        yield from self._host(self.profile.host.event_s, f"record {event.name}")
-        gen = self.env.event()
+        if self._event_s > 0:
+            yield self._busy(self._event_s, "record ", event.name)
+        gen = self._event()
         event.handle = gen
         event.recorded = True
-        self._enqueue(stream, _Item("record", event.name, gen))
+        self._enqueue(stream, ("record", event.name, gen))
 
     def wait_event(self, stream: Stream, event: Event) -> HostOp:
-        yield from self._host(self.profile.host.event_s, f"wait {event.name}")
+        if self._event_s > 0:
+            yield self._busy(self._event_s, "wait ", event.name)
         if event.handle is not None:
-            self._enqueue(stream, _Item("wait", event.name, event.handle))
+            self._enqueue(stream, ("wait", event.name, event.handle))
 
     def copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], tag: str = "") -> HostOp:
-        if src.on_host == dst.on_host:
+        to_device = src.device < 0
+        if to_device == (dst.device < 0):
             raise BackendError(f"copy {src.name}->{dst.name}: one side must be host memory, the other a device")
         for r in ranges:
-            if r.src_offset + r.src_span > src.nbytes or r.dst_offset + r.nbytes > dst.nbytes:
+            if r.src_offset + (r.nbytes if r.rows == 1 else r.src_span) > src.nbytes or r.dst_offset + r.nbytes > dst.nbytes:
                 raise BackendError(f"copy {tag or src.name}: range {r} outside {src.name} ({src.nbytes} B) or {dst.name} ({dst.nbytes} B)")
-        yield from self._host(self.profile.host.copy_issue_s, f"issue {tag}")
-        item = _Item("copy", tag or f"{src.name}->{dst.name}", (dst, src, tuple(ranges)))
-        k = self._enqueue(stream, item)
-        host_side = src if src.on_host else dst
+        if self._issue_s > 0:
+            yield self._busy(self._issue_s, "issue ", tag)
+        host_side, dev_side = (src, dst) if to_device else (dst, src)
+        lane = self._lanes[dev_side.device, to_device, host_side.pinned]
+        k = self._enqueue(stream, ("copy", tag or f"{src.name}->{dst.name}", (dst, src, tuple(ranges), lane)))
         if not host_side.pinned:
             yield from self._wait_done(self._completion(stream, k), "pageable copy")
 
     def launch(self, stream: Stream, work: Work) -> HostOp:
-        yield from self._host(self.profile.host.launch_s * work.n_launches, f"launch {work.name}")
-        self._enqueue(stream, _Item("kernel", work.name, work))
+        seconds = self._launch_s * work.n_launches
+        if seconds > 0:
+            yield self._busy(seconds, "launch ", work.name)
+        self._enqueue(stream, ("kernel", work.name, work))
 
     def run_host(self, work: Work) -> HostOp:
         t = self.env.now
         if work.duration_s > 0:
-            yield self.env.timeout(work.duration_s)
+            yield self._timeout(work.duration_s)
             self.host_busy_s += work.duration_s
         if self.functional and work.run is not None:
             work.run(np)
         self._span("host", work.name, t)
 
+    # synchronize and wait_host hand back the waiting generator itself (one generator less per wait);
+    # the caller runs it with ``yield from`` at once, as every host operation is run.
+
     def synchronize(self, stream: Stream) -> HostOp:
         st: _StreamState = stream.handle
-        yield from self._wait_done(self._completion(stream, st.enqueued), "sync")
+        return self._wait_done(self._completion(stream, st.enqueued), "sync")
 
     def wait_host(self, event: Event) -> HostOp:
-        if event.handle is not None:
-            yield from self._wait_done(event.handle, f"wait {event.name}")
+        return self._wait_done(event.handle, "wait ", event.name) if event.handle is not None else _nothing()
 
     def alloc(self, device: int, nbytes: int, name: str) -> Buffer:
         self._check_device(device)
@@ -227,20 +285,22 @@ class SimMachine:
     def _array(self, nbytes: int) -> Any:
         return np.zeros(nbytes, dtype=np.uint8) if self.functional else None
 
-    def _wait_done(self, ev: simpy.Event | None, what: str) -> HostOp:
+    def _wait_done(self, ev: simpy.Event | None, what: str, name: str = "") -> HostOp:
+        """Block the host until ``ev`` has been processed (None: done already), then pay the wake-up."""
         t = self.env.now
-        if ev is not None and not ev.processed:
+        if ev is not None and ev.callbacks is not None:  # not processed yet
             yield ev
-        yield from self._host(self.profile.host.host_wait_s, "wake")
+        if self._wait_s > 0:
+            yield self._busy(self._wait_s, "wake")
         if self.tracing:
-            self._span("host", what, t)
+            self._span("host", what + name, t)
 
     def _completion(self, stream: Stream, k: int) -> simpy.Event | None:
         """An event that fires when item ``k`` (1-based) of ``stream`` has completed; None if it has."""
         st: _StreamState = stream.handle
         if st.completed >= k:
             return None
-        ev = self.env.event()
+        ev = self._event()
         st.waiters.append((k, ev))
         return ev
 
@@ -255,25 +315,32 @@ class SimMachine:
 
     def _stream_loop(self, stream: Stream) -> Any:
         st: _StreamState = stream.handle
-        run: dict[str, Callable[[Stream, _Item], Any]] = {
-            "copy": self._run_copy,
-            "kernel": self._run_kernel,
-            "record": self._run_record,
-            "wait": self._run_wait,
-        }
+        queue, waiters, env = st.queue, st.waiters, self.env
         while True:
-            if not st.queue:
-                st.wake = self.env.event()
-                yield st.wake
+            if not queue:
+                st.wake = wake = self._event()
+                yield wake
                 continue
-            item = st.queue.popleft()
-            yield from run[item.kind](stream, item)
+            kind, name, payload = queue.popleft()
+            if kind == "copy":
+                yield from self._run_copy(stream, name, *payload)
+            elif kind == "kernel":
+                t = env.now
+                yield self._timeout(payload.duration_s)
+                if self.functional and payload.run is not None:
+                    payload.run(np)
+                if self.tracing:
+                    self._span(stream.name, name, t)
+            elif kind == "record":
+                payload.succeed()
+            elif payload.callbacks is not None:  # a wait on an event not processed yet
+                t = env.now
+                yield payload
+                if self.tracing and env.now > t:
+                    self._span(stream.name, "wait " + name, t)
             st.completed += 1
-            if st.waiters:
-                ready = [w for w in st.waiters if w[0] <= st.completed]
-                st.waiters = [w for w in st.waiters if w[0] > st.completed]
-                for _, ev in ready:
-                    ev.succeed()
+            while waiters and waiters[0][0] <= st.completed:
+                waiters.popleft()[1].succeed()
 
     @staticmethod
     def _gather(src: Buffer, r: CopyRange) -> Any:
@@ -281,61 +348,36 @@ class SimMachine:
             return src.array[r.src_offset : r.src_offset + r.nbytes].copy()
         return np.concatenate([src.array[o : o + n] for o, n in r.src_rows()])
 
-    def _run_record(self, stream: Stream, item: _Item) -> Any:
-        item.payload.succeed()
-        return
-        yield  # pragma: no cover - makes this a generator
-
-    def _run_wait(self, stream: Stream, item: _Item) -> Any:
-        t = self.env.now
-        if not item.payload.processed:
-            yield item.payload
-        if self.env.now > t:
-            self._span(stream.name, f"wait {item.name}", t)
-
-    def _run_kernel(self, stream: Stream, item: _Item) -> Any:
-        work: Work = item.payload
-        t = self.env.now
-        yield self.env.timeout(work.duration_s)
-        if self.functional and work.run is not None:
-            work.run(np)
-        self._span(stream.name, work.name, t)
-
-    def _run_copy(self, stream: Stream, item: _Item) -> Any:
-        dst, src, ranges = item.payload
-        to_device = src.on_host
-        dev_buf = dst if to_device else src
-        host_buf = src if to_device else dst
-        dev = self.profile.devices[dev_buf.device]
-        engines = self._h2d if to_device else self._d2h
-        other = self._d2h if to_device else self._h2d
-        link = dev.link(to_device, host_buf.pinned)
-        engine = engines[dev_buf.device]
+    def _run_copy(self, stream: Stream, name: str, dst: Buffer, src: Buffer, ranges: tuple[CopyRange, ...], lane: _Lane) -> Any:
+        engine = lane.engine
         st: _StreamState = stream.handle
         held, st.held = st.held, None
         if held is not None and held[0] is not engine:
             held[0].release(held[1])
             held = None
-        req = held[1] if held is not None else engine.request()
         if held is None:
+            req = engine.request()
             yield req
+        else:
+            req = held[1]
         try:
             t = self.env.now
-            seconds = copy_seconds(link, ranges)
-            if other[dev_buf.device].count:
-                seconds *= dev.duplex_slowdown
-            yield self.env.timeout(seconds)
+            seconds = copy_seconds(lane, ranges)
+            if lane.other.users:
+                seconds *= lane.slowdown
+            yield self._timeout(seconds)
             # The bytes move at completion: a write to the source while the copy is in flight shows.
-            data = [self._gather(src, r) for r in ranges] if self.functional else None
-            if data is not None and dst.array is not None:
-                for r, d in zip(ranges, data, strict=True):
-                    dst.array[r.dst_offset : r.dst_offset + r.nbytes] = d
-            track = f"{'h2d' if to_device else 'd2h'}{dev_buf.device}"
-            nbytes = sum(r.nbytes for r in ranges)
-            self._span(track, item.name, t, bytes=nbytes, stream=stream.name)
-            self._span(stream.name, item.name, t, bytes=nbytes)
+            if self.functional:
+                data = [self._gather(src, r) for r in ranges]
+                if dst.array is not None:
+                    for r, d in zip(ranges, data, strict=True):
+                        dst.array[r.dst_offset : r.dst_offset + r.nbytes] = d
+            if self.tracing:
+                nbytes = sum(r.nbytes for r in ranges)
+                self._span(lane.track, name, t, bytes=nbytes, stream=stream.name)
+                self._span(stream.name, name, t, bytes=nbytes)
         finally:
-            if dev.copy_engine_drains_stream and self._next_copy_on(stream, to_device, dev_buf.device):
+            if lane.drains and self._next_copy_on(stream, lane.to_device, lane.device):
                 st.held = (engine, req)
             else:
                 engine.release(req)
@@ -343,11 +385,11 @@ class SimMachine:
     @staticmethod
     def _next_copy_on(stream: Stream, to_device: bool, device: int) -> bool:
         """Whether the stream's next item past records and fired waits is a copy on the same engine."""
-        for item in stream.handle.queue:
-            if item.kind == "record" or (item.kind == "wait" and item.payload.triggered):
+        for kind, _, payload in stream.handle.queue:
+            if kind == "record" or (kind == "wait" and payload.triggered):
                 continue
-            if item.kind != "copy":
+            if kind != "copy":
                 return False
-            dst, src, _ = item.payload
+            dst, src, _, _ = payload
             return bool(src.on_host == to_device and (dst if to_device else src).device == device)
         return False
