@@ -37,3 +37,24 @@ def test_a_folder_without_a_report_is_one_line_and_exit_2(tmp_path: Path, capsys
     assert main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot read a report" in err
+
+
+def test_validate_keeps_parallel_sequences_apart_and_counts_every_sequence_s_tokens(tmp_path: Path) -> None:
+    from sim.cli import main as kvpipe
+
+    hw = str(H200 / "calibrated.json")
+    rc = kvpipe(["validate", "--machine", "simpy", "--hardware", hw, "--model", "llama-3.1-8b", "--context", "256",
+                 "--parallel", "1,2", "--no-kv-unified", "--depth", "0,1", "--tokens", "2", "--reps", "1", "--scale", "0.02",
+                 "--out", str(tmp_path)])
+    assert rc == 0
+    doc = json.loads((tmp_path / "report.json").read_text())
+    groups = {(g["parallel"], g["unified"]): g for g in doc["exactness"]["groups"]}
+    assert set(groups) == {(1, False), (2, False)} and groups[(1, False)]["output_hash"] != groups[(2, False)]["output_hash"]
+    pts = {(p["parallel"], p["depth"]): p for p in doc["points"]}
+    for depth in (0, 1):
+        one, two = pts[(1, depth)], pts[(2, depth)]
+        # two sequences decode two tokens a graph: the measured and predicted t/s both count them
+        assert two["measured_tps"] == pytest.approx(two["telemetry"]["tokens_per_s"], rel=1e-9)  # the median run's own row
+        assert 1.5 < two["predicted_tps"] / one["predicted_tps"] < 2.5
+        assert 1.5 < two["measured_tps"] / one["measured_tps"] < 2.5
+    assert "x2 split" in (tmp_path / "report.md").read_text()

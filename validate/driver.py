@@ -89,7 +89,10 @@ def run_validate(backend: Any, xp: Any, info: dict[str, Any], points: Sequence[P
     from validate.gpu_run import GpuProgram, WeightStore, run_group
     from validate.report import write_report
 
-    key = lambda p: (p.workload.model.name, p.workload.cache_k.name, p.context)  # noqa: E731
+    def key(p: Point) -> tuple[Any, ...]:  # one group = one host cache: model, cache type, sequences and their layout
+        w = p.workload
+        return (w.model.name, w.cache_k.name, w.contexts, w.n_parallel, w.unified, w.ctx_size)
+
     ordered = sorted(points, key=key)
     groups_in = [(k, list(v)) for k, v in groupby(ordered, key=key)]
     total = sum(len(v) for _, v in groups_in) * reps

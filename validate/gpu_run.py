@@ -148,11 +148,13 @@ class Run:
     step_hashes: list[str]
     tokens: list[int]
     spans: list[Span] = field(default_factory=list)
+    sequences: int = 1
 
     @property
     def tokens_per_s(self) -> float:
-        ms = statistics.fmean(s.total_s for s in self.stats)
-        return 1.0 / ms if ms > 0 else 0.0
+        """Tokens of all sequences per second (every graph decodes one token of each), as the simulation's rows count them."""
+        s_per_graph = statistics.fmean(s.total_s for s in self.stats)
+        return self.sequences / s_per_graph if s_per_graph > 0 else 0.0
 
 
 @dataclass
@@ -212,7 +214,7 @@ def run_group(
                 finally:
                     gc.enable()
                 spans = backend.timeline() if keep_spans and rep == reps - 1 else []
-                runs.append(Run(depth, budget, rep, stats[warmup:], program.step_hashes(), program.tokens(), spans))
+                runs.append(Run(depth, budget, rep, stats[warmup:], program.step_hashes(), program.tokens(), spans, wl.n_parallel))
                 del sched
                 if progress:
                     progress(f"{wl.model.name} ctx={max(wl.context)} depth={depth} budget={budget:g} rep={rep}")

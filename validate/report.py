@@ -104,7 +104,8 @@ def exactness(groups: Sequence[GroupResult]) -> dict[str, Any]:
             if r.step_hashes != ref.step_hashes:
                 first = next((i for i, (a, b) in enumerate(zip(r.step_hashes, ref.step_hashes, strict=False)) if a != b), -1)
                 bad.append({"depth": r.depth, "budget_mib": r.budget_mib, "rep": r.rep, "first_bad_step": first})
-        out.append({"model": g.workload.model.name, "context": max(g.workload.context), "output_hash": _hash(ref),
+        out.append({"model": g.workload.model.name, "context": max(g.workload.context), "parallel": g.workload.n_parallel,
+                    "unified": g.workload.unified, "output_hash": _hash(ref),
                     "tokens": ref.tokens, "depths": sorted({r.depth for r in g.runs}), "mismatches": bad})
     return {"ok": all(not e["mismatches"] for e in out), "groups": out}
 
@@ -122,6 +123,7 @@ def points(groups: Sequence[GroupResult], profile: HardwareProfile, meta: dict[s
     for g in groups:
         ceil = ceiling(g, profile)
         arms = sorted({(r.depth, r.budget_mib) for r in g.runs})
+        n_seq = g.workload.n_parallel  # t/s count every sequence's tokens; the ceiling is per graph
         for depth, budget in arms:
             runs = g.arm(depth, budget)
             tps = sorted(r.tokens_per_s for r in runs)
@@ -135,6 +137,8 @@ def points(groups: Sequence[GroupResult], profile: HardwareProfile, meta: dict[s
                 "model": g.workload.model.name,
                 "cache_type": g.workload.cache_k.name,
                 "context": max(g.workload.context),
+                "parallel": g.workload.n_parallel,
+                "unified": g.workload.unified,
                 "depth": depth,
                 "budget_mib": budget,
                 "repetitions": len(runs),
@@ -147,8 +151,8 @@ def points(groups: Sequence[GroupResult], profile: HardwareProfile, meta: dict[s
                 "error": (pred["tokens_per_s"] - med) / med if med else 0.0,
                 "copy_ms": ceil["copy_ms"],
                 "compute_ms": ceil["compute_ms"],
-                "ceiling_tps": 1e3 / ceil["ceiling_ms"] if ceil["ceiling_ms"] else 0.0,
-                "ceiling_share": med * ceil["ceiling_ms"] / 1e3,
+                "ceiling_tps": n_seq * 1e3 / ceil["ceiling_ms"] if ceil["ceiling_ms"] else 0.0,
+                "ceiling_share": med * ceil["ceiling_ms"] / 1e3 / n_seq,
                 "delivery_GBps": rate / 1e9,
                 "delivery_share_of_peak": rate / peak if peak else 0.0,
                 "delivery_bytes_traced": dbytes,
@@ -168,9 +172,10 @@ def summary(pts: Sequence[dict[str, Any]], gate: dict[str, Any]) -> dict[str, An
     best: dict[str, dict[str, Any]] = {}
     for p in piped:
         bal = abs(p["copy_ms"] - p["compute_ms"]) / max(p["copy_ms"], p["compute_ms"], 1e-9)
-        cur = best.get(p["model"])
+        name = p["model"] + _seqs(p)
+        cur = best.get(name)
         if cur is None or bal < cur["balance"] or (bal == cur["balance"] and p["ceiling_share"] > cur["ceiling_share"]):
-            best[p["model"]] = {"context": p["context"], "depth": p["depth"], "balance": bal, "ceiling_share": p["ceiling_share"]}
+            best[name] = {"context": p["context"], "depth": p["depth"], "balance": bal, "ceiling_share": p["ceiling_share"]}
     rates = [p["delivery_share_of_peak"] for p in piped if p["delivery_bytes_traced"]]
     med_err = statistics.median(errs) if errs else 0.0
     max_err = max(errs) if errs else 0.0
@@ -185,6 +190,12 @@ def summary(pts: Sequence[dict[str, Any]], gate: dict[str, Any]) -> dict[str, An
         "delivery_share_of_peak_min": min(rates) if rates else 0.0,
         "exactness_gate": gate["ok"],
     }
+
+
+def _seqs(p: dict[str, Any]) -> str:
+    """`` x8 split`` for a point of several sequences (absent in reports made before sequences existed)."""
+    n = p.get("parallel", 1)
+    return "" if n == 1 else f" x{n} {'unified' if p.get('unified', True) else 'split'}"
 
 
 def markdown(pts: Sequence[dict[str, Any]], summ: dict[str, Any], gate: dict[str, Any], meta: dict[str, Any]) -> str:
@@ -211,7 +222,7 @@ def markdown(pts: Sequence[dict[str, Any]], summ: dict[str, Any], gate: dict[str
     for p in pts:
         t = p["telemetry"]
         lines.append(
-            f"| {p['model']} | {p['context']:,} | {p['depth']} | {p['budget_mib']:g} | {p['measured_tps']:.2f} "
+            f"| {p['model']}{_seqs(p)} | {p['context']:,} | {p['depth']} | {p['budget_mib']:g} | {p['measured_tps']:.2f} "
             f"({p['measured_tps_min']:.2f}-{p['measured_tps_max']:.2f}) | {p['predicted_tps']:.2f} | {p['error']:+.1%} | "
             f"{p['ceiling_share']:.1%} | {t['ring_mib']:.1f} | {t['early_mib']:.1f} / {t['late_mib']:.2f} / {t['ordered_mib']:.2f} | "
             f"{p['delivery_GBps']:.1f} | `{p['output_hash'][:12]}` |"
@@ -219,7 +230,7 @@ def markdown(pts: Sequence[dict[str, Any]], summ: dict[str, Any], gate: dict[str
     lines += ["", "## Exactness", ""]
     for e in gate["groups"]:
         status = "identical" if not e["mismatches"] else f"DIFFER: {e['mismatches']}"
-        lines.append(f"- {e['model']} at {e['context']:,}: depths {e['depths']} -> `{e['output_hash'][:16]}` {status}")
+        lines.append(f"- {e['model']}{_seqs(e)} at {e['context']:,}: depths {e['depths']} -> `{e['output_hash'][:16]}` {status}")
     return "\n".join(lines) + "\n"
 
 
@@ -237,12 +248,12 @@ def plots(pts: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    models = sorted({p["model"] for p in pts})
+    models = sorted({p["model"] + _seqs(p) for p in pts})
     files = []
     for kind in ("measured_vs_predicted", "gain_vs_depth"):
         fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.6), squeeze=False)
         for ax, model in zip(axes[0], models, strict=True):
-            mp = [p for p in pts if p["model"] == model]
+            mp = [p for p in pts if p["model"] + _seqs(p) == model]
             for i, ctx in enumerate(sorted({p["context"] for p in mp})):
                 for budget in sorted({p["budget_mib"] for p in mp if p["context"] == ctx}):
                     cp = sorted((p for p in mp if p["context"] == ctx and p["budget_mib"] == budget), key=lambda p: p["depth"])
@@ -281,8 +292,11 @@ def plots(pts: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
 
 def compare(docs: Sequence[dict[str, Any]]) -> str:
     """Markdown table of the same points measured in several reports: each run's median t/s, and the spread."""
-    keys = sorted({(p["model"], p["context"], p["depth"], p["budget_mib"]) for d in docs for p in d["points"]})
-    by = [{(p["model"], p["context"], p["depth"], p["budget_mib"]): p for p in d["points"]} for d in docs]
+    def key_of(p: dict[str, Any]) -> tuple[Any, ...]:
+        return (p["model"] + _seqs(p), p["context"], p["depth"], p["budget_mib"])
+
+    keys = sorted({key_of(p) for d in docs for p in d["points"]})
+    by = [{key_of(p): p for p in d["points"]} for d in docs]
     head = " | ".join(f"run {i + 1} measured / predicted" for i in range(len(docs)))
     lines = [f"| model | context | depth | budget MiB | {head} | measured max/min |",
              "|---|---:|---:|---:|" + "---|" * len(docs) + "---:|"]

@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}/report.md: {s['points']} points, median |error| {s['median_abs_error']:.1%}, "
           f"max {s['max_abs_error']:.1%}, deliveries at {s['delivery_share_of_peak_median']:.1%} of peak H2D")
     if not s["exactness_gate"]:
-        bad = [f"{g['model']}@{g['context']}" for g in doc["exactness"]["groups"] if g["mismatches"]]
+        bad = [f"{g['model']}@{g['context']}" + (f" x{g['parallel']}" if g.get("parallel", 1) > 1 else "")
+               for g in doc["exactness"]["groups"] if g["mismatches"]]
         print(f"kvpipe validate: EXACTNESS GATE FAILED: output differs across depths at {', '.join(bad)}", file=sys.stderr)
         return 1
     print("exactness gate: identical per-step logits hashes at every depth")
