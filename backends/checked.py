@@ -34,14 +34,17 @@ real bytes, so it runs in timing-only simulations too.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+import operator
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from backends.base import Backend, Buffer, CopyRange, Event, HostOp, Span, Stream, Work
 
 HOST = 0
-PRUNE_AT = 8
+PRUNE_AT = 64  # a history is pruned when a list outgrows this (pruning changes no report: it drops only ordered accesses)
+_TICK = operator.itemgetter(2)  # the tick of a history entry (lo, hi, tick, op)
+_FIELDS = operator.attrgetter("buffer", "offset", "nbytes", "write")  # an Access as (buffer, offset, nbytes, write)
 
 
 @dataclass(frozen=True)
@@ -95,12 +98,12 @@ class CopySeen:
 
 
 class _History:
-    """One buffer's unpruned accesses: per (actor, write) a list of (lo, hi, tick, op), ticks ascending."""
+    """One buffer's unpruned accesses: per (actor, write), in order of first access, a list of (lo, hi, tick, op), ticks ascending."""
 
     __slots__ = ("lists", "limit")
 
     def __init__(self) -> None:
-        self.lists: dict[tuple[int, bool], list[tuple[int, int, int, int]]] = {}
+        self.lists: list[tuple[int, bool, list[tuple[int, int, int, int]]]] = []
         self.limit = PRUNE_AT
 
 
@@ -117,6 +120,7 @@ class CheckedBackend:
         self.examples: list[Hazard] = []
         self._actors: list[str] = ["host"]
         self._clocks: list[list[int]] = [[0]]
+        self._host = self._clocks[HOST]  # the host's clock; every join and new actor updates it in place
         self._actor_of: dict[Stream, int] = {}
         self._events: dict[Event, list[int]] = {}
         self._hist: dict[Buffer, _History] = {}
@@ -124,6 +128,7 @@ class CheckedBackend:
         self._pairs: set[tuple[int, int]] = set()
         self._context = ""
         self._learned: list[int] = [0]  # per stream: its own tick when the host last joined its clock
+        self._waited: list[bool] = [False]  # per stream: joined an event snapshot since the host last joined its clock
         self.now_s = inner.now_s  # type: ignore[method-assign]
 
     def __getattr__(self, attr: str) -> Any:
@@ -146,6 +151,7 @@ class CheckedBackend:
                 clock.append(0)
             self._clocks.append([0] * (a + 1))
             self._learned.append(0)
+            self._waited.append(False)
         return a
 
     @staticmethod
@@ -174,45 +180,51 @@ class CheckedBackend:
     # ---------------------------------------------------------- accesses
 
     def _op(self, kind: str, name: str, actor: int) -> int:
-        self._ops.append((kind, name, actor, self._context))  # an Op is built only when reported
-        return len(self._ops) - 1
+        ops = self._ops
+        ops.append((kind, name, actor, self._context))  # an Op is built only when reported
+        return len(ops) - 1
 
     def _op_of(self, op: int) -> Op:
         kind, name, actor, context = self._ops[op]
         return Op(kind, name, self._actors[actor], context)
 
-    def _access(self, buf: Buffer, lo: int, hi: int, write: bool, actor: int, op: int) -> None:
-        if hi <= lo:
-            return
-        hist = self._hist.get(buf)
-        if hist is None:
-            hist = self._hist[buf] = _History()
+    def _accesses(self, accesses: Iterable[tuple[Buffer, int, int, bool]], actor: int, op: int) -> None:
+        """Check, then record, each (buffer, offset, nbytes, write) access of one operation on ``actor``, in order."""
+        hists = self._hist
         clock = self._clocks[actor]
-        host = self._clocks[HOST]
-        lists = hist.lists
-        own = None
-        for key, entries in lists.items():
-            other, other_write = key
-            if other == actor:
-                if other_write == write:
-                    own = entries
+        host = self._host
+        for buf, lo, n, write in accesses:
+            if n <= 0:
                 continue
-            if not entries or not (write or other_write):
-                continue
-            seen = clock[other] if clock[other] > host[other] else host[other]
-            if entries[-1][2] <= seen:  # ticks ascend: everything here happens before this access
-                continue
-            for e_lo, e_hi, tick, e_op in reversed(entries):
-                if tick <= seen:
-                    break
-                if e_lo < hi and lo < e_hi and e_op != op:
-                    self._report(buf, max(lo, e_lo), min(hi, e_hi), e_op, other_write, write, op)
-        if actor != HOST:  # a host access happens before everything enqueued after it
-            if own is None:
-                own = lists[(actor, write)] = []
-            own.append((lo, hi, clock[actor], op))
-            if len(own) > hist.limit:
-                self._prune(hist)
+            hi = lo + n
+            hist = hists.get(buf)
+            if hist is None:
+                hist = hists[buf] = _History()
+            lists = hist.lists
+            own = None
+            for other, other_write, entries in lists:
+                if other == actor:
+                    if other_write == write:
+                        own = entries
+                    continue
+                if not entries or not (write or other_write):
+                    continue
+                c, h = clock[other], host[other]
+                seen = c if c > h else h
+                if entries[-1][2] <= seen:  # ticks ascend: everything here happens before this access
+                    continue
+                for e_lo, e_hi, tick, e_op in reversed(entries):
+                    if tick <= seen:
+                        break
+                    if e_lo < hi and lo < e_hi and e_op != op:
+                        self._report(buf, max(lo, e_lo), min(hi, e_hi), e_op, other_write, write, op)
+            if actor != HOST:  # a host access happens before everything enqueued after it
+                if own is None:
+                    own = []
+                    lists.append((actor, write, own))
+                own.append((lo, hi, clock[actor], op))
+                if len(own) > hist.limit:
+                    self._prune(hist)
 
     def _report(self, buf: Buffer, lo: int, hi: int, first_op: int, first_write: bool, write: bool, op: int) -> None:
         pair = (first_op, op)
@@ -230,19 +242,18 @@ class CheckedBackend:
         enqueue joins the host's clock: once the host's clock covers an access,
         it happens before everything still to come.
         """
-        host = self._clocks[HOST]
+        host = self._host
         longest = 0
-        for (actor, _), entries in hist.lists.items():
+        for actor, _, entries in hist.lists:
             seen = host[actor]
-            del entries[: bisect.bisect_right(entries, seen, key=lambda e: e[2])]
-            longest = max(longest, len(entries))
+            if entries and entries[0][2] <= seen:
+                del entries[: bisect.bisect_right(entries, seen, key=_TICK)]
+            if len(entries) > longest:
+                longest = len(entries)
         hist.limit = max(PRUNE_AT, 2 * longest)
 
     def _work_accesses(self, work: Work, actor: int, kind: str) -> None:
-        op = self._op(kind, work.name, actor)
-        access = self._access
-        for acc in work.accesses:
-            access(acc.buffer, acc.offset, acc.offset + acc.nbytes, acc.write, actor, op)
+        self._accesses(map(_FIELDS, work.accesses), actor, self._op(kind, work.name, actor))
 
     # --------------------------------------------------------- Protocol
 
@@ -274,22 +285,24 @@ class CheckedBackend:
         snap = self._events.get(event)
         if snap is not None:
             self._join(self._clocks[a], snap)
+            self._waited[a] = True
         return self.inner.wait_event(stream, event)
 
     def copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], tag: str = "") -> HostOp:
         a = self._enqueue(stream)
         op = self._op("copy", tag or f"{src.name}->{dst.name}", a)
+        accesses: list[tuple[Buffer, int, int, bool]] = []
         for r in ranges:
             if r.rows == 1:
-                self._access(src, r.src_offset, r.src_offset + r.nbytes, False, a, op)
+                accesses.append((src, r.src_offset, r.nbytes, False))
             else:
-                for o, n in r.src_rows():
-                    self._access(src, o, o + n, False, a, op)
-            self._access(dst, r.dst_offset, r.dst_offset + r.nbytes, True, a, op)
+                accesses += [(src, o, n, False) for o, n in r.src_rows()]
+            accesses.append((dst, r.dst_offset, r.nbytes, True))
+        self._accesses(accesses, a, op)
         if self.record_copies:
             self.copies.append(CopySeen(stream.name, dst, src, tuple(ranges), tag))
         inner = self.inner.copy(stream, dst, src, ranges, tag)
-        host_side = src if src.on_host else dst
+        host_side = src if src.device < 0 else dst
         return inner if host_side.pinned else self._then_host_learns(inner, a)
 
     def _then_host_learns(self, op: HostOp, actor: int) -> HostOp:
@@ -311,11 +324,20 @@ class CheckedBackend:
         return self.inner.run_host(work)
 
     def synchronize(self, stream: Stream) -> HostOp:
-        a = self._actor(stream)
+        a = self._actor_of.get(stream)
+        if a is None:
+            a = self._actor(stream)
         clock = self._clocks[a]
-        if self._learned[a] != clock[a]:  # every change of a stream's clock ticks it
-            self._learned[a] = clock[a]
-            self._host_learns(clock)
+        tick = clock[a]
+        if self._learned[a] != tick:  # every change of a stream's clock ticks it
+            self._learned[a] = tick
+            if self._waited[a]:
+                self._waited[a] = False
+                self._host_learns(clock)
+            else:  # only its own tick moved: the host knew the rest at its last join, and the host's clock only grows
+                host = self._host
+                if tick > host[a]:
+                    host[a] = tick
         return self.inner.synchronize(stream)
 
     def wait_host(self, event: Event) -> HostOp:
@@ -332,7 +354,7 @@ class CheckedBackend:
 
     def free(self, buffer: Buffer) -> None:
         self._clocks[HOST][HOST] += 1
-        self._access(buffer, 0, buffer.nbytes, True, HOST, self._op("free", buffer.name, HOST))
+        self._accesses(((buffer, 0, buffer.nbytes, True),), HOST, self._op("free", buffer.name, HOST))
         self._hist.pop(buffer, None)
         self.inner.free(buffer)
 
