@@ -156,6 +156,10 @@ class DeviceProfile:
     #: A copy engine that finishes a stream's copy serves that stream's next queued copy in the same
     #: direction before any other stream's waiting copy (observed on an H200: docs/reproduction.md).
     copy_engine_drains_stream: bool = False
+    #: Device memory bandwidth (bytes/s) that copies and kernels share: every byte a copy engine moves in or
+    #: out of device memory while a kernel runs costs that kernel ``1 / dram_bytes_per_s`` seconds (decode
+    #: kernels are memory-bound). 0 = copies never slow kernels.
+    dram_bytes_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.memory_total_bytes <= 0:
@@ -166,6 +170,8 @@ class DeviceProfile:
             raise ValueError(f"{self.name}: copy engines per direction must be >= 1")
         if self.duplex_slowdown < 1.0:
             raise ValueError(f"{self.name}: duplex_slowdown must be >= 1, got {self.duplex_slowdown}")
+        if self.dram_bytes_per_s < 0:
+            raise ValueError(f"{self.name}: dram_GBps must be >= 0 (0 = no contention), got {self.dram_bytes_per_s / 1e9:g}")
         if self.alignment_bytes < 1 or self.alignment_bytes & (self.alignment_bytes - 1):
             raise ValueError(f"{self.name}: alignment_bytes must be a power of two, got {self.alignment_bytes}")
 
@@ -250,6 +256,7 @@ def _device(d: dict[str, Any], where: str) -> DeviceProfile:
         compute=compute,
         memory_reserved_bytes=int(float(d.get("memory_reserved_mib", 600)) * MIB),
         copy_engine_drains_stream=bool(d.get("copy_engine_drains_stream", False)),
+        dram_bytes_per_s=float(d.get("dram_GBps", 0.0)) * 1e9,
     )
 
 

@@ -159,6 +159,9 @@ class SimMachine:
         self._event_s, self._issue_s, self._launch_s, self._wait_s = host.event_s, host.copy_issue_s, host.launch_s, host.host_wait_s
         self._timeout = self.env.timeout
         self._event = self.env.event
+        # DRAM shared by copies and kernels: per device, the copies (start, end, bytes) a running kernel may overlap
+        self._dram = [d.dram_bytes_per_s for d in profile.devices]
+        self._copies: list[deque[tuple[float, float, int]]] = [deque() for _ in profile.devices]
 
     # ----------------------------------------------------------- driving
 
@@ -327,6 +330,8 @@ class SimMachine:
             elif kind == "kernel":
                 t = env.now
                 yield self._timeout(payload.duration_s)
+                if self._dram[stream.device]:
+                    yield from self._contended(stream.device, t)
                 if self.functional and payload.run is not None:
                     payload.run(np)
                 if self.tracing:
@@ -341,6 +346,31 @@ class SimMachine:
             st.completed += 1
             while waiters and waiters[0][0] <= st.completed:
                 waiters.popleft()[1].succeed()
+
+    def _contended(self, device: int, start: float) -> Any:
+        """Stretch the kernel that ran from ``start`` to now by the DRAM time of the copies it overlapped.
+
+        Every byte a copy engine moves through the device's memory while the
+        kernel runs costs the (memory-bound) kernel ``1 / dram_bytes_per_s``
+        seconds; a copy that overlaps part of the kernel counts pro rata. The
+        stretch may overlap further copies: up to three rounds, each charging
+        the bytes of the time just added.
+        """
+        copies, dram = self._copies[device], self._dram[device]
+        while copies and copies[0][1] <= start:  # one kernel stream per device: older copies can no longer overlap
+            copies.popleft()
+        t0 = start
+        for _ in range(3):
+            t1 = self.env.now
+            moved = 0.0
+            for s, e, n in copies:
+                if s < t1 and e > t0 and e > s:
+                    moved += n * (min(e, t1) - max(s, t0)) / (e - s)
+            extra = moved / dram
+            if extra <= 1e-12:
+                return
+            yield self._timeout(extra)
+            t0 = t1
 
     @staticmethod
     def _gather(src: Buffer, r: CopyRange) -> Any:
@@ -365,6 +395,8 @@ class SimMachine:
             seconds = copy_seconds(lane, ranges)
             if lane.other.users:
                 seconds *= lane.slowdown
+            if self._dram[lane.device]:
+                self._copies[lane.device].append((t, t + seconds, sum(r.nbytes for r in ranges)))
             yield self._timeout(seconds)
             # The bytes move at completion: a write to the source while the copy is in flight shows.
             if self.functional:
