@@ -8,11 +8,19 @@ the one every command writes (``simulate --json``, ``sweep``, ``validate``).
 ``run_decode`` is the loop shared by the simulation and the GPU: it builds
 each token's graph and hands it to the scheduler; the backend decides whether
 time is simulated or real.
+
+A token's graph is a pure function of the workload, the devices' compute
+models and the step, and building the graphs takes about a sixth of a
+simulation's wall time; ``graphs_for`` therefore keeps the graphs of the last
+few points (per thread), so the points of a grid that differ only in
+transport settings (depth, budget) build them once.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -24,6 +32,8 @@ from sim.scheduler import MIB, GraphStats, Program, TransportConfig, TransportSc
 from sim.workload import Workload
 
 GRAPH_BASE_BYTES = 16 * MIB
+GRAPH_CACHE_POINTS = 4  # points whose graphs are kept (per thread)
+GRAPH_CACHE_SIZE = 4096  # the largest point kept: tokens x sequences x attention layers (the reference at 64 tokens: 1,024)
 
 
 @dataclass(frozen=True)
@@ -51,13 +61,55 @@ class RunResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+_graphs = threading.local()  # .cache: OrderedDict of the last points' graphs, least recently used first
+
+
 def graphs_for(point: Point, start_token: int = 0) -> Iterator[DecodeGraph]:
-    """The decode graphs of ``point``: one per decode step (every sequence writes one new row)."""
+    """The decode graphs of ``point``: one per decode step (every sequence writes one new row).
+
+    Built on first use and kept for the last ``GRAPH_CACHE_POINTS`` points (graphs are frozen, and the
+    same arguments build equal graphs); a point larger than ``GRAPH_CACHE_SIZE`` is built afresh.
+    """
     wl = point.workload
     computes = tuple(d.compute for d in point.hardware.devices)
     n_dev = len(point.hardware.devices) if wl.split_mode != "none" else 1
+
+    def build(i: int) -> DecodeGraph:
+        return decode_graph(wl, computes, step=i, token=start_token + i, n_devices=n_dev)
+
+    key = (wl, computes, n_dev, start_token)
+    if wl.tokens * wl.n_parallel * len(wl.model.attn_layers) > GRAPH_CACHE_SIZE or not _hashable(key):
+        yield from map(build, range(wl.tokens))
+        return
+    cache = _graph_cache()
+    built = cache.setdefault(key, [])
+    cache.move_to_end(key)
+    while len(cache) > GRAPH_CACHE_POINTS:
+        cache.popitem(last=False)
     for i in range(wl.tokens):
-        yield decode_graph(wl, computes, step=i, token=start_token + i, n_devices=n_dev)
+        if i == len(built):  # the graphs built so far are a prefix: an iteration stopped early left it
+            built.append(build(i))
+        yield built[i]
+
+
+def _hashable(key: Any) -> bool:
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return True
+
+
+def _graph_cache() -> OrderedDict[Any, list[DecodeGraph]]:
+    if not hasattr(_graphs, "cache"):
+        _graphs.cache = OrderedDict()
+    cache: OrderedDict[Any, list[DecodeGraph]] = _graphs.cache
+    return cache
+
+
+def clear_graph_cache() -> None:
+    """Forget the kept graphs of this thread (a timing that must build them, as ``kvpipe bench`` does)."""
+    _graphs.cache = OrderedDict()
 
 
 def placed_hardware(point: Point) -> HardwareProfile:

@@ -1,0 +1,78 @@
+"""The fast paths keep results: graphs kept across points, the bench's environment, memoized link times."""
+
+from __future__ import annotations
+
+import simpy
+
+from backends.base import CopyRange
+from backends.profile import load_profile
+from backends.simpy_machine import SimMachine, _Lane, copy_seconds
+from sim.bench import CountingEnvironment, bare_loop, run_bench
+from sim.graph import decode_graph
+from sim.scheduler import TransportConfig
+from sim.simulate import GRAPH_CACHE_SIZE, Point, clear_graph_cache, graphs_for, row, simulate
+from tests.conftest import reference_workload
+
+
+def point(depth: int = 1, tokens: int = 3, context: int = 4096, **kw: object) -> Point:
+    return Point(reference_workload(context, tokens=tokens, **kw), load_profile("rtx4070-gen4x16"), TransportConfig(depth=depth))
+
+
+def test_points_that_differ_in_transport_share_their_graphs_and_they_equal_fresh_ones() -> None:
+    clear_graph_cache()
+    a, b = point(depth=0), point(depth=2)
+    ga, gb = list(graphs_for(a)), list(graphs_for(b))
+    assert all(x is y for x, y in zip(ga, gb, strict=True))
+    computes = tuple(d.compute for d in a.hardware.devices)
+    assert ga == [decode_graph(a.workload, computes, step=i, token=i, n_devices=1) for i in range(3)]
+
+
+def test_a_stopped_iteration_leaves_a_prefix_the_next_one_continues() -> None:
+    clear_graph_cache()
+    p = point()
+    first = next(iter(graphs_for(p)))
+    assert list(graphs_for(p))[0] is first and len(list(graphs_for(p))) == 3
+
+
+def test_a_point_too_large_is_built_afresh() -> None:
+    clear_graph_cache()
+    wl = reference_workload(4096, tokens=2)
+    big = point(tokens=GRAPH_CACHE_SIZE // len(wl.model.attn_layers) + 1)
+    assert next(iter(graphs_for(big))) is not next(iter(graphs_for(big)))
+
+
+def test_rows_are_the_same_with_kept_graphs() -> None:
+    clear_graph_cache()
+    cold = [row(simulate(point(depth=d))) for d in (0, 1, 2)]
+    warm = [row(simulate(point(depth=d))) for d in (0, 1, 2)]
+    assert cold == warm
+
+
+def test_the_bench_environment_binds_event_constructors_as_a_plain_one_does() -> None:
+    env = CountingEnvironment()
+    assert {"timeout", "event", "process"} <= set(vars(env)) and {"timeout", "event", "process"} <= set(vars(simpy.Environment()))
+    events, _ = bare_loop(80)
+    assert 80 <= events <= 80 + 2 * 8 + 1  # the timeouts, each process's start and end
+
+
+def test_bench_compares_with_a_bare_loop_of_as_many_events() -> None:
+    r = run_bench(point(tokens=2), repeats=2)
+    assert r.machine_events > 0 and abs(r.bare_events - r.machine_events) <= 2 * 8 + 8 and r.tokens == 2
+
+
+def test_memoized_link_times_equal_the_curve() -> None:
+    hw = load_profile("rtx4070-gen4x16")
+    m = SimMachine(hw)
+    lane = _Lane(0, True, True, m._h2d[0], m._d2h[0], hw)
+    link = hw.devices[0].link(True, True)
+    for ranges in ([CopyRange(0, 0, 1088)], [CopyRange(0, 0, 4096), CopyRange(8192, 4096, 4096)],
+                   [CopyRange(0, 0, 100), CopyRange(500, 100, 300)], []):
+        assert copy_seconds(lane, ranges) == copy_seconds(link, ranges)
+        assert copy_seconds(lane, ranges) == copy_seconds(link, ranges)  # from the memo
+
+
+def test_host_spans_are_recorded_when_the_host_resumes() -> None:
+    spans = simulate(point(tokens=1), trace=True).spans
+    host = [s for s in spans if s.track == "host"]
+    assert host and all(a.end_s <= b.end_s for a, b in zip(host, host[1:], strict=False))
+    assert all(s.end_s >= s.start_s for s in spans)
