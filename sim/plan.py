@@ -301,6 +301,13 @@ def peak_note(pt: Point, cf: ClosedForm, sim: dict[str, Any], asked: ContextPlan
     g0_ms = first_split_compute_s(pt, w) * 1e3
     late_ms = sim["late_mib"] * MIB / pt.hardware.devices[0].link(True, pt.workload.pinned).bandwidth(sim["late_mib"] * MIB / n_attn) * 1e3
     per_split = (compute_ms - g0_ms) / n_attn
+    dram = pt.hardware.devices[0].dram_bytes_per_s
+    contention = (
+        f" The copies also share the card's memory with the kernels ({dram / 1e9:.1f} GB/s): a delivery under a split "
+        f"stretches it by up to {w * pt.workload.row_bytes / dram * 1e3:.3f} ms (its bytes over that bandwidth), "
+        f"part of what it carries."
+        if dram > 0 else ""
+    )
     return (
         f"Simulated peak at {w:,} window rows (context {sim['context']:,}, {sim['gain'] or 0:+.1%}, ring {sim['ring_mib']:.1f} MiB) "
         f"against the closed form's {cf.rows:,.0f} rows ({(w - cf.rows) / cf.rows:+.1%}, ring {cf.ring_mib:.1f} MiB from "
@@ -313,7 +320,7 @@ def peak_note(pt: Point, cf: ClosedForm, sim: dict[str, Any], asked: ContextPlan
         f"under one split's compute plus the late rows it copies on the consumer stream ({late_ms / n_attn:.3f} ms a split) and "
         f"the host's round trip at the CPU split between them, while the GPU idles. At the simulated peak a delivery takes "
         f"{copy_ms / n_attn:.3f} ms against {per_split:.3f} ms of split compute: the {copy_ms / n_attn - per_split:+.3f} ms is "
-        f"what each split carries beside its compute. Among the contexts asked the best is {asked.context:,} "
+        f"what each split carries beside its compute.{contention} Among the contexts asked the best is {asked.context:,} "
         f"({asked.gain_by_depth.get(depth, 0.0):+.1%} at depth {depth}, ring {asked.ring_mib_by_depth.get(depth, 0.0):.1f} MiB)."
     )
 

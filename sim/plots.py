@@ -69,7 +69,10 @@ def _title(rows: Sequence[dict[str, Any]], what: str) -> str:
         vals = sorted({str(r[k]) for r in rows})
         return vals[0] if len(vals) == 1 else "/".join(vals)
 
-    return f"{one('model')} ({one('cache_type')} KV) on {one('hardware')}: {what}"
+    import textwrap
+
+    # several hardware profiles make a long title: wrap it rather than let the figure crop it
+    return "\n".join(textwrap.wrap(f"{one('model')} ({one('cache_type')} KV) on {one('hardware')}: {what}", 110))
 
 
 def _budget_label(b: float) -> str:

@@ -76,6 +76,7 @@ PHYSICAL: dict[str, Any] = {
     "memory_usable_mib": 11902,  # kv-transport.md: 11,902 MiB usable
     "pcie_gen4_x16_GBps": 16.0 * 16 * 128 / 130 / 8,  # 16 GT/s x 16 lanes, 128b/130b: 31.5 GB/s per direction
     "alignment_bytes": 128,  # ggml's CUDA buffer alignment (the reference: at least 128 B)
+    "dram_GBps": 504.2,  # RTX 4070 specification: 192-bit GDDR6X at 21 Gbps = 504.2 GB/s, shared by copies and kernels
     "model": "qwen3.8-27b",  # layer structure, 9.60 GiB weights, byte sizes: sim/presets/qwen3.8-27b.json
     "cache_type": "q8_0",
 }
@@ -243,7 +244,9 @@ def _preset(link: dict[str, Any], host: dict[str, float], mem: dict[str, float],
             "derived by validate/calibrate_reference.py from the ordered-path table, the cache-on-device times, the 4,096 "
             "host split and the ordered column of the 19,246 breakdown in shared/reference/kv-transport.md, plus physical "
             "facts; no pipelined figure is an input. Borrowed from H200 measurements (no ordered-path input exists): "
-            "event_us and the pageable link (estimates) and copy_engine_drains_stream (the CUDA copy engine's order). " + note
+            "event_us and the pageable link (estimates) and copy_engine_drains_stream (the CUDA copy engine's order). "
+            "dram_GBps is the card's specified memory bandwidth (192-bit GDDR6X at 21 Gbps), which copies and kernels "
+            "share. " + note
         ),
         "estimate": False,
         "host": {
@@ -263,6 +266,7 @@ def _preset(link: dict[str, Any], host: dict[str, float], mem: dict[str, float],
                 "d2h_engines": 1,
                 "duplex_slowdown": 1.0,
                 "copy_engine_drains_stream": BORROWED_COPY_ENGINE_DRAINS_STREAM,
+                "dram_GBps": PHYSICAL["dram_GBps"],
                 "alignment_bytes": PHYSICAL["alignment_bytes"],
                 "links": {
                     "h2d_pinned": {"latency_us": round(lat, 3), "points": [[1.0, round(bw, 3)]]},
@@ -380,6 +384,7 @@ def derive_rtx3060(rtx4070: dict[str, Any]) -> dict[str, Any]:
     dev = d["devices"][0]
     scale = RTX3060["dram_GBps"] / RTX3060["rtx4070_dram_GBps"]
     dev["name"] = RTX3060["device"]
+    dev["dram_GBps"] = RTX3060["dram_GBps"]
     dev["memory_total_mib"] = RTX3060["memory_mib"] - (RTX3060["rtx4070_memory_mib"] - PHYSICAL["memory_usable_mib"])
     lat = dev["links"]["h2d_pinned"]["latency_us"]
     bw = RTX3060["h2d_GBps"]
@@ -411,6 +416,7 @@ VARIANTS = {
     "events-x2": "twice the borrowed event cost",
     "launch-only": "the per-split host residual charged to GPU launches only (no CPU split time)",
     "engine-fifo": "copy engines strictly in arrival order across streams (copy_engine_drains_stream off)",
+    "no-dram-contention": "copies do not slow the kernels they overlap (dram_GBps 0)",
 }
 
 
@@ -435,6 +441,8 @@ def variant(preset: dict[str, Any], name: str) -> dict[str, Any]:
         host["event_us"] *= 2
     elif name == "engine-fifo":
         dev["copy_engine_drains_stream"] = False
+    elif name == "no-dram-contention":
+        dev["dram_GBps"] = 0.0
     elif name == "launch-only":
         counts = graph_counts(ORDERED_TABLE[0][0])
         host["launch_us"] += dev["compute"]["cpu_split_us"] * counts["cpu_splits"] / counts["gpu_splits"]

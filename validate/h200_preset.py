@@ -185,7 +185,8 @@ def derive() -> dict[str, Any]:
             "validate/h200_preset.py (regenerate: python -m validate.h200_preset): link curves reproduce each probed copy "
             "time; one FIFO engine per direction (two-stream probe) and the probed full-duplex slowdown; compute from the "
             "probe's matvec (weights) and attention kernels, host costs from its issue/launch/event timings; the copy "
-            "engine drains a stream before serving another (kvpipe's schedule on this GPU, docs/reproduction.md). The probe ran "
+            "engine drains a stream before serving another (kvpipe's schedule on this GPU, docs/reproduction.md); "
+            "dram_GBps is the specified HBM3e bandwidth (4.8 TB/s), which copies and kernels share. The probe ran "
             "through CuPy, so launch_us (61 us) is a Python-side launch and the kernels are the probe's own; "
             "memory_used is the profile's default reservation (no model weights), cpu_split_us an estimate (no probe)."
         ),
@@ -201,6 +202,7 @@ def derive() -> dict[str, Any]:
                 "d2h_engines": eng["d2h_engines"],
                 "duplex_slowdown": eng["duplex_slowdown"],
                 "copy_engine_drains_stream": copy_engine_drains_stream(),
+                "dram_GBps": H200_HBM_GBPS,
                 "alignment_bytes": 256,
                 "links": {
                     "h2d_pinned": link_curve("h2d_pinned_GBps"),
@@ -213,6 +215,9 @@ def derive() -> dict[str, Any]:
         ],
     }
 
+
+#: H200 specification: 141 GB HBM3e at 4.8 TB/s, the memory bandwidth copies and kernels share.
+H200_HBM_GBPS = 4800.0
 
 #: Datasheet figures behind the GH200 estimate (NVIDIA GH200 Grace Hopper Superchip datasheet).
 GH200: dict[str, Any] = {
@@ -246,6 +251,7 @@ def derive_gh200(h200: dict[str, Any]) -> dict[str, Any]:
     for key in ("weight_GBps", "attn_GBps"):
         dev["compute"][key] = round(dev["compute"][key] * hbm, 2)
     dev["name"] = "NVIDIA GH200 (estimate)"
+    dev["dram_GBps"] = GH200["hbm_TBps"] * 1000
     dev["memory_total_mib"] = GH200["memory_mib"]
     d["name"] = "gh200-c2c"
     d["estimate"] = True
