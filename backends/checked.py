@@ -289,16 +289,25 @@ class CheckedBackend:
         return self.inner.wait_event(stream, event)
 
     def copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], tag: str = "") -> HostOp:
-        a = self._enqueue(stream)
-        op = self._op("copy", tag or f"{src.name}->{dst.name}", a)
-        accesses: list[tuple[Buffer, int, int, bool]] = []
-        for r in ranges:
-            if r.rows == 1:
-                accesses.append((src, r.src_offset, r.nbytes, False))
-            else:
-                accesses += [(src, o, n, False) for o, n in r.src_rows()]
-            accesses.append((dst, r.dst_offset, r.nbytes, True))
-        self._accesses(accesses, a, op)
+        a = self._actor_of.get(stream)  # _enqueue and _op, inline on the busiest operation
+        if a is None:
+            a = self._actor(stream)
+        self._clocks[a][a] += 1
+        ops = self._ops
+        ops.append(("copy", tag or f"{src.name}->{dst.name}", a, self._context))
+        op = len(ops) - 1
+        if len(ranges) == 1 and ranges[0].rows == 1:  # the common case, without the loop
+            r = ranges[0]
+            self._accesses(((src, r.src_offset, r.nbytes, False), (dst, r.dst_offset, r.nbytes, True)), a, op)
+        else:
+            accesses: list[tuple[Buffer, int, int, bool]] = []
+            for r in ranges:
+                if r.rows == 1:
+                    accesses.append((src, r.src_offset, r.nbytes, False))
+                else:
+                    accesses += [(src, o, n, False) for o, n in r.src_rows()]
+                accesses.append((dst, r.dst_offset, r.nbytes, True))
+            self._accesses(accesses, a, op)
         if self.record_copies:
             self.copies.append(CopySeen(stream.name, dst, src, tuple(ranges), tag))
         inner = self.inner.copy(stream, dst, src, ranges, tag)
