@@ -80,6 +80,35 @@ class _StreamState:
     held: Any = None  # (engine, request) kept for this stream's next copy (copy_engine_drains_stream)
 
 
+class _Engine(simpy.Resource):
+    """A copy engine: a ``simpy.Resource`` whose request and release take the short way through its queue.
+
+    The events are SimPy's own, triggered exactly when ``simpy.Resource`` triggers them: a request is
+    granted when it is made if it heads the queue and an engine is free, else when the release event of
+    a user is processed (each such moment grants at most the head of the queue, as SimPy's does). What is
+    skipped is the generic put/get bookkeeping around them (a release always succeeds at once).
+    """
+
+    def request(self) -> simpy.Event:  # type: ignore[override]
+        req = simpy.Event(self._env)
+        self.put_queue.append(req)  # type: ignore[arg-type]
+        self._grant(None)
+        return req
+
+    def release(self, request: simpy.Event) -> simpy.Event:  # type: ignore[override]
+        if request in self.users:
+            self.users.remove(request)  # type: ignore[arg-type]
+        done = simpy.Event(self._env)
+        done.callbacks.append(self._grant)  # type: ignore[union-attr]
+        return done.succeed()
+
+    def _grant(self, _: simpy.Event | None) -> None:
+        if self.put_queue and len(self.users) < self._capacity:
+            req = self.put_queue.pop(0)
+            self.users.append(req)
+            req.succeed()
+
+
 class _Seconds(Protocol):
     def seconds(self, nbytes: float) -> float: ...
 
@@ -147,8 +176,8 @@ class SimMachine:
         self.env = env if env is not None else simpy.Environment()
         self.spans: list[Span] = []
         self._used = [d.memory_used_bytes for d in profile.devices]
-        self._h2d = [simpy.Resource(self.env, d.h2d_engines) for d in profile.devices]
-        self._d2h = [simpy.Resource(self.env, d.d2h_engines) for d in profile.devices]
+        self._h2d = [_Engine(self.env, d.h2d_engines) for d in profile.devices]
+        self._d2h = [_Engine(self.env, d.d2h_engines) for d in profile.devices]
         self._lanes = {
             (d, to_device, pinned): _Lane(d, to_device, pinned, self._h2d[d], self._d2h[d], profile)
             for d in range(len(profile.devices)) for to_device in (True, False) for pinned in (True, False)

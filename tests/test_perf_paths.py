@@ -1,12 +1,16 @@
-"""The fast paths keep results: graphs kept across points, the bench's environment, memoized link times."""
+"""The fast paths keep results: graphs kept across points, the bench's environment, memoized link times, the copy engine."""
 
 from __future__ import annotations
 
+import random
+from typing import Any
+
+import pytest
 import simpy
 
 from backends.base import CopyRange
 from backends.profile import load_profile
-from backends.simpy_machine import SimMachine, _Lane, copy_seconds
+from backends.simpy_machine import SimMachine, _Engine, _Lane, copy_seconds
 from sim.bench import CountingEnvironment, bare_loop, run_bench
 from sim.graph import decode_graph
 from sim.scheduler import TransportConfig
@@ -76,3 +80,33 @@ def test_host_spans_are_recorded_when_the_host_resumes() -> None:
     host = [s for s in spans if s.track == "host"]
     assert host and all(a.end_s <= b.end_s for a, b in zip(host, host[1:], strict=False))
     assert all(s.end_s >= s.start_s for s in spans)
+
+
+def _engine_timeline(make: Any, capacity: int, seed: int) -> list[tuple[float, int, str]]:
+    """Processes that request, hold and release an engine at random (often tied) times; what each saw when."""
+    rng = random.Random(seed)
+    env = simpy.Environment()
+    engine = make(env, capacity)
+    log: list[tuple[float, int, str]] = []
+
+    def user(i: int, plan: list[tuple[float, float]]) -> Any:
+        for wait, hold in plan:
+            yield env.timeout(wait)
+            req = engine.request()
+            log.append((env.now, i, "asks"))
+            yield req
+            log.append((env.now, i, f"gets {len(engine.users)} {len(engine.queue)}"))
+            yield env.timeout(hold)
+            engine.release(req)
+            log.append((env.now, i, "lets go"))
+
+    for i in range(8):
+        env.process(user(i, [(rng.choice([0, 0, 1, 2]), rng.choice([0, 1, 1, 3])) for _ in range(20)]))
+    env.run()
+    return log
+
+
+@pytest.mark.parametrize("capacity", [1, 2, 3])
+def test_the_copy_engine_grants_exactly_as_a_simpy_resource(capacity: int) -> None:
+    for seed in range(40):
+        assert _engine_timeline(_Engine, capacity, seed) == _engine_timeline(simpy.Resource, capacity, seed)
