@@ -17,7 +17,8 @@ def register(sub: Any) -> None:
     p.add_argument("--context", type=int, default=16384)
     p.add_argument("--depth", type=int, default=1)
     p.add_argument("--tokens", type=int, default=64, help="simulated decode tokens per repeat (default 64)")
-    p.add_argument("--repeats", type=int, default=3, help="repeats; the best wall time is kept (default 3)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="repeats, each a simulation then a bare loop; the best wall time of each is kept (default 3)")
     p.add_argument("--trace", action="store_true", help="record the timeline too (as --trace does)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(r.as_dict(), indent=1))
         return 0
     print(f"point: {args.model} on {args.hardware}, {args.cache_type}, context {args.context:,}, depth {args.depth}, "
-          f"{args.tokens} tokens, best of {args.repeats}, timeline {'on' if args.trace else 'off'}")
+          f"{args.tokens} tokens, best of {args.repeats} interleaved with the bare loop, timeline {'on' if args.trace else 'off'}")
     print(f"machine events/s        {r.machine_events_per_s:12,.0f}   ({r.machine_events:,} events in {r.machine_wall_s * 1e3:.1f} ms)")
     print(f"bare SimPy events/s     {r.bare_events_per_s:12,.0f}")
     print(f"ratio                   {r.ratio:12.1%}")
