@@ -20,21 +20,30 @@ from sim.simulate import Point, clear_graph_cache, run_decode
 
 
 class CountingEnvironment(simpy.Environment):
-    """A SimPy environment that counts the events it processes; otherwise a plain ``simpy.Environment``."""
+    """A plain ``simpy.Environment`` that can tell how many events it has processed.
+
+    The count costs nothing per event: every scheduled event takes the next event id, and an event
+    leaves the queue only when it is processed, so the events processed are the ids handed out less
+    the events still queued. (Counting in an overridden ``step`` cost ~0.27 us a call: a fifth of a
+    bare SimPy event, paid on both sides of the ratio, which it lifted.)
+    """
 
     def __init__(self) -> None:
         super().__init__()
-        self.steps = 0
         # SimPy binds its event constructors (timeout, event, process, ...) to the instance for the
         # attributes of the instance's own class only; without this a subclass pays a descriptor call
         # (a new bound method) on every env.timeout, which a plain Environment does not.
         for name, attr in vars(simpy.Environment).items():
             if type(attr) is BoundClass:
                 setattr(self, name, getattr(self, name))
+        self._first_id = next(self._eid)  # shifts every id by one: the order of events is unchanged
+        self._reads = 0
 
-    def step(self) -> None:
-        self.steps += 1
-        super().step()
+    @property
+    def steps(self) -> int:
+        """Events processed so far (each read takes an id too; they are subtracted)."""
+        self._reads += 1
+        return next(self._eid) - self._first_id - self._reads - len(self._queue)
 
 
 @dataclass(frozen=True)

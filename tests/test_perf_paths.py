@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 import pytest
 import simpy
 
-from backends.base import CopyRange
+from backends.base import Buffer, CopyRange, Event, Span, Stream
 from backends.profile import load_profile
 from backends.simpy_machine import SimMachine, _Engine, _Lane, copy_seconds
 from sim.bench import CountingEnvironment, bare_loop, run_bench
 from sim.graph import decode_graph
 from sim.scheduler import TransportConfig
-from sim.simulate import GRAPH_CACHE_SIZE, Point, clear_graph_cache, graphs_for, row, simulate
+from sim.simulate import GRAPH_CACHE_SIZE, Point, clear_graph_cache, graphs_for, row, run_decode, simulate
 from tests.conftest import reference_workload
 
 
@@ -50,6 +51,25 @@ def test_rows_are_the_same_with_kept_graphs() -> None:
     cold = [row(simulate(point(depth=d))) for d in (0, 1, 2)]
     warm = [row(simulate(point(depth=d))) for d in (0, 1, 2)]
     assert cold == warm
+
+
+class _SteppingEnvironment(CountingEnvironment):
+    """Counts the way the bench used to: one increment per ``step``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stepped = 0
+
+    def step(self) -> None:
+        self.stepped += 1
+        super().step()
+
+
+def test_the_bench_counts_every_processed_event_without_a_hook_per_event() -> None:
+    env = _SteppingEnvironment()
+    m = SimMachine(load_profile("rtx4070-gen4x16"), trace=False, env=env)
+    m.run(run_decode(m, point(tokens=2)))
+    assert env.steps == env.stepped == env.steps > 0  # a read does not disturb the next one
 
 
 def test_the_bench_environment_binds_event_constructors_as_a_plain_one_does() -> None:
@@ -110,3 +130,72 @@ def _engine_timeline(make: Any, capacity: int, seed: int) -> list[tuple[float, i
 def test_the_copy_engine_grants_exactly_as_a_simpy_resource(capacity: int) -> None:
     for seed in range(40):
         assert _engine_timeline(_Engine, capacity, seed) == _engine_timeline(simpy.Resource, capacity, seed)
+
+
+class _NullBackend:
+    """The host program's backend calls, doing nothing: what the scheduler and the graphs cost alone."""
+
+    name = "null"
+
+    def __init__(self, machine: SimMachine) -> None:
+        self.m = machine
+
+    def now_s(self) -> float:
+        return 0.0
+
+    def device_count(self) -> int:
+        return self.m.device_count()
+
+    def create_stream(self, device: int, name: str) -> Stream:
+        return Stream(name, device)
+
+    def create_event(self, device: int, name: str) -> Event:
+        return Event(name, device)
+
+    def _nothing(self, *args: Any, **kwargs: Any) -> Any:
+        return
+        yield  # pragma: no cover - makes this a generator
+
+    record = wait_event = copy = launch = run_host = synchronize = wait_host = _nothing
+
+    def alloc(self, device: int, nbytes: int, name: str) -> Buffer:
+        return self.m.alloc(device, nbytes, name)
+
+    def alloc_host(self, nbytes: int, name: str, pinned: bool = True) -> Buffer:
+        return self.m.alloc_host(nbytes, name, pinned)
+
+    def free(self, buffer: Buffer) -> None:
+        self.m.free(buffer)
+
+    def free_bytes(self, device: int) -> int:
+        return self.m.free_bytes(device)
+
+    def timeline(self) -> list[Span]:
+        return []
+
+
+@pytest.mark.benchmark
+def test_what_caps_the_event_rate_ratio() -> None:
+    """The bench point's wall time split: the whole simulation, the host program on a null backend (scheduler and
+    graphs), the graphs alone, and bare SimPy for as many events (prints figures; best of 7 interleaved, graphs cold)."""
+    p = point(tokens=64, context=16384)
+    best = {"simulation": float("inf"), "host program": float("inf"), "graphs": float("inf"), "bare SimPy": float("inf")}
+    events = 0
+
+    def timed(label: str, fn: Any) -> None:
+        clear_graph_cache()
+        t = time.perf_counter()
+        fn()
+        best[label] = min(best[label], time.perf_counter() - t)
+
+    for _ in range(7):
+        env = CountingEnvironment()
+        m = SimMachine(p.hardware, trace=False, env=env)
+        timed("simulation", lambda: m.run(run_decode(m, p)))  # noqa: B023 - called at once
+        events = env.steps
+        timed("host program", lambda: list(run_decode(_NullBackend(SimMachine(p.hardware, trace=False)), p)))
+        timed("graphs", lambda: list(graphs_for(p)))
+        timed("bare SimPy", lambda: bare_loop(events))  # noqa: B023 - called at once
+    print(", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in best.items()) + f" ({events:,} events)")
+    ceiling = best["bare SimPy"] / (best["bare SimPy"] + best["host program"])
+    print(f"ratio if the machine cost nothing beyond SimPy: {ceiling:.1%}")
