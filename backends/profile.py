@@ -229,9 +229,9 @@ def _curve(d: dict[str, Any], where: str) -> LinkCurve:
         raise ValueError(f"{where}: bad link curve ({exc})") from exc
 
 
-def _device(d: dict[str, Any], where: str) -> DeviceProfile:
-    c = d.get("compute", {})
-    compute = ComputeModel(
+def _compute(c: dict[str, Any]) -> ComputeModel:
+    """A ComputeModel from the file's ``compute`` object (microseconds, GB/s)."""
+    return ComputeModel(
         layer_s=float(c.get("layer_us", 0.0)) * 1e-6,
         weight_bytes_per_s=float(c.get("weight_GBps", 0.0)) * 1e9,
         attn_s=float(c.get("attn_us", 0.0)) * 1e-6,
@@ -240,6 +240,52 @@ def _device(d: dict[str, Any], where: str) -> DeviceProfile:
         cpu_split_s=float(c.get("cpu_split_us", 0.0)) * 1e-6,
         attn_floor_s=float(c.get("attn_floor_us", 0.0)) * 1e-6,
     )
+
+
+def workload_key(model: str, cache: str) -> str:
+    """The key of a calibrated workload entry in a profile file's ``workloads``."""
+    return f"{model}@{cache}"
+
+
+def workload_entry(profile: HardwareProfile, model: str, cache: str) -> tuple[str, dict[str, Any]] | None:
+    """The ``workloads`` entry calibrated for (model, cache type), as (key, entry), or None.
+
+    Looks up ``model@cache`` first; then an entry keyed by the model alone (the
+    file format before several cache types), but only if it was calibrated for
+    ``cache`` (its ``cache_type``; an entry without one matches any).
+    """
+    table = profile.meta.get("workloads") or {}
+    key = workload_key(model, cache)
+    if key in table:
+        return key, table[key]
+    entry = table.get(model)
+    if entry and entry.get("cache_type", cache) == cache:
+        return model, entry
+    return None
+
+
+def for_workload(profile: HardwareProfile, model: str, cache: str) -> HardwareProfile:
+    """``profile`` with the compute model, launch and event costs calibrated for ``model``'s program with ``cache``.
+
+    A calibrated file (``kvpipe calibrate``) measures each model's decode
+    program per cache type: the attention's seconds per window byte depend on
+    how the cache is decoded, the launch costs on the model's kernels. Without
+    an entry for this (model, cache type) the profile is returned unchanged:
+    its device ``compute`` (the first calibrated entry's, or a preset's).
+    Pure; does not block.
+    """
+    found = workload_entry(profile, model, cache)
+    if found is None:
+        return profile
+    w = found[1]
+    compute = _compute(w["compute"])
+    host = replace(profile.host, launch_s=float(w.get("launch_us", profile.host.launch_s * 1e6)) * 1e-6,
+                   event_s=float(w.get("event_us", profile.host.event_s * 1e6)) * 1e-6)
+    return replace(profile, devices=tuple(replace(d, compute=compute) for d in profile.devices), host=host)
+
+
+def _device(d: dict[str, Any], where: str) -> DeviceProfile:
+    compute = _compute(d.get("compute", {}))
     links = d["links"]
     return DeviceProfile(
         name=str(d["name"]),

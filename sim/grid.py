@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from backends.profile import HardwareProfile, load_profile
+from backends.profile import HardwareProfile, for_workload, load_profile
 from sim.scheduler import MAX_BUDGET_MIB, MAX_DEPTH, MUTATIONS, TransportConfig
 from sim.simulate import Point
 from sim.workload import CACHE_TYPES, MAX_CONTEXT, ModelShape, Workload, cache_type, load_model
@@ -123,7 +123,7 @@ def points_from_args(args: argparse.Namespace) -> list[Point]:
             if wl.split_mode != "none" and len(h.devices) < 2:
                 raise UsageError(f"--split-mode {wl.split_mode} needs several devices; give --hardware A+B (got {h.name})")
             tc = TransportConfig(depth=d, budget_mib=b, mutations=mutations, pack_streams=getattr(args, "pack", True))
-            points.append(Point(wl, h, tc))
+            points.append(Point(wl, for_workload(h, m.name, c.name), tc))  # a calibrated file's entry for this program
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if not points:

@@ -15,9 +15,10 @@ CPU-split spans. What the graph does not model -- the scheduler's own Python
 between backend calls -- is measured the same way: the simulated token time
 of those calibration runs against the measured one, divided by the GPU splits
 of a token and charged as extra launch time. Per-model compute and launch
-costs go under ``workloads`` in the file; the device's ``compute`` holds the
-first model's, so ``kvpipe simulate --hardware FILE`` reads it as is, and
-:func:`profile_for` picks the right one for a model.
+costs go under ``workloads`` in the file, one entry per (model, cache type)
+keyed ``model@cache``; the device's ``compute`` holds the first entry's, and
+``backends.profile.for_workload`` picks the entry of a point's model and cache
+type (``kvpipe simulate``, ``sweep``, ``plan`` and ``validate`` all do).
 
 Units: seconds and bytes inside; the file's units (us, GB/s, MiB) only in
 :func:`build_profile` and :func:`compute_fields`.
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from backends.base import Backend
-from backends.profile import MIB, ComputeModel, HardwareProfile, profile_from_dict
+from backends.profile import MIB, ComputeModel, HardwareProfile, profile_from_dict, workload_key
 from sim.graph import decode_graph
 from sim.scheduler import TransportConfig
 from sim.simulate import Point, simulate
@@ -97,27 +98,6 @@ def compute_fields(c: ComputeModel) -> dict[str, float]:
         "cpu_split_us": c.cpu_split_s * 1e6,
         "attn_floor_us": c.attn_floor_s * 1e6,
     }
-
-
-def profile_for(profile: HardwareProfile, model: str) -> HardwareProfile:
-    """``profile`` with the compute model, launch and event costs calibrated for ``model``, where the file has them."""
-    w = profile.meta.get("workloads", {}).get(model)
-    if not w:
-        return profile
-    c = w["compute"]
-    compute = ComputeModel(
-        layer_s=c["layer_us"] * 1e-6,
-        weight_bytes_per_s=c.get("weight_GBps", 0.0) * 1e9,
-        attn_s=c["attn_us"] * 1e-6,
-        attn_bytes_per_s=c["attn_GBps"] * 1e9,
-        head_s=c["head_us"] * 1e-6,
-        cpu_split_s=c["cpu_split_us"] * 1e-6,
-        attn_floor_s=c.get("attn_floor_us", 0.0) * 1e-6,
-    )
-    host = replace(profile.host, launch_s=w.get("launch_us", profile.host.launch_s * 1e6) * 1e-6,
-                   event_s=w.get("event_us", profile.host.event_s * 1e6) * 1e-6)
-    devices = tuple(replace(d, compute=compute) for d in profile.devices)
-    return replace(profile, devices=devices, host=host)
 
 
 # ------------------------------------------------------------ workload
@@ -315,7 +295,7 @@ def build_profile(info: dict[str, Any], host: dict[str, float], links: dict[tupl
 def calibrate(
     be: Backend,
     models: Sequence[ModelShape],
-    ctype: CacheType,
+    ctypes: CacheType | Sequence[CacheType],
     xp: Any,
     info: dict[str, Any] | None = None,
     sizes: Sequence[int] = micro.LINK_SIZES,
@@ -326,7 +306,10 @@ def calibrate(
     progress: Callable[[str], None] | None = None,
     rounds: int = 2,
 ) -> dict[str, Any]:
-    """Measure ``be`` and the decode program of each model; return the profile file's dict. Blocks for minutes on a GPU."""
+    """Measure ``be`` and the decode program of each model with each cache type; return the profile file's dict.
+
+    Blocks for minutes on a GPU.
+    """
     say = progress or (lambda _msg: None)
     info = dict(info or {})
     info.setdefault("date", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
@@ -342,12 +325,14 @@ def calibrate(
     eng["two_d_over_one_d"] = micro.run_on(be, micro.two_d_ratio(be))
     data = build_profile(info, host, links, eng, command, waits)
     store = WeightStore()
-    for i, model in enumerate(models):
-        say(f"workload {model.name}")
-        hw = profile_from_dict(data, "calibration")
-        entry = calibrate_workload(be, model, ctype, hw, xp, store, windows, scale=scale, progress=progress, rounds=rounds)
-        data["workloads"][model.name] = entry
-        if i == 0:
-            data["devices"][0]["compute"] = entry["compute"]
+    caches = [ctypes] if isinstance(ctypes, CacheType) else list(ctypes)
+    for model in models:
+        for ctype in caches:
+            say(f"workload {model.name} {ctype.name}")
+            hw = profile_from_dict(data, "calibration")
+            entry = calibrate_workload(be, model, ctype, hw, xp, store, windows, scale=scale, progress=progress, rounds=rounds)
+            if not data["workloads"]:
+                data["devices"][0]["compute"] = entry["compute"]
+            data["workloads"][workload_key(model.name, ctype.name)] = entry
     store.release(be)
     return data

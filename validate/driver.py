@@ -85,8 +85,16 @@ def run_calibrate(backend: Any, xp: Any, info: dict[str, Any], models: Sequence[
 
 def run_validate(backend: Any, xp: Any, info: dict[str, Any], points: Sequence[Point], profile: HardwareProfile,
                  out: str, reps: int, warmup: int, scale: float, command: str, trace: str | None = None) -> dict[str, Any]:
-    """Measure every point's group on ``backend``, simulate it, write the report folder. Blocks for all of it."""
-    from validate.gpu_run import GpuProgram, WeightStore, run_group
+    """Measure every point's group on ``backend``, simulate it, write the report folder. Blocks for all of it.
+
+    The groups of one model (its weights made once) take turns: repetition 1
+    of every group, then repetition 2 ... A slow stretch of the host (the H200
+    machine's launch rate moved 1.4x between runs, and once for a whole
+    group) then lands on one repetition of several groups, and the median
+    over repetitions leaves it out, instead of moving every repetition of one
+    group. Every repetition starts with a host probe (``GroupRunner``).
+    """
+    from validate.gpu_run import GpuProgram, GroupRunner, WeightStore, trim_pool
     from validate.report import write_report
 
     def key(p: Point) -> tuple[Any, ...]:  # one group = one host cache: model, cache type, sequences and their layout
@@ -99,13 +107,23 @@ def run_validate(backend: Any, xp: Any, info: dict[str, Any], points: Sequence[P
     bar = progress_bar(total, "validate")
     store = WeightStore()
     groups = []
-    for _, pts in groups_in:
-        wl = pts[0].workload
-        arms = list(dict.fromkeys((p.transport.depth, p.transport.budget_mib) for p in pts))
-        mutations = pts[0].transport.mutations
-        program = GpuProgram(wl, xp, store, scale=scale)
-        groups.append(run_group(backend, wl, profile, arms, program, reps=reps, warmup=warmup, mutations=mutations, progress=bar))
-        trim_pool(xp)
+    for _, model_groups in groupby(groups_in, key=lambda kv: kv[0][0]):
+        runners = []
+        for _, pts in model_groups:
+            wl = pts[0].workload
+            arms = list(dict.fromkeys((p.transport.depth, p.transport.budget_mib) for p in pts))
+            program = GpuProgram(wl, xp, store, scale=scale)
+            runners.append(GroupRunner(backend, wl, pts[0].hardware, arms, program, warmup=warmup,
+                                       mutations=pts[0].transport.mutations, progress=bar, probe=True))
+        try:
+            for runner in runners:
+                runner.open()
+            for rep in range(reps):
+                for runner in runners:
+                    runner.rep(rep, last=rep == reps - 1)
+        finally:
+            groups += [runner.close() for runner in runners]
+            trim_pool(xp)
     store.release(backend)
     meta = {**info, "date": now_iso(), "command": command, "mutations": sorted(points[0].transport.mutations),
             "machine": backend.name, "scale": scale, "warmup_graphs": warmup}
@@ -120,18 +138,6 @@ def run_validate(backend: Any, xp: Any, info: dict[str, Any], points: Sequence[P
                     timelines.append((label, r.spans))
         write_atomic(trace, json.dumps(chrome_trace(timelines)))
     return doc
-
-
-def trim_pool(xp: Any) -> None:
-    """Hand the array module's cached pool blocks back to the device (CuPy; NumPy has none). Does not block.
-
-    The ring's headroom check reads the device's free memory, which does not
-    count blocks CuPy's pool keeps cached: on the H200, after the 65,536
-    groups those left 447 MiB free and a 54 MiB ring was declined.
-    """
-    get = getattr(xp, "get_default_memory_pool", None)
-    if get is not None:
-        get().free_all_blocks()
 
 
 def unavailable_message(exc: BackendUnavailable) -> str:

@@ -36,7 +36,7 @@ from sim.program import DecodeProgram, ProgramConfig, encode_rows
 from sim.scheduler import GraphStats, TransportConfig
 from sim.simulate import Point, RunResult, run_decode
 from sim.workload import Workload
-from validate.micro import run_on
+from validate.micro import host_costs, run_on
 
 FILL_CHUNK_ROWS = 16384
 
@@ -137,6 +137,19 @@ class GpuProgram(DecodeProgram):
 # ---------------------------------------------------------------- runs
 
 
+def trim_pool(xp: Any) -> None:
+    """Hand the array module's cached pool blocks back to the device (CuPy; NumPy has none). Does not block.
+
+    The ring's headroom check reads the device's free memory, which does not
+    count blocks CuPy's pool keeps cached: on the H200, after the 65,536
+    groups those left 447 MiB free and a 54 MiB ring was declined.
+    """
+    get = getattr(xp, "get_default_memory_pool", None)
+    if get is not None:
+        get().free_all_blocks()
+
+
+
 @dataclass
 class Run:
     """One run of one arm: its per-graph stats (warm-up dropped), output hashes and timeline."""
@@ -149,6 +162,7 @@ class Run:
     tokens: list[int]
     spans: list[Span] = field(default_factory=list)
     sequences: int = 1
+    host_probe_launch_s: float = 0.0  # the host's launch cost measured right before this repetition (0: not probed)
 
     @property
     def tokens_per_s(self) -> float:
@@ -169,6 +183,70 @@ class GroupResult:
         return [r for r in self.runs if r.depth == depth and r.budget_mib == budget_mib]
 
 
+class GroupRunner:
+    """The runs of one group, a repetition at a time, so that several groups can take turns.
+
+    ``open`` allocates and fills the host cache and runs the first arm
+    ``warm_runs`` times unrecorded (the first run after the host cache was
+    allocated and filled ran at up to half speed on the H200 machine: 10.8
+    against 19.3 t/s). Each ``rep`` then runs every arm once, in A/B/A/B
+    order, after a host probe (``probe``: the micro-measurement of
+    ``validate.micro.host_costs``, the same one ``kvpipe calibrate`` takes,
+    so the report can tell a slower host from a transport the model misses).
+    ``close`` frees the host cache. Every method blocks for its runs.
+    """
+
+    def __init__(self, backend: Backend, workload: Workload, hardware: HardwareProfile, arms: Sequence[tuple[int, float]],
+                 program: GpuProgram, warmup: int = 1, mutations: frozenset[str] = frozenset(), keep_spans: bool = True,
+                 progress: Callable[[str], None] | None = None, warm_runs: int = 1, probe: bool = False) -> None:
+        self.backend, self.workload, self.hardware = backend, workload, hardware
+        self.arms, self.program, self.warmup, self.mutations = list(arms), program, warmup, mutations
+        self.keep_spans, self.progress, self.warm_runs, self.probe = keep_spans, progress, warm_runs, probe
+        self.wl = replace(workload, tokens=workload.tokens + warmup)  # ``workload.tokens`` are the measured ones
+        self.runs: list[Run] = []
+        self.host_cache: Buffer | None = None
+
+    def _point(self, depth: int, budget: float) -> Point:
+        return Point(self.wl, self.hardware, TransportConfig(depth=depth, budget_mib=budget, mutations=self.mutations))
+
+    def open(self) -> None:
+        from sim.simulate import graphs_for
+
+        nbytes = next(iter(graphs_for(self._point(0, 0.0)))).host_cache_bytes
+        self.host_cache = self.backend.alloc_host(nbytes, "host_kv_cache", pinned=self.wl.pinned)
+        for _ in range(self.warm_runs if self.arms else 0):
+            run_on(self.backend, run_decode(self.backend, self._point(*self.arms[0]), self.program, host_cache=self.host_cache))
+
+    def rep(self, rep: int, last: bool = True) -> None:
+        """Every arm once; ``last`` keeps the timelines (the report's trace holds the last repetition's)."""
+        be, wl, program = self.backend, self.wl, self.program
+        assert self.host_cache is not None, "GroupRunner.rep before open"
+        probe_s = run_on(be, host_costs(be, reps=100))["launch_s"] if self.probe else 0.0
+        for depth, budget in self.arms:
+            trim_pool(program.xp)  # blocks cached for another arm's or group's temporaries read as used memory to the headroom check
+            clear = getattr(be, "clear_timeline", None)
+            if clear:
+                clear()
+            gc.collect()
+            gc.disable()  # a collector pause inside a timed token is noise, not transport
+            try:
+                sched, stats = run_on(be, run_decode(be, self._point(depth, budget), program, host_cache=self.host_cache))
+            finally:
+                gc.enable()
+            spans = be.timeline() if self.keep_spans and last else []
+            self.runs.append(Run(depth, budget, rep, stats[self.warmup :], program.step_hashes(), program.tokens(), spans,
+                                 wl.n_parallel, probe_s))
+            del sched
+            if self.progress:
+                self.progress(f"{wl.model.name} ctx={max(wl.context)} depth={depth} budget={budget:g} rep={rep}")
+
+    def close(self) -> GroupResult:
+        if self.host_cache is not None:
+            self.backend.free(self.host_cache)
+            self.host_cache = None
+        return GroupResult(self.workload, self.runs, self.warmup)
+
+
 def run_group(
     backend: Backend,
     workload: Workload,
@@ -181,46 +259,17 @@ def run_group(
     keep_spans: bool = True,
     progress: Callable[[str], None] | None = None,
     warm_runs: int = 1,
+    probe: bool = False,
 ) -> GroupResult:
-    """Run every arm ``reps`` times in A/B/A/B order through ``run_decode``. Blocks for all the runs.
-
-    ``workload.tokens`` counts the measured tokens; ``warmup`` more run first
-    in every run. Before the repetitions the first arm runs ``warm_runs``
-    times unrecorded: the first run after the host cache was allocated and
-    filled ran at up to half speed on the H200 machine (10.8 against
-    19.3 t/s), and only the runs after it are the steady state we measure.
-    """
-    wl = replace(workload, tokens=workload.tokens + warmup)
-    probe = Point(wl, hardware, TransportConfig(depth=0))
-    from sim.simulate import graphs_for
-
-    nbytes = next(iter(graphs_for(probe))).host_cache_bytes
-    host_cache = backend.alloc_host(nbytes, "host_kv_cache", pinned=wl.pinned)
-    runs: list[Run] = []
+    """Run every arm ``reps`` times in A/B/A/B order through ``run_decode`` (:class:`GroupRunner`). Blocks for all the runs."""
+    g = GroupRunner(backend, workload, hardware, arms, program, warmup, mutations, keep_spans, progress, warm_runs, probe)
     try:
-        for _ in range(warm_runs if arms else 0):
-            point = Point(wl, hardware, TransportConfig(depth=arms[0][0], budget_mib=arms[0][1], mutations=mutations))
-            run_on(backend, run_decode(backend, point, program, host_cache=host_cache))
+        g.open()
         for rep in range(reps):
-            for depth, budget in arms:
-                point = Point(wl, hardware, TransportConfig(depth=depth, budget_mib=budget, mutations=mutations))
-                clear = getattr(backend, "clear_timeline", None)
-                if clear:
-                    clear()
-                gc.collect()
-                gc.disable()  # a collector pause inside a timed token is noise, not transport
-                try:
-                    sched, stats = run_on(backend, run_decode(backend, point, program, host_cache=host_cache))
-                finally:
-                    gc.enable()
-                spans = backend.timeline() if keep_spans and rep == reps - 1 else []
-                runs.append(Run(depth, budget, rep, stats[warmup:], program.step_hashes(), program.tokens(), spans, wl.n_parallel))
-                del sched
-                if progress:
-                    progress(f"{wl.model.name} ctx={max(wl.context)} depth={depth} budget={budget:g} rep={rep}")
+            g.rep(rep, last=rep == reps - 1)
     finally:
-        backend.free(host_cache)
-    return GroupResult(workload, runs, warmup)
+        result = g.close()
+    return result
 
 
 def result_of(group: GroupResult, run: Run, hardware: HardwareProfile) -> RunResult:

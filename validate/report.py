@@ -29,12 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from backends.base import Span
-from backends.profile import HardwareProfile
+from backends.profile import HardwareProfile, for_workload
 from sim.graph import decode_graph
 from sim.scheduler import TransportConfig
 from sim.simulate import Point, row, simulate
 from sim.telemetry import write_atomic
-from validate.calibrate import profile_for
 from validate.gpu_run import GroupResult, Run, result_of
 
 MIB = 1 << 20
@@ -44,7 +43,7 @@ TARGET_MEDIAN_ERR, TARGET_MAX_ERR, TARGET_SHARE = 0.05, 0.10, 0.90
 def predict(group: GroupResult, depth: int, budget_mib: float, profile: HardwareProfile) -> dict[str, Any]:
     """The simulation's row for one arm on the calibrated profile, warm-up graphs dropped. Blocks for the simulation."""
     wl = group.workload
-    hw = profile_for(profile, wl.model.name)
+    hw = for_workload(profile, wl.model.name, wl.cache_k.name)
     res = simulate(Point(replace(wl, tokens=wl.tokens + group.warmup), hw, TransportConfig(depth=depth, budget_mib=budget_mib)))
     res.graphs = res.graphs[group.warmup :]
     return row(res)
@@ -76,7 +75,8 @@ def delivery_rate(spans: Sequence[Span]) -> tuple[float, float]:
 
 def ceiling(group: GroupResult, profile: HardwareProfile) -> dict[str, float]:
     """Per-token copy and compute seconds, and the max of the two (see the module text)."""
-    wl, hw = group.workload, profile_for(profile, group.workload.model.name)
+    wl = group.workload
+    hw = for_workload(profile, wl.model.name, wl.cache_k.name)
     dev = hw.devices[0]
     g = decode_graph(wl, dev.compute, position=max(wl.context) + group.warmup)
     window_bytes = sum(i.nbytes for s in g.splits for i in s.staged)
@@ -104,7 +104,8 @@ def exactness(groups: Sequence[GroupResult]) -> dict[str, Any]:
             if r.step_hashes != ref.step_hashes:
                 first = next((i for i, (a, b) in enumerate(zip(r.step_hashes, ref.step_hashes, strict=False)) if a != b), -1)
                 bad.append({"depth": r.depth, "budget_mib": r.budget_mib, "rep": r.rep, "first_bad_step": first})
-        out.append({"model": g.workload.model.name, "context": max(g.workload.context), "parallel": g.workload.n_parallel,
+        out.append({"model": g.workload.model.name, "cache_type": g.workload.cache_k.name, "context": max(g.workload.context),
+                    "parallel": g.workload.n_parallel,
                     "unified": g.workload.unified, "output_hash": _hash(ref),
                     "tokens": ref.tokens, "depths": sorted({r.depth for r in g.runs}), "mismatches": bad})
     return {"ok": all(not e["mismatches"] for e in out), "groups": out}
@@ -120,6 +121,7 @@ def points(groups: Sequence[GroupResult], profile: HardwareProfile, meta: dict[s
     """One record per (model, context, depth, budget): measured, predicted, error, ceiling share, telemetry."""
     out = []
     peak = peak_h2d(profile)
+    cal_launch_us = profile.meta.get("measurements", {}).get("host_costs_us", {}).get("launch_s", 0.0)
     for g in groups:
         ceil = ceiling(g, profile)
         arms = sorted({(r.depth, r.budget_mib) for r in g.runs})
@@ -133,6 +135,8 @@ def points(groups: Sequence[GroupResult], profile: HardwareProfile, meta: dict[s
             measured_row = row(result_of(g, median_run, profile))
             pred = predict(g, depth, budget, profile)
             rate, dbytes = delivery_rate(spans_run.spans)
+            probes = [r.host_probe_launch_s * 1e6 for r in runs if r.host_probe_launch_s > 0]
+            probe_us = statistics.median(probes) if probes else 0.0
             out.append({
                 "model": g.workload.model.name,
                 "cache_type": g.workload.cache_k.name,
@@ -158,6 +162,8 @@ def points(groups: Sequence[GroupResult], profile: HardwareProfile, meta: dict[s
                 "delivery_bytes_traced": dbytes,
                 "output_hash": _hash(median_run),
                 "hashes_equal_across_reps": len({tuple(r.step_hashes) for r in runs}) == 1,
+                "host_probe_launch_us": probe_us,  # the launch micro-cost measured before each repetition (median)
+                "host_probe_vs_calibration": probe_us / cal_launch_us if probe_us and cal_launch_us else 0.0,
                 "telemetry": measured_row,
                 "predicted": pred,
                 **meta,
@@ -172,7 +178,7 @@ def summary(pts: Sequence[dict[str, Any]], gate: dict[str, Any]) -> dict[str, An
     best: dict[str, dict[str, Any]] = {}
     for p in piped:
         bal = abs(p["copy_ms"] - p["compute_ms"]) / max(p["copy_ms"], p["compute_ms"], 1e-9)
-        name = p["model"] + _seqs(p)
+        name = _label(p)
         cur = best.get(name)
         if cur is None or bal < cur["balance"] or (bal == cur["balance"] and p["ceiling_share"] > cur["ceiling_share"]):
             best[name] = {"context": p["context"], "depth": p["depth"], "balance": bal, "ceiling_share": p["ceiling_share"]}
@@ -190,6 +196,11 @@ def summary(pts: Sequence[dict[str, Any]], gate: dict[str, Any]) -> dict[str, An
         "delivery_share_of_peak_min": min(rates) if rates else 0.0,
         "exactness_gate": gate["ok"],
     }
+
+
+def _label(p: dict[str, Any]) -> str:
+    """``llama-3.1-8b q8_0 x8 split``: model, cache type and sequences of a point."""
+    return f"{p['model']} {p.get('cache_type', '')}".rstrip() + _seqs(p)
 
 
 def _seqs(p: dict[str, Any]) -> str:
@@ -216,22 +227,29 @@ def markdown(pts: Sequence[dict[str, Any]], summ: dict[str, Any], gate: dict[str
     for model, b in summ["copy_eq_compute"].items():
         lines.append(f"- {model}: copy ~ compute at context {b['context']:,} (depth {b['depth']}): "
                      f"{b['ceiling_share']:.1%} of the max(copy, compute) ceiling")
-    lines += ["", "| model | context | depth | budget MiB | measured t/s (min-max) | predicted t/s | error | ceiling share | "
-              "ring MiB | early / late / ordered MiB | delivery GB/s | hash |",
-              "|---|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---|"]
+    lines += ["", "Host probe: the launch micro-cost measured before each repetition over the calibration's "
+              "(1.00 = the host as fast as when calibrated; — = not probed).",
+              "", "| model | context | depth | budget MiB | measured t/s (min-max) | predicted t/s | error | ceiling share | "
+              "ring MiB | early / late / ordered MiB | delivery GB/s | host probe | hash |",
+              "|---|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---|"]
     for p in pts:
         t = p["telemetry"]
         lines.append(
-            f"| {p['model']}{_seqs(p)} | {p['context']:,} | {p['depth']} | {p['budget_mib']:g} | {p['measured_tps']:.2f} "
+            f"| {_label(p)} | {p['context']:,} | {p['depth']} | {p['budget_mib']:g} | {p['measured_tps']:.2f} "
             f"({p['measured_tps_min']:.2f}-{p['measured_tps_max']:.2f}) | {p['predicted_tps']:.2f} | {p['error']:+.1%} | "
             f"{p['ceiling_share']:.1%} | {t['ring_mib']:.1f} | {t['early_mib']:.1f} / {t['late_mib']:.2f} / {t['ordered_mib']:.2f} | "
-            f"{p['delivery_GBps']:.1f} | `{p['output_hash'][:12]}` |"
+            f"{p['delivery_GBps']:.1f} | {_probe(p)} | `{p['output_hash'][:12]}` |"
         )
     lines += ["", "## Exactness", ""]
     for e in gate["groups"]:
         status = "identical" if not e["mismatches"] else f"DIFFER: {e['mismatches']}"
-        lines.append(f"- {e['model']}{_seqs(e)} at {e['context']:,}: depths {e['depths']} -> `{e['output_hash'][:16]}` {status}")
+        lines.append(f"- {_label(e)} at {e['context']:,}: depths {e['depths']} -> `{e['output_hash'][:16]}` {status}")
     return "\n".join(lines) + "\n"
+
+
+def _probe(p: dict[str, Any]) -> str:
+    r = p.get("host_probe_vs_calibration", 0.0)
+    return f"{r:.2f}" if r else "—"
 
 
 def plots(pts: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
@@ -248,12 +266,12 @@ def plots(pts: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    models = sorted({p["model"] + _seqs(p) for p in pts})
+    models = sorted({_label(p) for p in pts})
     files = []
     for kind in ("measured_vs_predicted", "gain_vs_depth"):
         fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.6), squeeze=False)
         for ax, model in zip(axes[0], models, strict=True):
-            mp = [p for p in pts if p["model"] + _seqs(p) == model]
+            mp = [p for p in pts if _label(p) == model]
             for i, ctx in enumerate(sorted({p["context"] for p in mp})):
                 for budget in sorted({p["budget_mib"] for p in mp if p["context"] == ctx}):
                     cp = sorted((p for p in mp if p["context"] == ctx and p["budget_mib"] == budget), key=lambda p: p["depth"])
@@ -293,7 +311,7 @@ def plots(pts: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
 def compare(docs: Sequence[dict[str, Any]]) -> str:
     """Markdown table of the same points measured in several reports: each run's median t/s, and the spread."""
     def key_of(p: dict[str, Any]) -> tuple[Any, ...]:
-        return (p["model"] + _seqs(p), p["context"], p["depth"], p["budget_mib"])
+        return (_label(p), p["context"], p["depth"], p["budget_mib"])
 
     keys = sorted({key_of(p) for d in docs for p in d["points"]})
     by = [{key_of(p): p for p in d["points"]} for d in docs]

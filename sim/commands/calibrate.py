@@ -22,7 +22,7 @@ from sim.grid import UsageError, _int, parse_list
 def register(sub: Any) -> None:
     p = sub.add_parser("calibrate", help="measure the GPU (CuPy) and write a hardware profile JSON")
     p.add_argument("--model", default="llama-3.1-8b,qwen3.8-27b", help="model(s) whose decode program is timed (comma list)")
-    p.add_argument("--cache-type", default="q8_0", help="KV cache type of the timed program")
+    p.add_argument("--cache-type", default="q8_0", help="KV cache type(s) of the timed program (comma list)")
     p.add_argument("--out", default="calibrated.json", help="profile file to write (default calibrated.json)")
     p.add_argument("--windows", default="2048,12288,32768,98304", help="calibration contexts of the compute fit (comma list)")
     p.add_argument("--reps", type=int, default=5, help="repetitions per copy size (default 5)")
@@ -41,7 +41,9 @@ def run(args: argparse.Namespace) -> int:
     from validate import driver, micro
 
     models = [_load_model(m) for m in parse_list(args.model, str, "--model", "presets, .gguf or config.json")]
-    ctype = cache_type_or_usage(args.cache_type)
+    from sim.workload import CACHE_TYPES
+
+    ctype = [cache_type_or_usage(c) for c in parse_list(args.cache_type, str, "--cache-type", ", ".join(CACHE_TYPES))]
     windows = parse_list(args.windows, _int, "--windows", "integers >= 1")
     if args.reps < 1 or args.rounds < 1 or not 0 < args.scale <= 1 or args.max_copy_mib <= 0 or min(windows) < 1:
         raise UsageError("--reps and --rounds must be >= 1, --scale in (0, 1], --max-copy-mib > 0, --windows >= 1")
