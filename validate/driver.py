@@ -94,7 +94,7 @@ def run_validate(backend: Any, xp: Any, info: dict[str, Any], points: Sequence[P
     over repetitions leaves it out, instead of moving every repetition of one
     group. Every repetition starts with a host probe (``GroupRunner``).
     """
-    from validate.gpu_run import GpuProgram, GroupRunner, WeightStore, trim_pool
+    from validate.gpu_run import GpuProgram, GroupResult, GroupRunner, WeightStore, trim_pool
     from validate.report import write_report
 
     def key(p: Point) -> tuple[Any, ...]:  # one group = one host cache: model, cache type, sequences and their layout
@@ -106,7 +106,14 @@ def run_validate(backend: Any, xp: Any, info: dict[str, Any], points: Sequence[P
     total = sum(len(v) for _, v in groups_in) * reps
     bar = progress_bar(total, "validate")
     store = WeightStore()
-    groups = []
+    groups: list[GroupResult] = []
+    meta = {**info, "command": command, "mutations": sorted(points[0].transport.mutations),
+            "machine": backend.name, "scale": scale, "warmup_graphs": warmup, "repetitions": reps}
+
+    def write(now: Sequence[GroupResult], done: int, complete: bool) -> dict[str, Any]:
+        stamp = {"date": now_iso(), "complete": complete, "repetitions_done": done}
+        return write_report(out, now, profile, {**meta, **stamp}, draw=complete)
+
     for _, model_groups in groupby(groups_in, key=lambda kv: kv[0][0]):
         runners = []
         for _, pts in model_groups:
@@ -121,13 +128,13 @@ def run_validate(backend: Any, xp: Any, info: dict[str, Any], points: Sequence[P
             for rep in range(reps):
                 for runner in runners:
                     runner.rep(rep, last=rep == reps - 1)
+                if rep < reps - 1:  # what is measured so far, in case the run is stopped (a deadline, a crash)
+                    write(groups + [r.result() for r in runners], rep + 1, complete=False)
         finally:
             groups += [runner.close() for runner in runners]
             trim_pool(xp)
     store.release(backend)
-    meta = {**info, "date": now_iso(), "command": command, "mutations": sorted(points[0].transport.mutations),
-            "machine": backend.name, "scale": scale, "warmup_graphs": warmup}
-    doc = write_report(out, groups, profile, meta)
+    doc = write(groups, reps, complete=True)
     if trace:
         timelines = []
         for g in groups:

@@ -240,6 +240,10 @@ class GroupRunner:
             if self.progress:
                 self.progress(f"{wl.model.name} ctx={max(wl.context)} depth={depth} budget={budget:g} rep={rep}")
 
+    def result(self) -> GroupResult:
+        """The runs so far (the group stays open)."""
+        return GroupResult(self.workload, list(self.runs), self.warmup)
+
     def close(self) -> GroupResult:
         if self.host_cache is not None:
             self.backend.free(self.host_cache)

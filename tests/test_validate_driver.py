@@ -1,0 +1,50 @@
+"""``kvpipe validate``'s driver on the simulated machine: groups take turns, a stopped run leaves a whole partial report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.cli import main as kvpipe
+from validate.gpu_run import GroupRunner
+
+HW = str(Path(__file__).resolve().parents[1] / "validate" / "results" / "h200" / "run3" / "calibrated.json")
+ARGS = ["validate", "--machine", "simpy", "--hardware", HW, "--model", "llama-3.1-8b", "--context", "256,512",
+        "--depth", "0,1", "--tokens", "2", "--scale", "0.02"]
+
+
+def test_the_groups_of_a_model_take_turns_and_each_repetition_is_probed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    order: list[tuple[int, int]] = []
+    real = GroupRunner.rep
+
+    def spy(self: GroupRunner, rep: int, last: bool = True) -> None:
+        order.append((max(self.workload.context), rep))
+        real(self, rep, last)
+
+    monkeypatch.setattr(GroupRunner, "rep", spy)
+    assert kvpipe([*ARGS, "--reps", "2", "--out", str(tmp_path)]) == 0
+    assert order == [(256, 0), (512, 0), (256, 1), (512, 1)]
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert doc["complete"] is True and doc["repetitions_done"] == 2
+    assert all(p["repetitions"] == 2 and p["host_probe_launch_us"] > 0 for p in doc["points"])
+    assert (tmp_path / "gain_vs_depth.png").exists()
+
+
+def test_a_run_stopped_after_one_repetition_leaves_that_repetition_s_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = GroupRunner.rep
+
+    def stop_at_second(self: GroupRunner, rep: int, last: bool = True) -> None:
+        if rep == 1:
+            raise KeyboardInterrupt  # what a deadline's signal or a crash does half-way
+        real(self, rep, last)
+
+    monkeypatch.setattr(GroupRunner, "rep", stop_at_second)
+    assert kvpipe([*ARGS, "--reps", "3", "--out", str(tmp_path)]) == 130  # "kvpipe: interrupted", no traceback
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert doc["complete"] is False and doc["repetitions_done"] == 1
+    assert {(p["context"], p["depth"]) for p in doc["points"]} == {(256, 0), (256, 1), (512, 0), (512, 1)}
+    assert all(p["repetitions"] == 1 for p in doc["points"])
+    assert "Partial report" in (tmp_path / "report.md").read_text()
+    assert not list(tmp_path.glob(".*"))  # every file whole: written aside, then renamed
