@@ -78,13 +78,22 @@ class LinkCurve:
 
 @dataclass(frozen=True)
 class HostCosts:
-    """Host-thread time of each call, in seconds, as the backend pays it."""
+    """Host-thread time of each call, in seconds, as the backend pays it.
+
+    ``split_launch_s`` is the host time of launching one GPU split's kernels
+    after its first kernel is enqueued: the GPU starts on the split at once
+    while the host keeps launching the rest (a Python program's tens of CuPy
+    calls; llama.cpp's is ~0). The split's GPU time already spans it (a
+    calibrated ``attn_floor_s``); what it adds is that the host can do nothing
+    else meanwhile -- issue the next delivery, for one. 0 = not modelled.
+    """
 
     launch_s: float = 4e-6
     copy_issue_s: float = 3e-6
     event_s: float = 2e-6
     host_wait_s: float = 5e-6
     graph_s: float = 0.0
+    split_launch_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name, value in self.__dict__.items():
@@ -92,7 +101,7 @@ class HostCosts:
                 raise ValueError(f"HostCosts.{name} must be >= 0, got {value}")
 
     def zero(self) -> HostCosts:
-        return HostCosts(0.0, 0.0, 0.0, 0.0, 0.0)
+        return HostCosts(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -229,7 +238,7 @@ def _curve(d: dict[str, Any], where: str) -> LinkCurve:
         raise ValueError(f"{where}: bad link curve ({exc})") from exc
 
 
-def _compute(c: dict[str, Any]) -> ComputeModel:
+def compute_model_of(c: dict[str, Any]) -> ComputeModel:
     """A ComputeModel from the file's ``compute`` object (microseconds, GB/s)."""
     return ComputeModel(
         layer_s=float(c.get("layer_us", 0.0)) * 1e-6,
@@ -278,14 +287,15 @@ def for_workload(profile: HardwareProfile, model: str, cache: str) -> HardwarePr
     if found is None:
         return profile
     w = found[1]
-    compute = _compute(w["compute"])
+    compute = compute_model_of(w["compute"])
     host = replace(profile.host, launch_s=float(w.get("launch_us", profile.host.launch_s * 1e6)) * 1e-6,
-                   event_s=float(w.get("event_us", profile.host.event_s * 1e6)) * 1e-6)
+                   event_s=float(w.get("event_us", profile.host.event_s * 1e6)) * 1e-6,
+                   split_launch_s=float(w.get("split_launch_us", 0.0)) * 1e-6)
     return replace(profile, devices=tuple(replace(d, compute=compute) for d in profile.devices), host=host)
 
 
 def _device(d: dict[str, Any], where: str) -> DeviceProfile:
-    compute = _compute(d.get("compute", {}))
+    compute = compute_model_of(d.get("compute", {}))
     links = d["links"]
     return DeviceProfile(
         name=str(d["name"]),
@@ -316,6 +326,7 @@ def profile_from_dict(data: dict[str, Any], where: str = "profile") -> HardwareP
             event_s=float(h.get("event_us", 2.0)) * 1e-6,
             host_wait_s=float(h.get("host_wait_us", 5.0)) * 1e-6,
             graph_s=float(h.get("graph_us", 0.0)) * 1e-6,
+            split_launch_s=float(h.get("split_launch_us", 0.0)) * 1e-6,
         )
         devices = tuple(_device(d, f"{where}.devices[{i}]") for i, d in enumerate(data["devices"]))
         return HardwareProfile(

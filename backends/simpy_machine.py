@@ -186,6 +186,7 @@ class SimMachine:
         self.host_busy_s = 0.0
         host = profile.host  # frozen: its costs are read once
         self._event_s, self._issue_s, self._launch_s, self._wait_s = host.event_s, host.copy_issue_s, host.launch_s, host.host_wait_s
+        self._split_launch_s = host.split_launch_s
         self._timeout = self.env.timeout
         self._event = self.env.event
         # DRAM shared by copies and kernels: per device, the copies (start, end, bytes) a running kernel may overlap
@@ -267,6 +268,8 @@ class SimMachine:
         if seconds > 0:
             yield self._busy(seconds, "launch ", work.name)
         self._enqueue(stream, ("kernel", work.name, work))
+        if self._split_launch_s > 0 and work.tag == "gpu":  # the split's other kernels, launched while the first runs
+            yield self._busy(self._split_launch_s, "launching ", work.name)
 
     def run_host(self, work: Work) -> HostOp:
         t = self.env.now

@@ -27,6 +27,7 @@ Units: seconds and bytes inside; the file's units (us, GB/s, MiB) only in
 from __future__ import annotations
 
 import datetime
+import json
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -35,11 +36,11 @@ from typing import Any
 import numpy as np
 
 from backends.base import Backend
-from backends.profile import MIB, ComputeModel, HardwareProfile, profile_from_dict, workload_key
+from backends.profile import MIB, ComputeModel, HardwareProfile, compute_model_of, profile_from_dict, workload_key
 from sim.graph import decode_graph
 from sim.scheduler import TransportConfig
 from sim.simulate import Point, simulate
-from sim.workload import CacheType, ModelShape, Workload
+from sim.workload import CacheType, ModelShape, Workload, cache_type
 from validate import micro
 from validate.gpu_run import GpuProgram, WeightStore, run_group
 
@@ -201,41 +202,84 @@ def calibrate_workload(
             per_window[ctx].append((s, c, t0, t1))
     samples: list[tuple[int, bool, float, bool, float, float]] = []
     cpu: list[float] = []
-    ordered: list[tuple[Workload, int, float, int]] = []
-    piped: list[tuple[Workload, int, float, int]] = []
-    for ctx, rs in per_window.items():
+    ordered_s: list[float] = []
+    piped_s: list[float] = []
+    for rs in per_window.values():
         samples += _fastest_samples([r[0] for r in rs])
         cpu += [min(x) for x in zip(*[r[1] for r in rs], strict=False)]
-        wl = Workload(model, ctype, ctype, (ctx,), tokens=tokens)
-        g = decode_graph(wl, hardware.devices[0].compute, ctx)
-        n_gpu = sum(1 for sp in g.splits if sp.kind == "gpu")
-        ordered.append((wl, 0, min(r[2] for r in rs), n_gpu))
-        piped.append((wl, 1, min(r[3] for r in rs), 4 * len(g.staged_splits)))
+        ordered_s.append(min(r[2] for r in rs))
+        piped_s.append(min(r[3] for r in rs))
     host_launch_s = statistics.fmean(x[5] for x in samples) if samples else 0.0
-    launch_s = hardware.host.launch_s
     compute = fit_compute([(n, a, wb, la, t) for n, a, wb, la, t, _ in samples], statistics.median(cpu) if cpu else 0.0)
-    fitted = replace(hardware, devices=tuple(replace(d, compute=compute) for d in hardware.devices),
-                     host=replace(hardware.host, launch_s=launch_s))
-    glue0 = statistics.median(_residual(ordered, fitted, warmup))
-    fitted = replace(fitted, host=replace(fitted.host, launch_s=max(0.0, launch_s + glue0)))
-    glue1 = statistics.median(_residual(piped[: max(1, len(piped) - 1)], fitted, warmup))
-    event_s = max(0.0, hardware.host.event_s + glue1)
+    host = fit_host(model, ctype, hardware, compute, host_launch_s, windows, ordered_s, piped_s, tokens, warmup)
     return {
         "compute": compute_fields(compute),
-        "launch_us": fitted.host.launch_s * 1e6,
-        "event_us": event_s * 1e6,
+        **host,
         "host_launch_us_mean": host_launch_s * 1e6,
-        "glue_us_per_gpu_split": glue0 * 1e6,
-        "glue_us_per_event_call": glue1 * 1e6,
         "windows": list(windows),
         "rounds": max(1, rounds),
+        "tokens": tokens,
+        "warmup": warmup,
         "cache_type": ctype.name,
         "scale": scale,
         "samples": [{"layers": n, "attention": a, "window_bytes": wb, "last": la, "span_us": t * 1e6, "host_launch_us": hl * 1e6}
                     for n, a, wb, la, t, hl in samples],
         "cpu_split_us_samples": len(cpu),
-        "token_ms_measured": {"ordered": [x[2] * 1e3 for x in ordered], "pipelined": [x[2] * 1e3 for x in piped]},
+        "token_ms_measured": {"ordered": [x * 1e3 for x in ordered_s], "pipelined": [x * 1e3 for x in piped_s]},
     }
+
+
+def fit_host(model: ModelShape, ctype: CacheType, hardware: HardwareProfile, compute: ComputeModel, host_launch_s: float,
+             windows: Sequence[int], ordered_s: Sequence[float], piped_s: Sequence[float], tokens: int, warmup: int) -> dict[str, float]:
+    """The program's host costs in the file's units: ``split_launch_us``, ``launch_us``, ``event_us`` and the glue.
+
+    ``split_launch_us`` is the measured host time of launching one GPU split
+    (``host_launch_s``, mean over the samples). Then, with that and the fitted
+    compute model, what remains of the measured ordered token per GPU split is
+    added to ``launch_us``, and what remains of the pipelined token (every
+    window but the largest, where copies bound it) per staged split is spread
+    over its four event calls (``event_us``). Blocks for the simulations.
+    """
+    ordered, piped = [], []
+    for ctx, t0, t1 in zip(windows, ordered_s, piped_s, strict=True):
+        wl = Workload(model, ctype, ctype, (ctx,), tokens=tokens)
+        g = decode_graph(wl, hardware.devices[0].compute, ctx)
+        ordered.append((wl, 0, t0, sum(1 for sp in g.splits if sp.kind == "gpu")))
+        piped.append((wl, 1, t1, 4 * len(g.staged_splits)))
+    launch_s = hardware.host.launch_s
+    fitted = replace(hardware, devices=tuple(replace(d, compute=compute) for d in hardware.devices),
+                     host=replace(hardware.host, launch_s=launch_s, split_launch_s=host_launch_s))
+    glue0 = statistics.median(_residual(ordered, fitted, warmup))
+    fitted = replace(fitted, host=replace(fitted.host, launch_s=max(0.0, launch_s + glue0)))
+    glue1 = statistics.median(_residual(piped[: max(1, len(piped) - 1)], fitted, warmup))
+    return {
+        "split_launch_us": host_launch_s * 1e6,
+        "launch_us": fitted.host.launch_s * 1e6,
+        "event_us": max(0.0, hardware.host.event_s + glue1) * 1e6,
+        "glue_us_per_gpu_split": glue0 * 1e6,
+        "glue_us_per_event_call": glue1 * 1e6,
+    }
+
+
+def refit(data: dict[str, Any], models: dict[str, ModelShape]) -> dict[str, Any]:
+    """A profile file's dict with every workload entry's host costs fitted again by the current simulator.
+
+    Uses only what the calibration stored (its compute model, host launch
+    time, windows and measured token times), so a model change can be held
+    to earlier measurements without touching a GPU. Returns a new dict; blocks
+    for the simulations.
+    """
+    out = json.loads(json.dumps(data))
+    hardware = profile_from_dict(out, "calibration")
+    for key, w in out.get("workloads", {}).items():
+        model = models[key.split("@")[0]]
+        ctype = cache_type(w.get("cache_type", "q8_0"))
+        tm = w["token_ms_measured"]
+        host = fit_host(model, ctype, hardware, compute_model_of(w["compute"]), w.get("host_launch_us_mean", 0.0) * 1e-6,
+                        w["windows"], [x * 1e-3 for x in tm["ordered"]], [x * 1e-3 for x in tm["pipelined"]],
+                        int(w.get("tokens", 3)), int(w.get("warmup", 1)))
+        w.update(host)
+    return out
 
 
 # ------------------------------------------------------------ profile

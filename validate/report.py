@@ -34,6 +34,7 @@ from sim.graph import decode_graph
 from sim.scheduler import TransportConfig
 from sim.simulate import Point, row, simulate
 from sim.telemetry import write_atomic
+from sim.workload import Workload
 from validate.gpu_run import GroupResult, Run, result_of
 
 MIB = 1 << 20
@@ -345,16 +346,58 @@ def compare(docs: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def repredict(doc: dict[str, Any], calibration: dict[str, Any]) -> str:
+    """A markdown table: each point's measured t/s, the prediction stored with it, and the current simulator's.
+
+    The calibration's host costs are fitted again by the current simulator
+    from what the calibration stored (``validate.calibrate.refit``); nothing
+    of the report's measurements goes into the fit. Blocks for the simulations.
+    """
+    from backends.profile import profile_from_dict
+    from sim.workload import cache_type, load_model
+    from validate.calibrate import refit
+
+    names = {p["model"] for p in doc["points"]} | {k.split("@")[0] for k in calibration.get("workloads", {})}
+    profile = profile_from_dict(refit(calibration, {n: load_model(n) for n in names}), "calibration")
+    lines = ["| point | measured t/s | stored prediction (error) | current prediction (error) |", "|---|---:|---:|---:|"]
+    old_errs, new_errs = [], []
+    for p in doc["points"]:
+        wl = Workload(load_model(p["model"]), cache_type(p.get("cache_type", "q8_0")), cache_type(p.get("cache_type", "q8_0")),
+                      (p["context"],), tokens=p["tokens_per_run"] + int(doc.get("warmup_graphs", 1)),
+                      n_parallel=p.get("parallel", 1), unified=p.get("unified", True))
+        hw = for_workload(profile, wl.model.name, wl.cache_k.name)
+        res = simulate(Point(wl, hw, TransportConfig(depth=p["depth"], budget_mib=p["budget_mib"])))
+        res.graphs = res.graphs[int(doc.get("warmup_graphs", 1)) :]
+        new = row(res)["tokens_per_s"]
+        meas, old = p["measured_tps"], p["predicted_tps"]
+        old_errs.append(abs(old - meas) / meas)
+        new_errs.append(abs(new - meas) / meas)
+        lines.append(f"| {_label(p)} {p['context']:,} N={p['depth']} b={p['budget_mib']:g} | {meas:.2f} | "
+                     f"{old:.2f} ({(old - meas) / meas:+.1%}) | {new:.2f} ({(new - meas) / meas:+.1%}) |")
+    lines.append(rf"| median \|error\| | | {statistics.median(old_errs):.1%} | {statistics.median(new_errs):.1%} |")
+    lines.append(rf"| max \|error\| | | {max(old_errs):.1%} | {max(new_errs):.1%} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m validate.report FOLDER`` redraws a report's plots from its report.json;
-    ``--compare A.json B.json ...`` prints the same points across several reports. Blocks on the files."""
+    ``--compare A.json B.json ...`` prints the same points across several reports;
+    ``--repredict CALIBRATED.json REPORT.json`` holds a report's measurements to the current simulator.
+    Blocks on the files (and the simulations)."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m validate.report", description=main.__doc__)
     ap.add_argument("paths", nargs="+", help="a report folder (redraw its plots), or report.json files with --compare")
     ap.add_argument("--compare", action="store_true", help="print a table of the same points across the given report.json files")
+    ap.add_argument("--repredict", metavar="CALIBRATED_JSON",
+                    help="the calibration the report was predicted from: print measured, stored and current predictions")
     args = ap.parse_args(argv)
     try:
+        if args.repredict:
+            cal = json.loads(Path(args.repredict).read_text())
+            for path in args.paths:
+                print(repredict(json.loads(Path(path).read_text()), cal), end="")
+            return 0
         if args.compare:
             print(compare([json.loads(Path(p).read_text()) for p in args.paths]), end="")
             return 0
