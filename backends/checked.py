@@ -44,7 +44,8 @@ from backends.base import Backend, Buffer, CopyRange, Event, HostOp, Span, Strea
 HOST = 0
 PRUNE_AT = 64  # a history is pruned when a list outgrows this (pruning changes no report: it drops only ordered accesses)
 _TICK = operator.itemgetter(2)  # the tick of a history entry (lo, hi, tick, op)
-_FIELDS = operator.attrgetter("buffer", "offset", "nbytes", "write")  # an Access as (buffer, offset, nbytes, write)
+
+_Entries = list[tuple[int, int, int, int]]  # (lo, hi, tick, op), ticks ascending
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,15 @@ class _History:
     __slots__ = ("lists", "limit")
 
     def __init__(self) -> None:
-        self.lists: list[tuple[int, bool, list[tuple[int, int, int, int]]]] = []
+        self.lists: list[tuple[int, bool, _Entries]] = []
         self.limit = PRUNE_AT
+
+
+# What an access of one kind (actor, write) to one buffer walks: the lists of the other actors it can
+# conflict with (their writes; their reads too if it writes), in the history's order, the actor's own
+# list of that kind (None until it has one) and the history. Cached per kind and buffer; a new list
+# in the history drops every plan of that buffer.
+_Plan = tuple[tuple[tuple[int, bool, _Entries], ...], "_Entries | None", _History]
 
 
 class CheckedBackend:
@@ -124,11 +132,14 @@ class CheckedBackend:
         self._actor_of: dict[Stream, int] = {}
         self._events: dict[Event, list[int]] = {}
         self._hist: dict[Buffer, _History] = {}
+        self._plans: list[dict[Buffer, _Plan]] = [{}, {}]  # per kind, actor * 2 + write: buffer -> its plan
         self._ops: list[tuple[str, str, int, str]] = []
         self._pairs: set[tuple[int, int]] = set()
-        self._context = ""
-        self._learned: list[int] = [0]  # per stream: its own tick when the host last joined its clock
+        self._context = [""]  # the name of the split the host is at (a cell, so the hot methods reach it through _hot)
         self._waited: list[bool] = [False]  # per stream: joined an event snapshot since the host last joined its clock
+        # The containers the hot methods use, fetched with one attribute load: ``__getattr__`` makes
+        # every ``self.x`` of this class take the slow generic path. They are only ever changed in place.
+        self._hot = (self._actor_of, self._clocks, self._host, self._plans, self._ops, self._waited, self._context)
         self.now_s = inner.now_s  # type: ignore[method-assign]
 
     def __getattr__(self, attr: str) -> Any:
@@ -150,8 +161,8 @@ class CheckedBackend:
             for clock in self._clocks:
                 clock.append(0)
             self._clocks.append([0] * (a + 1))
-            self._learned.append(0)
             self._waited.append(False)
+            self._plans += ({}, {})
         return a
 
     @staticmethod
@@ -163,66 +174,98 @@ class CheckedBackend:
                 if v > into[i]:
                     into[i] = v
 
-    def _enqueue(self, stream: Stream) -> int:
-        a = self._actor_of.get(stream)
-        if a is None:
-            a = self._actor(stream)
-        self._clocks[a][a] += 1
-        return a
-
-    def _effective(self, actor: int) -> list[int]:
-        """The actor's clock including what it knows through the host."""
-        return list(map(max, self._clocks[actor], self._clocks[HOST]))
-
     def _host_learns(self, clock: Sequence[int]) -> None:
         self._join(self._clocks[HOST], clock)
 
     # ---------------------------------------------------------- accesses
+    #
+    # An access by ``actor`` at ``tick`` (its own clock entry) is checked against
+    # each list of its plan: the list's last tick is its latest, so when that is
+    # within what the actor knows of the list's actor (its own clock or the
+    # host's, whichever is later), the whole list happens before the access.
+    # Otherwise ``_scan`` compares the entries the actor does not know of,
+    # newest first. Then the access is added to the actor's own list (a host
+    # access is not kept: it happens before everything enqueued after it).
 
-    def _op(self, kind: str, name: str, actor: int) -> int:
-        ops = self._ops
-        ops.append((kind, name, actor, self._context))  # an Op is built only when reported
-        return len(ops) - 1
+    def _plan(self, buf: Buffer, actor: int, write: bool) -> _Plan:
+        hist = self._hist.get(buf)
+        if hist is None:
+            hist = self._hist[buf] = _History()
+        lists = hist.lists
+        checks = tuple(e for e in lists if e[0] != actor and (write or e[1]))
+        own = next((entries for other, w, entries in lists if other == actor and w == write), None)
+        plan = self._plans[2 * actor + write][buf] = (checks, own, hist)
+        return plan
 
-    def _op_of(self, op: int) -> Op:
-        kind, name, actor, context = self._ops[op]
-        return Op(kind, name, self._actors[actor], context)
+    def _own(self, buf: Buffer, hist: _History, actor: int, write: bool) -> _Entries:
+        """A new list for (actor, write) on ``buf``, last in walk order; the buffer's plans are dropped."""
+        entries: _Entries = []
+        hist.lists.append((actor, write, entries))
+        for plans in self._plans:
+            plans.pop(buf, None)
+        return entries
+
+    def _scan(self, buf: Buffer, lo: int, hi: int, write: bool, op: int, other_write: bool, entries: _Entries, seen: int) -> None:
+        """Report every entry after ``seen`` that overlaps [lo, hi), newest first."""
+        for e_lo, e_hi, e_tick, e_op in reversed(entries):
+            if e_tick <= seen:
+                break
+            if e_lo < hi and lo < e_hi and e_op != op:
+                self._report(buf, max(lo, e_lo), min(hi, e_hi), e_op, other_write, write, op)
 
     def _accesses(self, accesses: Iterable[tuple[Buffer, int, int, bool]], actor: int, op: int) -> None:
         """Check, then record, each (buffer, offset, nbytes, write) access of one operation on ``actor``, in order."""
-        hists = self._hist
         clock = self._clocks[actor]
         host = self._host
+        tick = clock[actor]
+        reads, writes = self._plans[2 * actor], self._plans[2 * actor + 1]
         for buf, lo, n, write in accesses:
             if n <= 0:
                 continue
             hi = lo + n
-            hist = hists.get(buf)
-            if hist is None:
-                hist = hists[buf] = _History()
-            lists = hist.lists
-            own = None
-            for other, other_write, entries in lists:
-                if other == actor:
-                    if other_write == write:
-                        own = entries
-                    continue
-                if not entries or not (write or other_write):
-                    continue
-                c, h = clock[other], host[other]
-                seen = c if c > h else h
-                if entries[-1][2] <= seen:  # ticks ascend: everything here happens before this access
-                    continue
-                for e_lo, e_hi, tick, e_op in reversed(entries):
-                    if tick <= seen:
-                        break
-                    if e_lo < hi and lo < e_hi and e_op != op:
-                        self._report(buf, max(lo, e_lo), min(hi, e_hi), e_op, other_write, write, op)
-            if actor != HOST:  # a host access happens before everything enqueued after it
+            plan = (writes if write else reads).get(buf)
+            if plan is None:
+                plan = self._plan(buf, actor, write)
+            checks, own, hist = plan
+            for other, other_write, entries in checks:
+                if entries:
+                    c, h = clock[other], host[other]
+                    seen = c if c > h else h
+                    if entries[-1][2] > seen:
+                        self._scan(buf, lo, hi, write, op, other_write, entries, seen)
+            if actor:
                 if own is None:
-                    own = []
-                    lists.append((actor, write, own))
-                own.append((lo, hi, clock[actor], op))
+                    own = self._own(buf, hist, actor, write)
+                own.append((lo, hi, tick, op))
+                if len(own) > hist.limit:
+                    self._prune(hist)
+
+    def _work_accesses(self, work: Work, actor: int, op: int, clock: list[int], host: list[int], plans: list[dict[Buffer, _Plan]]) -> None:
+        """``_accesses`` over a kernel's or CPU split's declared accesses (``clock`` is the actor's)."""
+        tick = clock[actor]
+        reads, writes = plans[2 * actor], plans[2 * actor + 1]
+        for access in work.accesses:
+            n = access.nbytes
+            if n <= 0:
+                continue
+            buf = access.buffer
+            write = access.write
+            lo = access.offset
+            hi = lo + n
+            plan = (writes if write else reads).get(buf)
+            if plan is None:
+                plan = self._plan(buf, actor, write)
+            checks, own, hist = plan
+            for other, other_write, entries in checks:
+                if entries:
+                    c, h = clock[other], host[other]
+                    seen = c if c > h else h
+                    if entries[-1][2] > seen:
+                        self._scan(buf, lo, hi, write, op, other_write, entries, seen)
+            if actor:
+                if own is None:
+                    own = self._own(buf, hist, actor, write)
+                own.append((lo, hi, tick, op))
                 if len(own) > hist.limit:
                     self._prune(hist)
 
@@ -234,6 +277,10 @@ class CheckedBackend:
         self.hazard_count += 1
         if len(self.examples) < self.max_examples:
             self.examples.append(Hazard(buf.name, lo, hi, self._op_of(first_op), first_write, self._op_of(op), write))
+
+    def _op_of(self, op: int) -> Op:
+        kind, name, actor, context = self._ops[op]
+        return Op(kind, name, self._actors[actor], context)
 
     def _prune(self, hist: _History) -> None:
         """Drop accesses the host already knows about.
@@ -251,9 +298,6 @@ class CheckedBackend:
             if len(entries) > longest:
                 longest = len(entries)
         hist.limit = max(PRUNE_AT, 2 * longest)
-
-    def _work_accesses(self, work: Work, actor: int, kind: str) -> None:
-        self._accesses(map(_FIELDS, work.accesses), actor, self._op(kind, work.name, actor))
 
     # --------------------------------------------------------- Protocol
 
@@ -276,29 +320,80 @@ class CheckedBackend:
     # the checker adds no generator layer.
 
     def record(self, event: Event, stream: Stream) -> HostOp:
-        a = self._enqueue(stream)
-        self._events[event] = self._effective(a)
+        actor_of, clocks, host, _, _, _, _ = self._hot
+        a = actor_of.get(stream)
+        if a is None:
+            a = self._actor(stream)
+        clock = clocks[a]
+        clock[a] += 1
+        self._events[event] = list(map(max, clock, host))  # the stream's effective clock
         return self.inner.record(event, stream)
 
     def wait_event(self, stream: Stream, event: Event) -> HostOp:
-        a = self._enqueue(stream)
+        actor_of, clocks, _, _, _, waited, _ = self._hot
+        a = actor_of.get(stream)
+        if a is None:
+            a = self._actor(stream)
+        clock = clocks[a]
+        clock[a] += 1
         snap = self._events.get(event)
         if snap is not None:
-            self._join(self._clocks[a], snap)
-            self._waited[a] = True
+            if len(clock) == len(snap):
+                clock[:] = map(max, clock, snap)
+            else:
+                self._join(clock, snap)
+            waited[a] = True
         return self.inner.wait_event(stream, event)
 
     def copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], tag: str = "") -> HostOp:
-        a = self._actor_of.get(stream)  # _enqueue and _op, inline on the busiest operation
+        # the enqueue, the op record and the common one-range check, inline on the busiest operation
+        actor_of, clocks, host, plans, ops, _, context = self._hot
+        a = actor_of.get(stream)
         if a is None:
             a = self._actor(stream)
-        self._clocks[a][a] += 1
-        ops = self._ops
-        ops.append(("copy", tag or f"{src.name}->{dst.name}", a, self._context))
-        op = len(ops) - 1
-        if len(ranges) == 1 and ranges[0].rows == 1:  # the common case, without the loop
+        clock = clocks[a]
+        tick = clock[a] + 1
+        clock[a] = tick
+        op = len(ops)
+        ops.append(("copy", tag or f"{src.name}->{dst.name}", a, context[0]))
+        if len(ranges) == 1 and ranges[0].rows == 1:
             r = ranges[0]
-            self._accesses(((src, r.src_offset, r.nbytes, False), (dst, r.dst_offset, r.nbytes, True)), a, op)
+            n = r.nbytes
+            if n > 0:
+                lo = r.src_offset
+                hi = lo + n
+                plan = plans[2 * a].get(src)
+                if plan is None:
+                    plan = self._plan(src, a, False)
+                checks, own, hist = plan
+                for other, other_write, entries in checks:  # the writes of other actors
+                    if entries:
+                        c, h = clock[other], host[other]
+                        seen = c if c > h else h
+                        if entries[-1][2] > seen:
+                            self._scan(src, lo, hi, False, op, other_write, entries, seen)
+                if own is None:
+                    own = self._own(src, hist, a, False)
+                own.append((lo, hi, tick, op))
+                if len(own) > hist.limit:
+                    self._prune(hist)
+                lo = r.dst_offset
+                hi = lo + n
+                plan = plans[2 * a + 1].get(dst)
+                if plan is None:
+                    plan = self._plan(dst, a, True)
+                checks, own, hist = plan
+                for other, other_write, entries in checks:
+                    if entries:
+                        c, h = clock[other], host[other]
+                        seen = c if c > h else h
+                        if entries[-1][2] > seen:
+                            self._scan(dst, lo, hi, True, op, other_write, entries, seen)
+                if own is None:
+                    own = self._own(dst, hist, a, True)
+                own.append((lo, hi, tick, op))
+                if len(own) > hist.limit:
+                    self._prune(hist)
         else:
             accesses: list[tuple[Buffer, int, int, bool]] = []
             for r in ranges:
@@ -311,8 +406,7 @@ class CheckedBackend:
         if self.record_copies:
             self.copies.append(CopySeen(stream.name, dst, src, tuple(ranges), tag))
         inner = self.inner.copy(stream, dst, src, ranges, tag)
-        host_side = src if src.device < 0 else dst
-        return inner if host_side.pinned else self._then_host_learns(inner, a)
+        return inner if (src if src.device < 0 else dst).pinned else self._then_host_learns(inner, a)
 
     def _then_host_learns(self, op: HostOp, actor: int) -> HostOp:
         """Run ``op`` (a copy from pageable memory, which blocks the host), then join its stream into the host."""
@@ -321,32 +415,37 @@ class CheckedBackend:
         return result
 
     def launch(self, stream: Stream, work: Work) -> HostOp:
-        a = self._enqueue(stream)
-        self._context = work.name
-        self._work_accesses(work, a, "kernel")
+        actor_of, clocks, host, plans, ops, _, context = self._hot
+        a = actor_of.get(stream)
+        if a is None:
+            a = self._actor(stream)
+        clock = clocks[a]
+        clock[a] += 1
+        name = context[0] = work.name
+        ops.append(("kernel", name, a, name))  # an Op is built only when reported
+        self._work_accesses(work, a, len(ops) - 1, clock, host, plans)
         return self.inner.launch(stream, work)
 
     def run_host(self, work: Work) -> HostOp:
-        self._clocks[HOST][HOST] += 1
-        self._context = work.name
-        self._work_accesses(work, HOST, "cpu")
+        _, _, host, plans, ops, _, context = self._hot
+        host[HOST] += 1
+        name = context[0] = work.name
+        ops.append(("cpu", name, HOST, name))
+        self._work_accesses(work, HOST, len(ops) - 1, host, host, plans)
         return self.inner.run_host(work)
 
     def synchronize(self, stream: Stream) -> HostOp:
-        a = self._actor_of.get(stream)
+        actor_of, clocks, host, _, _, waited, _ = self._hot
+        a = actor_of.get(stream)
         if a is None:
             a = self._actor(stream)
-        clock = self._clocks[a]
-        tick = clock[a]
-        if self._learned[a] != tick:  # every change of a stream's clock ticks it
-            self._learned[a] = tick
-            if self._waited[a]:
-                self._waited[a] = False
-                self._host_learns(clock)
-            else:  # only its own tick moved: the host knew the rest at its last join, and the host's clock only grows
-                host = self._host
-                if tick > host[a]:
-                    host[a] = tick
+        if waited[a]:  # the stream joined an event since the host last joined it: join it all
+            waited[a] = False
+            self._join(host, clocks[a])
+        else:  # only its own tick moved since: the host knew the rest at its last join, and the host's clock only grows
+            tick = clocks[a][a]
+            if tick > host[a]:
+                host[a] = tick
         return self.inner.synchronize(stream)
 
     def wait_host(self, event: Event) -> HostOp:
@@ -362,9 +461,13 @@ class CheckedBackend:
         return self.inner.alloc_host(nbytes, name, pinned)
 
     def free(self, buffer: Buffer) -> None:
-        self._clocks[HOST][HOST] += 1
-        self._accesses(((buffer, 0, buffer.nbytes, True),), HOST, self._op("free", buffer.name, HOST))
+        self._host[HOST] += 1
+        ops = self._ops
+        ops.append(("free", buffer.name, HOST, self._context[0]))
+        self._accesses(((buffer, 0, buffer.nbytes, True),), HOST, len(ops) - 1)
         self._hist.pop(buffer, None)
+        for plans in self._plans:
+            plans.pop(buffer, None)
         self.inner.free(buffer)
 
     def free_bytes(self, device: int) -> int:

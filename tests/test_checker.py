@@ -180,6 +180,49 @@ def test_hazards_are_counted_once_per_pair_of_operations() -> None:
     assert run(prog).hazard_count == 1
 
 
+def test_an_actor_that_first_touches_a_buffer_later_is_seen_by_walks_cached_before() -> None:
+    def prog(be: CheckedBackend) -> HostOp:
+        host, dev, a, b = setup(be)
+        yield from be.copy(b, dev, host, [CopyRange(0, 0, 64)], tag="first")  # b's walk for writes to dev: nothing yet
+        yield from be.launch(a, reader(dev, 0, 64))  # a's first access to dev: unordered after "first"
+        yield from be.copy(b, dev, host, [CopyRange(0, 0, 64)], tag="second")  # must now see a's read
+
+    c = run(prog)
+    assert c.hazard_count == 2
+    assert [(h.first.name, h.second.name) for h in c.examples] == [("first", "reader"), ("reader", "second")]
+
+
+def test_pruning_keeps_what_the_host_does_not_know_and_a_freed_buffer_starts_afresh() -> None:
+    def prog(sync: bool) -> Program:
+        def p(be: CheckedBackend) -> HostOp:
+            host, dev, a, b = setup(be)
+            yield from be.copy(a, dev, host, [CopyRange(0, 0, 8)], tag="old")
+            for i in range(1, 200):  # well past the pruning threshold
+                yield from be.copy(a, dev, host, [CopyRange(8 * i, 8 * i, 8)], tag=f"c{i}")
+                if sync and i == 100:
+                    yield from be.synchronize(a)
+            yield from be.launch(b, reader(dev, 0, 8))
+            yield from be.launch(b, reader(dev, 8 * 150, 8))
+            yield from be.synchronize(a)
+            yield from be.synchronize(b)
+            be.free(dev)
+            dev2 = be.alloc(0, 4096, "dev2")
+            yield from be.launch(a, reader(dev2, 0, 8))
+            yield from be.run_host(Work("w", 0.0, 0, None, (Access(dev2, 0, 8, True),)))
+
+        return p
+
+    unsynced = run(prog(False))
+    assert unsynced.hazard_count == 3  # old/reader, c150/reader, dev2's read/write
+    assert [(h.buffer, h.first.name, h.second.name) for h in unsynced.examples] == [
+        ("dev", "old", "reader"),
+        ("dev", "c150", "reader"),
+        ("dev2", "reader", "w"),
+    ]
+    synced = run(prog(True))  # the host learned "old" at the sync: pruned, and never reportable anyway
+    assert [(h.first.name, h.second.name) for h in synced.examples] == [("c150", "reader"), ("reader", "w")]
+
+
 def test_checked_backend_is_a_backend_and_forwards() -> None:
     machine = SimMachine(load_profile("rtx4070-gen4x16"))
     c = CheckedBackend(machine)
