@@ -285,7 +285,7 @@ def plots(pts: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
     models = sorted({_label(p) for p in pts})
     files = []
     for kind in ("measured_vs_predicted", "gain_vs_depth"):
-        fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.6), squeeze=False)
+        fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 6.2), squeeze=False)
         for ax, model in zip(axes[0], models, strict=True):
             mp = [p for p in pts if _label(p) == model]
             for i, ctx in enumerate(sorted({p["context"] for p in mp})):
@@ -315,7 +315,7 @@ def plots(pts: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
             ax.set_xlabel("look-ahead depth N")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=6, ncol=2)
+            ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)  # under the axes
         fig.tight_layout()
         path = folder / f"{kind}.png"
         fig.savefig(path, dpi=110)
