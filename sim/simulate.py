@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from backends.base import Backend, Buffer, HostOp, Span
-from backends.profile import HardwareProfile
+from backends.profile import HardwareProfile, workload_entry
 from sim.graph import DecodeGraph, decode_graph, head_ranges
 from sim.scheduler import MIB, GraphStats, Program, TransportConfig, TransportScheduler
 from sim.workload import Workload
@@ -194,6 +194,8 @@ def row(result: RunResult, model: str = "", hardware: str = "", cache_type: str 
     ms = mean([s.total_s for s in g]) * 1e3
     last = g[-1]
     declined = any(s.declined for s in g) and not any(s.deliveries for s in g)
+    found = workload_entry(p.hardware, p.workload.model.name, p.workload.cache_k.name)
+    calibrated = "" if not p.hardware.meta.get("workloads") else found[0] if found else "none for this model and cache type"
     return {
         "model": model or p.workload.model.name,
         "hardware": hardware or p.hardware.name,
@@ -214,6 +216,7 @@ def row(result: RunResult, model: str = "", hardware: str = "", cache_type: str 
         "ring_alloc_mib": last.ring_alloc_bytes / MIB if not declined else 0.0,
         "declined": declined,
         "decline_reason": next((s.decline_reason for s in g if s.decline_reason), ""),
+        "calibrated_entry": calibrated,  # a calibrated profile's workload entry used ("" for a preset)
         "early_mib": mean([s.early_bytes for s in g]) / MIB,
         "late_mib": mean([s.late_bytes for s in g]) / MIB,
         "ordered_mib": mean([s.ordered_bytes for s in g]) / MIB,

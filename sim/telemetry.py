@@ -117,6 +117,8 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     for r, g in zip(rows, gains(rows), strict=True):
         b = r["breakdown_ms"]
         note = ("declined: " + r["decline_reason"]) if r["declined"] else ""
+        if r.get("calibrated_entry", "").startswith("none"):
+            note = (note + "; " if note else "") + "no calibrated entry for this model and cache type: the device's compute"
         if r.get("hazards"):
             note = (note + "; " if note else "") + f"{r['hazards']} hazards"
         lines.append([
