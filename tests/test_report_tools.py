@@ -10,7 +10,8 @@ import pytest
 
 from validate.report import compare, main
 
-H200 = Path(__file__).resolve().parents[1] / "validate" / "results" / "h200" / "run3"  # run 3: the last 48-point report in the format before cache-type keys
+# run 3: the last 48-point report in the format before cache-type keys
+H200 = Path(__file__).resolve().parents[1] / "validate" / "results" / "h200" / "run3"
 
 
 def _doc(tps: float, pred: float) -> dict:
@@ -58,3 +59,24 @@ def test_validate_keeps_parallel_sequences_apart_and_counts_every_sequence_s_tok
         assert 1.5 < two["predicted_tps"] / one["predicted_tps"] < 2.5
         assert 1.5 < two["measured_tps"] / one["measured_tps"] < 2.5
     assert "x2 split" in (tmp_path / "report.md").read_text()
+
+
+def test_host_launch_table_holds_each_traced_arm_s_split_launches_to_the_calibration(tmp_path: Path,
+                                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    cal = json.loads((H200 / "calibrated.json").read_text())
+    cal_us = cal["workloads"]["llama-3.1-8b"]["host_launch_us_mean"]
+    trace = {"traceEvents": [
+        {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "llama-3.1-8b ctx=4096 depth=1 budget=0 (cupy)"}},
+        {"ph": "M", "name": "thread_name", "pid": 0, "tid": 0, "args": {"name": "host"}},
+        {"ph": "M", "name": "thread_name", "pid": 0, "tid": 1, "args": {"name": "consumer0"}},
+        {"ph": "X", "pid": 0, "tid": 0, "name": "launch gpu_attn_l0", "ts": 0, "dur": cal_us},
+        {"ph": "X", "pid": 0, "tid": 0, "name": "launch gpu_attn_l1", "ts": 0, "dur": 3 * cal_us},
+        {"ph": "X", "pid": 0, "tid": 0, "name": "sync consumer0", "ts": 0, "dur": 99999.0},  # not a launch
+        {"ph": "X", "pid": 0, "tid": 1, "name": "launch gpu_attn_l2", "ts": 0, "dur": 99999.0},  # not the host
+    ]}
+    import gzip
+
+    (tmp_path / "t.json.gz").write_bytes(gzip.compress(json.dumps(trace).encode()))
+    assert main(["--host-launch", str(H200 / "calibrated.json"), str(tmp_path / "t.json.gz")]) == 0
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| llama")]
+    assert len(row) == 1 and row[0].split("|")[2].strip() == "2" and row[0].split("|")[5].strip() == "2.00"

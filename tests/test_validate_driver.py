@@ -29,6 +29,7 @@ def test_the_groups_of_a_model_take_turns_and_each_repetition_is_probed(tmp_path
     doc = json.loads((tmp_path / "report.json").read_text())
     assert doc["complete"] is True and doc["repetitions_done"] == 2
     assert all(p["repetitions"] == 2 and p["host_probe_launch_us"] > 0 for p in doc["points"])
+    assert all(p["host_split_launch_us"] > 0 and p["host_split_launch_vs_calibration"] > 0 for p in doc["points"])
     assert (tmp_path / "gain_vs_depth.png").exists()
 
 

@@ -147,6 +147,8 @@ def points(groups: Sequence[GroupResult], profile: HardwareProfile, meta: dict[s
             pred = predict(g, depth, budget, profile)
             rate, dbytes = delivery_rate(spans_run.spans)
             probes = [r.host_probe_launch_s * 1e6 for r in runs if r.host_probe_launch_s > 0]
+            split_us = split_launch_us(spans_run.spans)
+            cal_split_us = calibrated_split_launch_us(profile, g.workload.model.name, g.workload.cache_k.name)
             probe_us = statistics.median(probes) if probes else 0.0
             out.append({
                 "model": g.workload.model.name,
@@ -175,6 +177,8 @@ def points(groups: Sequence[GroupResult], profile: HardwareProfile, meta: dict[s
                 "hashes_equal_across_reps": len({tuple(r.step_hashes) for r in runs}) == 1,
                 "host_probe_launch_us": probe_us,  # the launch micro-cost measured before each repetition (median)
                 "host_probe_vs_calibration": probe_us / cal_launch_us if probe_us and cal_launch_us else 0.0,
+                "host_split_launch_us": split_us,  # the program's own launch of a GPU split, host time (traced repetition)
+                "host_split_launch_vs_calibration": split_us / cal_split_us if split_us and cal_split_us else 0.0,
                 "telemetry": measured_row,
                 "predicted": pred,
                 **meta,
@@ -243,10 +247,10 @@ def markdown(pts: Sequence[dict[str, Any]], summ: dict[str, Any], gate: dict[str
     for model, b in summ["copy_eq_compute"].items():
         lines.append(f"- {model}: copy ~ compute at context {b['context']:,} (depth {b['depth']}): "
                      f"{b['ceiling_share']:.1%} of the max(copy, compute) ceiling")
-    lines += ["", "Host probe: the launch micro-cost measured before each repetition over the calibration's "
-              "(1.00 = the host as fast as when calibrated; — = not probed).",
+    lines += ["", "Host launch: the program's host time to launch a GPU split (traced repetition) over the calibration's "
+              "(1.00 = the host as fast as when calibrated; above 1 slower; — = not traced).",
               "", "| model | context | depth | budget MiB | measured t/s (min-max) | predicted t/s | error | ceiling share | "
-              "ring MiB | early / late / ordered MiB | delivery GB/s | host probe | hash |",
+              "ring MiB | early / late / ordered MiB | delivery GB/s | host launch | hash |",
               "|---|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---|"]
     for p in pts:
         t = p["telemetry"]
@@ -264,8 +268,46 @@ def markdown(pts: Sequence[dict[str, Any]], summ: dict[str, Any], gate: dict[str
 
 
 def _probe(p: dict[str, Any]) -> str:
-    r = p.get("host_probe_vs_calibration", 0.0)
+    r = p.get("host_split_launch_vs_calibration", 0.0)
     return f"{r:.2f}" if r else "—"
+
+
+def split_launch_us(spans: Sequence[Span]) -> float:
+    """Mean host microseconds inside the launch of a GPU split (host spans ``launch gpu...``), 0 if none."""
+    xs = [s.end_s - s.start_s for s in spans if s.track == "host" and s.name.startswith("launch gpu")]
+    return statistics.fmean(xs) * 1e6 if xs else 0.0
+
+
+def calibrated_split_launch_us(profile: HardwareProfile, model: str, cache: str) -> float:
+    """What the calibration measured for the same launches (``split_launch_us``, or the older ``host_launch_us_mean``)."""
+    from backends.profile import workload_entry
+
+    found = workload_entry(profile, model, cache)
+    if not found:
+        return 0.0
+    return float(found[1].get("split_launch_us") or found[1].get("host_launch_us_mean") or 0.0)
+
+
+def host_launch_table(trace: dict[str, Any], calibration: dict[str, Any], cache: str = "q8_0") -> str:
+    """Per traced arm of a GPU Chrome trace: the program's mean split launch (host) against the calibration's."""
+    from backends.profile import profile_from_dict
+
+    profile = profile_from_dict(calibration, "calibration")
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    procs = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    durs: dict[int, list[float]] = {}
+    for e in events:
+        if e.get("ph") == "X" and threads.get((e["pid"], e["tid"])) == "host" and e["name"].startswith("launch gpu"):
+            durs.setdefault(e["pid"], []).append(float(e["dur"]))
+    lines = ["| traced arm | split launches | host µs per split launch | calibrated µs | ratio |", "|---|---:|---:|---:|---:|"]
+    for pid, xs in sorted(durs.items(), key=lambda kv: procs.get(kv[0], "")):
+        label = procs.get(pid, str(pid))
+        cal = calibrated_split_launch_us(profile, label.split()[0], cache)
+        mean = statistics.fmean(xs)
+        lines.append(f"| {label} | {len(xs)} | {mean:.1f} | {cal:.1f} | {mean / cal:.2f} |" if cal else
+                     f"| {label} | {len(xs)} | {mean:.1f} | — | — |")
+    return "\n".join(lines) + "\n"
 
 
 def plots(pts: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
@@ -382,7 +424,8 @@ def repredict(doc: dict[str, Any], calibration: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m validate.report FOLDER`` redraws a report's plots from its report.json;
     ``--compare A.json B.json ...`` prints the same points across several reports;
-    ``--repredict CALIBRATED.json REPORT.json`` holds a report's measurements to the current simulator.
+    ``--repredict CALIBRATED.json REPORT.json`` holds a report's measurements to the current simulator;
+    ``--host-launch CALIBRATED.json TRACE.json.gz`` compares a GPU trace's split launches with the calibration's.
     Blocks on the files (and the simulations)."""
     import argparse
 
@@ -391,8 +434,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--compare", action="store_true", help="print a table of the same points across the given report.json files")
     ap.add_argument("--repredict", metavar="CALIBRATED_JSON",
                     help="the calibration the report was predicted from: print measured, stored and current predictions")
+    ap.add_argument("--host-launch", metavar="CALIBRATED_JSON",
+                    help="with GPU trace files (.json or .json.gz): each traced arm's host time per split launch against the calibration's")
     args = ap.parse_args(argv)
     try:
+        if args.host_launch:
+            import gzip
+
+            cal = json.loads(Path(args.host_launch).read_text())
+            for path in args.paths:
+                raw = Path(path).read_bytes()
+                doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+                print(host_launch_table(doc, cal), end="")
+            return 0
         if args.repredict:
             cal = json.loads(Path(args.repredict).read_text())
             for path in args.paths:
