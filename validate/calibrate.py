@@ -26,8 +26,8 @@ Units: seconds and bytes inside; the file's units (us, GB/s, MiB) only in
 
 from __future__ import annotations
 
+import copy
 import datetime
-import json
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -269,7 +269,7 @@ def refit(data: dict[str, Any], models: dict[str, ModelShape]) -> dict[str, Any]
     to earlier measurements without touching a GPU. Returns a new dict; blocks
     for the simulations.
     """
-    out = json.loads(json.dumps(data))
+    out = copy.deepcopy(data)
     hardware = profile_from_dict(out, "calibration")
     for key, w in out.get("workloads", {}).items():
         model = models[key.split("@")[0]]

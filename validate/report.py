@@ -50,14 +50,19 @@ def predict(group: GroupResult, depth: int, budget_mib: float, profile: Hardware
     Remembered per (workload, warm-up, arm, profile), so a report rewritten
     after every repetition simulates each arm once.
     """
-    wl = group.workload
-    key = (wl, group.warmup, depth, budget_mib, id(profile), profile.name)
+    key = (group.workload, group.warmup, depth, budget_mib, id(profile), profile.name)
     if key not in _PREDICTED:
-        hw = for_workload(profile, wl.model.name, wl.cache_k.name)
-        res = simulate(Point(replace(wl, tokens=wl.tokens + group.warmup), hw, TransportConfig(depth=depth, budget_mib=budget_mib)))
-        res.graphs = res.graphs[group.warmup :]
-        _PREDICTED[key] = row(res)
+        _PREDICTED[key] = predict_arm(group.workload, group.warmup, depth, budget_mib, profile)
     return dict(_PREDICTED[key])
+
+
+def predict_arm(wl: Workload, warmup: int, depth: int, budget_mib: float, profile: HardwareProfile) -> dict[str, Any]:
+    """The row of ``wl``'s measured tokens (``wl.tokens``) after ``warmup`` unmeasured graphs, simulated on
+    ``profile``'s entry for the workload's program. Blocks for the simulation."""
+    hw = for_workload(profile, wl.model.name, wl.cache_k.name)
+    res = simulate(Point(replace(wl, tokens=wl.tokens + warmup), hw, TransportConfig(depth=depth, budget_mib=budget_mib)))
+    res.graphs = res.graphs[warmup:]
+    return row(res)
 
 
 def _window_copy_s(spans: Sequence[Span], graphs: int) -> float:
@@ -404,13 +409,10 @@ def repredict(doc: dict[str, Any], calibration: dict[str, Any]) -> str:
     lines = ["| point | measured t/s | stored prediction (error) | current prediction (error) |", "|---|---:|---:|---:|"]
     old_errs, new_errs = [], []
     for p in doc["points"]:
-        wl = Workload(load_model(p["model"]), cache_type(p.get("cache_type", "q8_0")), cache_type(p.get("cache_type", "q8_0")),
-                      (p["context"],), tokens=p["tokens_per_run"] + int(doc.get("warmup_graphs", 1)),
+        ct = cache_type(p.get("cache_type", "q8_0"))
+        wl = Workload(load_model(p["model"]), ct, ct, (p["context"],), tokens=p["tokens_per_run"],
                       n_parallel=p.get("parallel", 1), unified=p.get("unified", True))
-        hw = for_workload(profile, wl.model.name, wl.cache_k.name)
-        res = simulate(Point(wl, hw, TransportConfig(depth=p["depth"], budget_mib=p["budget_mib"])))
-        res.graphs = res.graphs[int(doc.get("warmup_graphs", 1)) :]
-        new = row(res)["tokens_per_s"]
+        new = predict_arm(wl, int(doc.get("warmup_graphs", 1)), p["depth"], p["budget_mib"], profile)["tokens_per_s"]
         meas, old = p["measured_tps"], p["predicted_tps"]
         old_errs.append(abs(old - meas) / meas)
         new_errs.append(abs(new - meas) / meas)
