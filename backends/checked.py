@@ -241,7 +241,12 @@ class CheckedBackend:
                     self._prune(hist)
 
     def _work_accesses(self, work: Work, actor: int, op: int, clock: list[int], host: list[int], plans: list[dict[Buffer, _Plan]]) -> None:
-        """``_accesses`` over a kernel's or CPU split's declared accesses (``clock`` is the actor's)."""
+        """``_accesses`` over a kernel's or CPU split's declared accesses (``clock`` is the actor's).
+
+        The check loop is written out here and in ``copy`` on purpose: routing both through
+        ``_accesses`` (attrgetter tuples, one list per copy) measured +0.02 s on the checker
+        benchmark, about 15% of the checker's cost (+27% -> +31% over a plain simulation).
+        """
         tick = clock[actor]
         reads, writes = plans[2 * actor], plans[2 * actor + 1]
         for access in work.accesses:
