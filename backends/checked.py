@@ -16,16 +16,28 @@ orderings a CUDA program can rely on, at enqueue time:
   the event's snapshot; a copy from pageable host memory blocks the host, so
   it joins the copy's stream into the host.
 
-Every memory access is recorded with its actor and that actor's clock: a copy
-reads its source ranges and writes its destination ranges (``CopyRange``,
-2D pieces row by row), a kernel or CPU split accesses ``Work.accesses``, and
-``free`` writes the whole buffer (memory returned while a copy is in flight is
-a race too). A new access is compared with the earlier accesses of the same
-buffer on overlapping bytes: a read/write or write/write pair whose earlier
-access does not happen before the later one is a *hazard*, reported with both
-operations (kind, name, actor, the split the host was at), the buffer and the
-byte range. Accesses the host has synchronized past are pruned (everything
-enqueued later is ordered after them), so the history stays short and the checker costs little in a plain simulation.
+Every operation's memory accesses count: a copy reads its source ranges and
+writes its destination ranges (``CopyRange``, 2D pieces row by row), a kernel
+or CPU split accesses ``Work.accesses``, and ``free`` writes the whole buffer
+(memory returned while a copy is in flight is a race too). Two accesses of
+different actors to overlapping bytes of one buffer, at least one a write,
+whose earlier one does not happen before the later one, are a *hazard*,
+reported with both operations (kind, name, actor, the split the host was at),
+the buffer and the byte range.
+
+**What is kept: the operations in flight.** A stream's operation can only be
+unordered with a later one while the host has not synchronized past it:
+everything enqueued later joins the host's clock, and a host operation is
+ordered before everything enqueued after it. So the checker keeps, per
+stream, just the operations the host does not know of yet (in enqueue order;
+a ``synchronize`` empties the stream's list, any join of the host's clock
+drops what it now covers), and checks an operation only against the kept
+operations of the *other* actors that its own clock does not cover. When
+there are none, the common case in a decode loop that synchronizes often, an
+operation costs a tick, one record and one appended item: its byte ranges are
+looked at only when something unordered with it is in flight, and then only
+those in-flight operations are compared. A host operation's accesses are
+checked and never kept.
 
 The checker only looks at what the host program enqueues; it does not need
 real bytes, so it runs in timing-only simulations too.
@@ -35,17 +47,26 @@ from __future__ import annotations
 
 import bisect
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backends.base import Backend, Buffer, CopyRange, Event, HostOp, Span, Stream, Work
+from backends.base import Access, Backend, Buffer, CopyRange, Event, HostOp, Span, Stream, Work
 
 HOST = 0
-PRUNE_AT = 64  # a history is pruned when a list outgrows this (pruning changes no report: it drops only ordered accesses)
-_TICK = operator.itemgetter(2)  # the tick of a history entry (lo, hi, tick, op)
+_TICK = operator.itemgetter(0)  # the tick of a kept item
 
-_Entries = list[tuple[int, int, int, int]]  # (lo, hi, tick, op), ticks ascending
+# An accessed byte range: (buffer, lo, hi, write).
+_Range = tuple[Buffer, int, int, bool]
+# A stream's operation the host does not know of yet (a *kept item*), as a list
+# [tick, op, src, dst, what, found, name, context, actor]: a copy has its source and
+# destination buffers, its CopyRanges in ``what`` and its tag as ``name``; a kernel has
+# src = dst = None, its Work.accesses in ``what`` and its name. ``found`` is None until the
+# item is first compared with something, then its _Found; ``context`` is the split the host was at.
+_Item = list[Any]
+# A kept item's accesses, made when it is first compared: (the item, its writes, its reads), each
+# per buffer as [lowest byte, highest byte + 1, its (lo, hi) ranges in order].
+_Found = tuple[_Item, dict[Buffer, list[Any]], dict[Buffer, list[Any]]]
 
 
 @dataclass(frozen=True)
@@ -98,21 +119,43 @@ class CopySeen:
     tag: str
 
 
-class _History:
-    """One buffer's unpruned accesses: per (actor, write), in order of first access, a list of (lo, hi, tick, op), ticks ascending."""
+def _copy_ranges(src: Buffer, dst: Buffer, ranges: Sequence[CopyRange]) -> list[_Range]:
+    """A copy's accesses, in order: per range its source rows (reads), then its destination (a write)."""
+    out: list[_Range] = []
+    for r in ranges:
+        n = r.nbytes
+        if n <= 0:
+            continue
+        if r.rows == 1:
+            out.append((src, r.src_offset, r.src_offset + n, False))
+        else:
+            out += [(src, o, o + w, False) for o, w in r.src_rows()]
+        out.append((dst, r.dst_offset, r.dst_offset + n, True))
+    return out
 
-    __slots__ = ("lists", "limit")
 
-    def __init__(self) -> None:
-        self.lists: list[tuple[int, bool, _Entries]] = []
-        self.limit = PRUNE_AT
+def _work_ranges(accesses: Sequence[Any]) -> list[_Range]:
+    """A kernel's or CPU split's declared ``Access``es as ranges (empty ones left out)."""
+    return [(x.buffer, x.offset, x.offset + x.nbytes, x.write) for x in accesses if x.nbytes > 0]
 
 
-# What an access of one kind (actor, write) to one buffer walks: the lists of the other actors it can
-# conflict with (their writes; their reads too if it writes), in the history's order, the actor's own
-# list of that kind (None until it has one) and the history. Cached per kind and buffer; a new list
-# in the history drops every plan of that buffer.
-_Plan = tuple[tuple[tuple[int, bool, _Entries], ...], "_Entries | None", _History]
+def _ranges_of(item: _Item) -> _Found:
+    """(item, its writes, its reads), each per buffer, computed when the item is first compared and kept in it."""
+    src, dst, what = item[2], item[3], item[4]
+    found: _Found = (item, {}, {})
+    for buf, lo, hi, write in _work_ranges(what) if src is None else _copy_ranges(src, dst, what):
+        by_buf = found[1] if write else found[2]
+        entry = by_buf.get(buf)
+        if entry is None:
+            by_buf[buf] = [lo, hi, [(lo, hi)]]
+        else:
+            if lo < entry[0]:
+                entry[0] = lo
+            if hi > entry[1]:
+                entry[1] = hi
+            entry[2].append((lo, hi))
+    item[5] = found
+    return found
 
 
 class CheckedBackend:
@@ -131,19 +174,16 @@ class CheckedBackend:
         self._host = self._clocks[HOST]  # the host's clock; every join and new actor updates it in place
         self._actor_of: dict[Stream, int] = {}
         self._events: dict[Event, list[int]] = {}
-        self._hist: dict[Buffer, _History] = {}
-        self._plans: list[dict[Buffer, _Plan]] = [{}, {}]  # per kind, actor * 2 + write: buffer -> its plan
-        self._ops: list[tuple[str, str, int, str]] = []
+        self._kept: list[list[_Item]] = [[]]  # per actor, its operations the host does not know of (the host's stays empty)
+        self._others: list[tuple[tuple[int, list[_Item]], ...]] = [()]  # per actor, (actor, kept) of every stream but itself
+        self._n_ops = 0  # operations that touched memory so far (an operation's id is its number)
         self._pairs: set[tuple[int, int]] = set()
-        self._context = [""]  # the name of the split the host is at (a cell, so the hot methods reach it through _hot)
+        self._context = ""  # the name of the split the host is at
         self._waited: list[bool] = [False]  # per stream: joined an event snapshot since the host last joined its clock
-        # The containers the hot methods use, fetched with one attribute load: ``__getattr__`` makes
-        # every ``self.x`` of this class take the slow generic path. They are only ever changed in place.
-        self._hot = (self._actor_of, self._clocks, self._host, self._plans, self._ops, self._waited, self._context)
         self.now_s = inner.now_s  # type: ignore[method-assign]
 
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.inner, attr)
+    # Only the Protocol is forwarded (the inner backend is ``.inner``): a ``__getattr__`` would
+    # make every ``self.x`` load of this class take CPython's slow generic path.
 
     # ------------------------------------------------------------ clocks
     #
@@ -151,6 +191,10 @@ class CheckedBackend:
     # enqueue would join the host's clock, which only grows, so a stream's
     # effective clock is max(its own, the host's now). That spares a join per
     # enqueue; ``record`` materializes the effective clock into the event.
+    #
+    # Kept items: a stream's operations with a tick the host's clock does not
+    # cover, ticks ascending. Whenever the host's clock grows, what it covers
+    # is dropped (it happens before everything enqueued from then on).
 
     def _actor(self, stream: Stream) -> int:
         a = self._actor_of.get(stream)
@@ -162,7 +206,9 @@ class CheckedBackend:
                 clock.append(0)
             self._clocks.append([0] * (a + 1))
             self._waited.append(False)
-            self._plans += ({}, {})
+            self._kept.append([])
+            streams = range(1, a + 1)
+            self._others = [tuple((b, self._kept[b]) for b in streams if b != me) for me in range(a + 1)]
         return a
 
     @staticmethod
@@ -175,134 +221,94 @@ class CheckedBackend:
                     into[i] = v
 
     def _host_learns(self, clock: Sequence[int]) -> None:
-        self._join(self._clocks[HOST], clock)
+        """Join ``clock`` into the host's, then drop the kept items it now covers."""
+        host = self._host
+        self._join(host, clock)
+        for a, items in enumerate(self._kept):
+            if items and items[0][0] <= host[a]:
+                if items[-1][0] <= host[a]:
+                    items.clear()
+                else:
+                    del items[: bisect.bisect_right(items, host[a], key=_TICK)]
 
     # ---------------------------------------------------------- accesses
     #
-    # An access by ``actor`` at ``tick`` (its own clock entry) is checked against
-    # each list of its plan: the list's last tick is its latest, so when that is
-    # within what the actor knows of the list's actor (its own clock or the
-    # host's, whichever is later), the whole list happens before the access.
-    # Otherwise ``_scan`` compares the entries the actor does not know of,
-    # newest first. Then the access is added to the actor's own list (a host
-    # access is not kept: it happens before everything enqueued after it).
+    # An operation by ``actor`` is compared with the kept items of every other
+    # stream that its clock does not cover (ticks above what it knows of that
+    # stream: its own clock entry or the host's, whichever is later). The hot
+    # methods test for any such item inline and call ``_check`` only then; it
+    # skips a kept copy whose two buffers cannot conflict before building any
+    # range, and builds an item's ranges once, per buffer with their bounds.
 
-    def _plan(self, buf: Buffer, actor: int, write: bool) -> _Plan:
-        hist = self._hist.get(buf)
-        if hist is None:
-            hist = self._hist[buf] = _History()
-        lists = hist.lists
-        checks = tuple(e for e in lists if e[0] != actor and (write or e[1]))
-        own = next((entries for other, w, entries in lists if other == actor and w == write), None)
-        plan = self._plans[2 * actor + write][buf] = (checks, own, hist)
-        return plan
+    def _check(
+        self, actor: int, op: int, clock: list[int], me: tuple[str, str, str], src: Buffer | None, dst: Buffer | None, what: Sequence[Any]
+    ) -> None:
+        """Report each access of operation ``op`` on ``actor`` that conflicts with an unordered kept item.
 
-    def _own(self, buf: Buffer, hist: _History, actor: int, write: bool) -> _Entries:
-        """A new list for (actor, write) on ``buf``, last in walk order; the buffer's plans are dropped."""
-        entries: _Entries = []
-        hist.lists.append((actor, write, entries))
-        for plans in self._plans:
-            plans.pop(buf, None)
-        return entries
-
-    def _scan(self, buf: Buffer, lo: int, hi: int, write: bool, op: int, other_write: bool, entries: _Entries, seen: int) -> None:
-        """Report every entry after ``seen`` that overlaps [lo, hi), newest first."""
-        for e_lo, e_hi, e_tick, e_op in reversed(entries):
-            if e_tick <= seen:
-                break
-            if e_lo < hi and lo < e_hi and e_op != op:
-                self._report(buf, max(lo, e_lo), min(hi, e_hi), e_op, other_write, write, op)
-
-    def _accesses(self, accesses: Iterable[tuple[Buffer, int, int, bool]], actor: int, op: int) -> None:
-        """Check, then record, each (buffer, offset, nbytes, write) access of one operation on ``actor``, in order."""
-        clock = self._clocks[actor]
-        host = self._host
-        tick = clock[actor]
-        reads, writes = self._plans[2 * actor], self._plans[2 * actor + 1]
-        for buf, lo, n, write in accesses:
-            if n <= 0:
-                continue
-            hi = lo + n
-            plan = (writes if write else reads).get(buf)
-            if plan is None:
-                plan = self._plan(buf, actor, write)
-            checks, own, hist = plan
-            for other, other_write, entries in checks:
-                if entries:
-                    c, h = clock[other], host[other]
-                    seen = c if c > h else h
-                    if entries[-1][2] > seen:
-                        self._scan(buf, lo, hi, write, op, other_write, entries, seen)
-            if actor:
-                if own is None:
-                    own = self._own(buf, hist, actor, write)
-                own.append((lo, hi, tick, op))
-                if len(own) > hist.limit:
-                    self._prune(hist)
-
-    def _work_accesses(self, work: Work, actor: int, op: int, clock: list[int], host: list[int], plans: list[dict[Buffer, _Plan]]) -> None:
-        """``_accesses`` over a kernel's or CPU split's declared accesses (``clock`` is the actor's).
-
-        The check loop is written out here and in ``copy`` on purpose: routing both through
-        ``_accesses`` (attrgetter tuples, one list per copy) measured +0.02 s on the checker
-        benchmark, about 15% of the checker's cost (+27% -> +31% over a plain simulation).
+        The operation is a copy (``src``, ``dst``, its CopyRanges in ``what``) or, with ``src`` None,
+        a kernel, CPU split or free (its ``Access``es in ``what``); ``me`` is its (kind, name,
+        context). In the order of its accesses; per access, the other streams in order, their
+        items newest first.
         """
-        tick = clock[actor]
-        reads, writes = plans[2 * actor], plans[2 * actor + 1]
-        for access in work.accesses:
-            n = access.nbytes
-            if n <= 0:
-                continue
-            buf = access.buffer
-            write = access.write
-            lo = access.offset
-            hi = lo + n
-            plan = (writes if write else reads).get(buf)
-            if plan is None:
-                plan = self._plan(buf, actor, write)
-            checks, own, hist = plan
-            for other, other_write, entries in checks:
-                if entries:
-                    c, h = clock[other], host[other]
-                    seen = c if c > h else h
-                    if entries[-1][2] > seen:
-                        self._scan(buf, lo, hi, write, op, other_write, entries, seen)
-            if actor:
-                if own is None:
-                    own = self._own(buf, hist, actor, write)
-                own.append((lo, hi, tick, op))
-                if len(own) > hist.limit:
-                    self._prune(hist)
+        host = self._host
+        mine = x_any = x_writes = None
+        if src is None:
+            mine = _work_ranges(what)
+            x_any = {r[0] for r in mine}
+            x_writes = {r[0] for r in mine if r[3]}
+        unordered: list[_Found] = []
+        for b, items in self._others[actor]:
+            if items:
+                c, h = clock[b], host[b]
+                seen = c if c > h else h
+                for item in reversed(items):
+                    if item[0] <= seen:
+                        break
+                    y_src = item[2]
+                    if y_src is not None:  # a kept copy reads y_src and writes y_dst: skip it unless it can conflict
+                        y_dst = item[3]
+                        if src is not None:
+                            if src is not y_dst and dst is not y_dst and dst is not y_src:
+                                continue
+                        elif y_dst not in x_any and y_src not in x_writes:  # type: ignore[operator]
+                            continue
+                    unordered.append(item[5] or _ranges_of(item))
+        if not unordered:
+            return
+        if mine is None:
+            mine = _copy_ranges(src, dst, what)  # type: ignore[arg-type]
+        for buf, lo, hi, write in mine:
+            for first, writes, reads in unordered:
+                entry = writes.get(buf)  # their writes conflict with any access
+                if entry is not None and entry[0] < hi and lo < entry[1]:
+                    for o_lo, o_hi in entry[2]:
+                        if o_lo < hi and lo < o_hi:
+                            self._report(buf, o_lo if o_lo > lo else lo, o_hi if o_hi < hi else hi, first, True, actor, op, me, write)
+                entry = reads.get(buf) if write else None  # their reads only with a write
+                if entry is not None and entry[0] < hi and lo < entry[1]:
+                    for o_lo, o_hi in entry[2]:
+                        if o_lo < hi and lo < o_hi:
+                            self._report(buf, o_lo if o_lo > lo else lo, o_hi if o_hi < hi else hi, first, False, actor, op, me, write)
 
-    def _report(self, buf: Buffer, lo: int, hi: int, first_op: int, first_write: bool, write: bool, op: int) -> None:
-        pair = (first_op, op)
+    def _report(
+        self, buf: Buffer, lo: int, hi: int, first: _Item, first_write: bool, actor: int, op: int, me: tuple[str, str, str], write: bool
+    ) -> None:
+        """Count the pair (``first``'s operation, ``op``) once; keep the first ``max_examples`` as examples."""
+        pair = (first[1], op)
         if pair in self._pairs:
             return
         self._pairs.add(pair)
         self.hazard_count += 1
         if len(self.examples) < self.max_examples:
-            self.examples.append(Hazard(buf.name, lo, hi, self._op_of(first_op), first_write, self._op_of(op), write))
+            second = Op(me[0], me[1], self._actors[actor], me[2])
+            self.examples.append(Hazard(buf.name, lo, hi, self._op_of(first), first_write, second, write))
 
-    def _op_of(self, op: int) -> Op:
-        kind, name, actor, context = self._ops[op]
-        return Op(kind, name, self._actors[actor], context)
-
-    def _prune(self, hist: _History) -> None:
-        """Drop accesses the host already knows about.
-
-        A later access is either the host's own or enqueued later, and every
-        enqueue joins the host's clock: once the host's clock covers an access,
-        it happens before everything still to come.
-        """
-        host = self._host
-        longest = 0
-        for actor, _, entries in hist.lists:
-            seen = host[actor]
-            if entries and entries[0][2] <= seen:
-                del entries[: bisect.bisect_right(entries, seen, key=_TICK)]
-            if len(entries) > longest:
-                longest = len(entries)
-        hist.limit = max(PRUNE_AT, 2 * longest)
+    def _op_of(self, item: _Item) -> Op:
+        """The kept item's operation, for a report."""
+        _, _, src, dst, _, _, name, context, actor = item
+        if src is None:
+            return Op("kernel", name, self._actors[actor], context)
+        return Op("copy", name or f"{src.name}->{dst.name}", self._actors[actor], context)
 
     # --------------------------------------------------------- Protocol
 
@@ -325,21 +331,19 @@ class CheckedBackend:
     # the checker adds no generator layer.
 
     def record(self, event: Event, stream: Stream) -> HostOp:
-        actor_of, clocks, host, _, _, _, _ = self._hot
-        a = actor_of.get(stream)
+        a = self._actor_of.get(stream)
         if a is None:
             a = self._actor(stream)
-        clock = clocks[a]
+        clock = self._clocks[a]
         clock[a] += 1
-        self._events[event] = list(map(max, clock, host))  # the stream's effective clock
+        self._events[event] = list(map(max, clock, self._host))  # the stream's effective clock
         return self.inner.record(event, stream)
 
     def wait_event(self, stream: Stream, event: Event) -> HostOp:
-        actor_of, clocks, _, _, _, waited, _ = self._hot
-        a = actor_of.get(stream)
+        a = self._actor_of.get(stream)
         if a is None:
             a = self._actor(stream)
-        clock = clocks[a]
+        clock = self._clocks[a]
         clock[a] += 1
         snap = self._events.get(event)
         if snap is not None:
@@ -347,69 +351,29 @@ class CheckedBackend:
                 clock[:] = map(max, clock, snap)
             else:
                 self._join(clock, snap)
-            waited[a] = True
+            self._waited[a] = True
         return self.inner.wait_event(stream, event)
 
     def copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], tag: str = "") -> HostOp:
-        # the enqueue, the op record and the common one-range check, inline on the busiest operation
-        actor_of, clocks, host, plans, ops, _, context = self._hot
-        a = actor_of.get(stream)
+        a = self._actor_of.get(stream)
         if a is None:
             a = self._actor(stream)
-        clock = clocks[a]
+        clock = self._clocks[a]
         tick = clock[a] + 1
         clock[a] = tick
-        op = len(ops)
-        ops.append(("copy", tag or f"{src.name}->{dst.name}", a, context[0]))
-        if len(ranges) == 1 and ranges[0].rows == 1:
-            r = ranges[0]
-            n = r.nbytes
-            if n > 0:
-                lo = r.src_offset
-                hi = lo + n
-                plan = plans[2 * a].get(src)
-                if plan is None:
-                    plan = self._plan(src, a, False)
-                checks, own, hist = plan
-                for other, other_write, entries in checks:  # the writes of other actors
-                    if entries:
-                        c, h = clock[other], host[other]
-                        seen = c if c > h else h
-                        if entries[-1][2] > seen:
-                            self._scan(src, lo, hi, False, op, other_write, entries, seen)
-                if own is None:
-                    own = self._own(src, hist, a, False)
-                own.append((lo, hi, tick, op))
-                if len(own) > hist.limit:
-                    self._prune(hist)
-                lo = r.dst_offset
-                hi = lo + n
-                plan = plans[2 * a + 1].get(dst)
-                if plan is None:
-                    plan = self._plan(dst, a, True)
-                checks, own, hist = plan
-                for other, other_write, entries in checks:
-                    if entries:
-                        c, h = clock[other], host[other]
-                        seen = c if c > h else h
-                        if entries[-1][2] > seen:
-                            self._scan(dst, lo, hi, True, op, other_write, entries, seen)
-                if own is None:
-                    own = self._own(dst, hist, a, True)
-                own.append((lo, hi, tick, op))
-                if len(own) > hist.limit:
-                    self._prune(hist)
-        else:
-            accesses: list[tuple[Buffer, int, int, bool]] = []
-            for r in ranges:
-                if r.rows == 1:
-                    accesses.append((src, r.src_offset, r.nbytes, False))
-                else:
-                    accesses += [(src, o, n, False) for o, n in r.src_rows()]
-                accesses.append((dst, r.dst_offset, r.nbytes, True))
-            self._accesses(accesses, a, op)
+        op = self._n_ops
+        self._n_ops = op + 1
+        ranges = tuple(ranges)  # kept: the caller's sequence is not ours
+        host = self._host
+        for b, items in self._others[a]:
+            if items:
+                t = items[-1][0]
+                if t > clock[b] and t > host[b]:
+                    self._check(a, op, clock, ("copy", tag or f"{src.name}->{dst.name}", self._context), src, dst, ranges)
+                    break
+        self._kept[a].append([tick, op, src, dst, ranges, None, tag, self._context, a])
         if self.record_copies:
-            self.copies.append(CopySeen(stream.name, dst, src, tuple(ranges), tag))
+            self.copies.append(CopySeen(stream.name, dst, src, ranges, tag))
         inner = self.inner.copy(stream, dst, src, ranges, tag)
         return inner if (src if src.device < 0 else dst).pinned else self._then_host_learns(inner, a)
 
@@ -420,37 +384,48 @@ class CheckedBackend:
         return result
 
     def launch(self, stream: Stream, work: Work) -> HostOp:
-        actor_of, clocks, host, plans, ops, _, context = self._hot
-        a = actor_of.get(stream)
+        a = self._actor_of.get(stream)
         if a is None:
             a = self._actor(stream)
-        clock = clocks[a]
-        clock[a] += 1
-        name = context[0] = work.name
-        ops.append(("kernel", name, a, name))  # an Op is built only when reported
-        self._work_accesses(work, a, len(ops) - 1, clock, host, plans)
+        clock = self._clocks[a]
+        tick = clock[a] + 1
+        clock[a] = tick
+        op = self._n_ops
+        self._n_ops = op + 1
+        name = self._context = work.name
+        host = self._host
+        for b, items in self._others[a]:
+            if items:
+                t = items[-1][0]
+                if t > clock[b] and t > host[b]:
+                    self._check(a, op, clock, ("kernel", name, name), None, None, work.accesses)
+                    break
+        self._kept[a].append([tick, op, None, None, work.accesses, None, name, name, a])
         return self.inner.launch(stream, work)
 
     def run_host(self, work: Work) -> HostOp:
-        _, _, host, plans, ops, _, context = self._hot
+        host = self._host
         host[HOST] += 1
-        name = context[0] = work.name
-        ops.append(("cpu", name, HOST, name))
-        self._work_accesses(work, HOST, len(ops) - 1, host, host, plans)
+        op = self._n_ops
+        self._n_ops = op + 1
+        name = self._context = work.name
+        if any(self._kept):  # every kept item is one the host does not know of
+            self._check(HOST, op, host, ("cpu", name, name), None, None, work.accesses)
         return self.inner.run_host(work)
 
     def synchronize(self, stream: Stream) -> HostOp:
-        actor_of, clocks, host, _, _, waited, _ = self._hot
-        a = actor_of.get(stream)
+        a = self._actor_of.get(stream)
         if a is None:
             a = self._actor(stream)
-        if waited[a]:  # the stream joined an event since the host last joined it: join it all
-            waited[a] = False
-            self._join(host, clocks[a])
+        if self._waited[a]:  # the stream joined an event since the host last joined it: join it all
+            self._waited[a] = False
+            self._host_learns(self._clocks[a])
         else:  # only its own tick moved since: the host knew the rest at its last join, and the host's clock only grows
-            tick = clocks[a][a]
-            if tick > host[a]:
+            host = self._host
+            tick = self._clocks[a][a]
+            if tick > host[a]:  # (else it has nothing kept: the host knew all of it)
                 host[a] = tick
+                self._kept[a].clear()  # every operation of the stream is now known to the host
         return self.inner.synchronize(stream)
 
     def wait_host(self, event: Event) -> HostOp:
@@ -466,13 +441,12 @@ class CheckedBackend:
         return self.inner.alloc_host(nbytes, name, pinned)
 
     def free(self, buffer: Buffer) -> None:
-        self._host[HOST] += 1
-        ops = self._ops
-        ops.append(("free", buffer.name, HOST, self._context[0]))
-        self._accesses(((buffer, 0, buffer.nbytes, True),), HOST, len(ops) - 1)
-        self._hist.pop(buffer, None)
-        for plans in self._plans:
-            plans.pop(buffer, None)
+        host = self._host
+        host[HOST] += 1
+        op = self._n_ops
+        self._n_ops = op + 1
+        if buffer.nbytes > 0 and any(self._kept):
+            self._check(HOST, op, host, ("free", buffer.name, self._context), None, None, (Access(buffer, 0, buffer.nbytes, True),))
         self.inner.free(buffer)
 
     def free_bytes(self, device: int) -> int:
