@@ -59,7 +59,7 @@ _TICK = operator.itemgetter(0)  # the tick of a kept item
 # An accessed byte range: (buffer, lo, hi, write).
 _Range = tuple[Buffer, int, int, bool]
 # A stream's operation the host does not know of yet (a *kept item*), as a list
-# [tick, op, src, dst, what, found, name, context, actor]: a copy has its source and
+# [tick, actor, src, dst, what, found, name, context]: a copy has its source and
 # destination buffers, its CopyRanges in ``what`` and its tag as ``name``; a kernel has
 # src = dst = None, its Work.accesses in ``what`` and its name. ``found`` is None until the
 # item is first compared with something, then its _Found; ``context`` is the split the host was at.
@@ -143,7 +143,24 @@ def _ranges_of(item: _Item) -> _Found:
     """(item, its writes, its reads), each per buffer, computed when the item is first compared and kept in it."""
     src, dst, what = item[2], item[3], item[4]
     found: _Found = (item, {}, {})
-    for buf, lo, hi, write in _work_ranges(what) if src is None else _copy_ranges(src, dst, what):
+    if src is not None:  # a copy reads src and writes dst
+        reads: list[tuple[int, int]] = []
+        writes: list[tuple[int, int]] = []
+        for r in what:
+            n = r.nbytes
+            if n <= 0:
+                continue
+            if r.rows == 1:
+                reads.append((r.src_offset, r.src_offset + n))
+            else:
+                reads += [(o, o + w) for o, w in r.src_rows()]
+            writes.append((r.dst_offset, r.dst_offset + n))
+        if writes:
+            found[1][dst] = [min(writes)[0], max(hi for _, hi in writes), writes]
+            found[2][src] = [min(reads)[0], max(hi for _, hi in reads), reads]
+        item[5] = found
+        return found
+    for buf, lo, hi, write in _work_ranges(what):
         by_buf = found[1] if write else found[2]
         entry = by_buf.get(buf)
         if entry is None:
@@ -176,8 +193,7 @@ class CheckedBackend:
         self._events: dict[Event, list[int]] = {}
         self._kept: list[list[_Item]] = [[]]  # per actor, its operations the host does not know of (the host's stays empty)
         self._others: list[tuple[tuple[int, list[_Item]], ...]] = [()]  # per actor, (actor, kept) of every stream but itself
-        self._n_ops = 0  # operations that touched memory so far (an operation's id is its number)
-        self._pairs: set[tuple[int, int]] = set()
+        self._pairs: set[tuple[int, int, int, int]] = set()  # (actor, tick) of the first operation, then of the second
         self._context = ""  # the name of the split the host is at
         self._waited: list[bool] = [False]  # per stream: joined an event snapshot since the host last joined its clock
         self.now_s = inner.now_s  # type: ignore[method-assign]
@@ -241,9 +257,9 @@ class CheckedBackend:
     # range, and builds an item's ranges once, per buffer with their bounds.
 
     def _check(
-        self, actor: int, op: int, clock: list[int], me: tuple[str, str, str], src: Buffer | None, dst: Buffer | None, what: Sequence[Any]
+        self, actor: int, tick: int, clock: list[int], me: tuple[str, str, str], src: Buffer | None, dst: Buffer | None, what: Sequence[Any]
     ) -> None:
-        """Report each access of operation ``op`` on ``actor`` that conflicts with an unordered kept item.
+        """Report each access of the operation at ``tick`` on ``actor`` that conflicts with an unordered kept item.
 
         The operation is a copy (``src``, ``dst``, its CopyRanges in ``what``) or, with ``src`` None,
         a kernel, CPU split or free (its ``Access``es in ``what``); ``me`` is its (kind, name,
@@ -251,11 +267,6 @@ class CheckedBackend:
         items newest first.
         """
         host = self._host
-        mine = x_any = x_writes = None
-        if src is None:
-            mine = _work_ranges(what)
-            x_any = {r[0] for r in mine}
-            x_writes = {r[0] for r in mine if r[3]}
         unordered: list[_Found] = []
         for b, items in self._others[actor]:
             if items:
@@ -265,36 +276,35 @@ class CheckedBackend:
                     if item[0] <= seen:
                         break
                     y_src = item[2]
-                    if y_src is not None:  # a kept copy reads y_src and writes y_dst: skip it unless it can conflict
-                        y_dst = item[3]
-                        if src is not None:
-                            if src is not y_dst and dst is not y_dst and dst is not y_src:
-                                continue
-                        elif y_dst not in x_any and y_src not in x_writes:  # type: ignore[operator]
+                    if src is not None and y_src is not None:  # two copies: this one reads src and writes dst, the kept one
+                        y_dst = item[3]  # reads y_src and writes y_dst; skip it unless they can conflict
+                        if src is not y_dst and dst is not y_dst and dst is not y_src:
                             continue
                     unordered.append(item[5] or _ranges_of(item))
         if not unordered:
             return
-        if mine is None:
-            mine = _copy_ranges(src, dst, what)  # type: ignore[arg-type]
+        mine = _work_ranges(what) if src is None else _copy_ranges(src, dst, what)  # type: ignore[arg-type]
         for buf, lo, hi, write in mine:
             for first, writes, reads in unordered:
                 entry = writes.get(buf)  # their writes conflict with any access
                 if entry is not None and entry[0] < hi and lo < entry[1]:
                     for o_lo, o_hi in entry[2]:
                         if o_lo < hi and lo < o_hi:
-                            self._report(buf, o_lo if o_lo > lo else lo, o_hi if o_hi < hi else hi, first, True, actor, op, me, write)
+                            self._report(buf, o_lo if o_lo > lo else lo, o_hi if o_hi < hi else hi, first, True, actor, tick, me, write)
                 entry = reads.get(buf) if write else None  # their reads only with a write
                 if entry is not None and entry[0] < hi and lo < entry[1]:
                     for o_lo, o_hi in entry[2]:
                         if o_lo < hi and lo < o_hi:
-                            self._report(buf, o_lo if o_lo > lo else lo, o_hi if o_hi < hi else hi, first, False, actor, op, me, write)
+                            self._report(buf, o_lo if o_lo > lo else lo, o_hi if o_hi < hi else hi, first, False, actor, tick, me, write)
 
     def _report(
-        self, buf: Buffer, lo: int, hi: int, first: _Item, first_write: bool, actor: int, op: int, me: tuple[str, str, str], write: bool
+        self, buf: Buffer, lo: int, hi: int, first: _Item, first_write: bool, actor: int, tick: int, me: tuple[str, str, str], write: bool
     ) -> None:
-        """Count the pair (``first``'s operation, ``op``) once; keep the first ``max_examples`` as examples."""
-        pair = (first[1], op)
+        """Count the pair (``first``'s operation, this one) once; keep the first ``max_examples`` as examples.
+
+        An operation is named by its actor and its tick on that actor's clock: every operation ticks it.
+        """
+        pair = (first[1], first[0], actor, tick)
         if pair in self._pairs:
             return
         self._pairs.add(pair)
@@ -305,7 +315,7 @@ class CheckedBackend:
 
     def _op_of(self, item: _Item) -> Op:
         """The kept item's operation, for a report."""
-        _, _, src, dst, _, _, name, context, actor = item
+        _, actor, src, dst, _, _, name, context = item
         if src is None:
             return Op("kernel", name, self._actors[actor], context)
         return Op("copy", name or f"{src.name}->{dst.name}", self._actors[actor], context)
@@ -361,17 +371,15 @@ class CheckedBackend:
         clock = self._clocks[a]
         tick = clock[a] + 1
         clock[a] = tick
-        op = self._n_ops
-        self._n_ops = op + 1
         ranges = tuple(ranges)  # kept: the caller's sequence is not ours
         host = self._host
         for b, items in self._others[a]:
             if items:
                 t = items[-1][0]
                 if t > clock[b] and t > host[b]:
-                    self._check(a, op, clock, ("copy", tag or f"{src.name}->{dst.name}", self._context), src, dst, ranges)
+                    self._check(a, tick, clock, ("copy", tag or f"{src.name}->{dst.name}", self._context), src, dst, ranges)
                     break
-        self._kept[a].append([tick, op, src, dst, ranges, None, tag, self._context, a])
+        self._kept[a].append([tick, a, src, dst, ranges, None, tag, self._context])
         if self.record_copies:
             self.copies.append(CopySeen(stream.name, dst, src, ranges, tag))
         inner = self.inner.copy(stream, dst, src, ranges, tag)
@@ -390,27 +398,23 @@ class CheckedBackend:
         clock = self._clocks[a]
         tick = clock[a] + 1
         clock[a] = tick
-        op = self._n_ops
-        self._n_ops = op + 1
         name = self._context = work.name
         host = self._host
         for b, items in self._others[a]:
             if items:
                 t = items[-1][0]
                 if t > clock[b] and t > host[b]:
-                    self._check(a, op, clock, ("kernel", name, name), None, None, work.accesses)
+                    self._check(a, tick, clock, ("kernel", name, name), None, None, work.accesses)
                     break
-        self._kept[a].append([tick, op, None, None, work.accesses, None, name, name, a])
+        self._kept[a].append([tick, a, None, None, work.accesses, None, name, name])
         return self.inner.launch(stream, work)
 
     def run_host(self, work: Work) -> HostOp:
         host = self._host
-        host[HOST] += 1
-        op = self._n_ops
-        self._n_ops = op + 1
+        tick = host[HOST] = host[HOST] + 1
         name = self._context = work.name
         if any(self._kept):  # every kept item is one the host does not know of
-            self._check(HOST, op, host, ("cpu", name, name), None, None, work.accesses)
+            self._check(HOST, tick, host, ("cpu", name, name), None, None, work.accesses)
         return self.inner.run_host(work)
 
     def synchronize(self, stream: Stream) -> HostOp:
@@ -442,11 +446,9 @@ class CheckedBackend:
 
     def free(self, buffer: Buffer) -> None:
         host = self._host
-        host[HOST] += 1
-        op = self._n_ops
-        self._n_ops = op + 1
+        tick = host[HOST] = host[HOST] + 1
         if buffer.nbytes > 0 and any(self._kept):
-            self._check(HOST, op, host, ("free", buffer.name, self._context), None, None, (Access(buffer, 0, buffer.nbytes, True),))
+            self._check(HOST, tick, host, ("free", buffer.name, self._context), None, None, (Access(buffer, 0, buffer.nbytes, True),))
         self.inner.free(buffer)
 
     def free_bytes(self, device: int) -> int:
