@@ -364,21 +364,27 @@ class CheckedBackend:
             self._waited[a] = True
         return self.inner.wait_event(stream, event)
 
-    def copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], tag: str = "") -> HostOp:
+    def _enqueue(self, stream: Stream) -> tuple[int, list[int], int, bool]:
+        """Tick ``stream`` for an operation on it: (actor, its clock, the tick, whether another stream has unordered work in flight)."""
         a = self._actor_of.get(stream)
         if a is None:
             a = self._actor(stream)
         clock = self._clocks[a]
         tick = clock[a] + 1
         clock[a] = tick
-        ranges = tuple(ranges)  # kept: the caller's sequence is not ours
         host = self._host
         for b, items in self._others[a]:
             if items:
                 t = items[-1][0]
                 if t > clock[b] and t > host[b]:
-                    self._check(a, tick, clock, ("copy", tag or f"{src.name}->{dst.name}", self._context), src, dst, ranges)
-                    break
+                    return a, clock, tick, True
+        return a, clock, tick, False
+
+    def copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], tag: str = "") -> HostOp:
+        a, clock, tick, in_flight = self._enqueue(stream)
+        ranges = tuple(ranges)  # kept: the caller's sequence is not ours
+        if in_flight:
+            self._check(a, tick, clock, ("copy", tag or f"{src.name}->{dst.name}", self._context), src, dst, ranges)
         self._kept[a].append([tick, a, src, dst, ranges, None, tag, self._context])
         if self.record_copies:
             self.copies.append(CopySeen(stream.name, dst, src, ranges, tag))
@@ -392,20 +398,10 @@ class CheckedBackend:
         return result
 
     def launch(self, stream: Stream, work: Work) -> HostOp:
-        a = self._actor_of.get(stream)
-        if a is None:
-            a = self._actor(stream)
-        clock = self._clocks[a]
-        tick = clock[a] + 1
-        clock[a] = tick
+        a, clock, tick, in_flight = self._enqueue(stream)
         name = self._context = work.name
-        host = self._host
-        for b, items in self._others[a]:
-            if items:
-                t = items[-1][0]
-                if t > clock[b] and t > host[b]:
-                    self._check(a, tick, clock, ("kernel", name, name), None, None, work.accesses)
-                    break
+        if in_flight:
+            self._check(a, tick, clock, ("kernel", name, name), None, None, work.accesses)
         self._kept[a].append([tick, a, None, None, work.accesses, None, name, name])
         return self.inner.launch(stream, work)
 
