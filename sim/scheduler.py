@@ -162,6 +162,12 @@ class Program(Protocol):
 
     def cpu_run(self, split: Split, bindings: dict[str, tuple[Buffer, int, int]]) -> Callable[[Any], None] | None: ...
 
+    def graph_inputs(self, graph: DecodeGraph) -> dict[str, Any]:
+        """Bytes (uint8 arrays) of named small inputs, written into the host io buffer before their copy."""
+        ...
+
+    def host_update_run(self, graph: DecodeGraph) -> Callable[[Any], None] | None: ...
+
 
 @dataclass(eq=False)
 class _Ring:
@@ -243,6 +249,7 @@ class TransportScheduler:
         self._producers: set[int] = set()
         self.kernel_io_bytes = KERNEL_IO_BYTES
         self.history: list[GraphStats] = []
+        self._inputs: dict[str, Any] = {}
         if program is not None:
             program.setup(backend, host_cache)
 
@@ -425,6 +432,7 @@ class TransportScheduler:
                     tuple(Access(self.host_cache, o, n, True) for o, n in graph.host_writes_at_start),
                 )
             )
+        self._inputs = self.program.graph_inputs(graph) if self.program else {}
         plans = self._plan(graph, stats)
         self._reserve_graph(graph, plans, stats)
         self._account_idle(plans)
@@ -461,10 +469,16 @@ class TransportScheduler:
                 self._free_ring(ring)
 
     def _host_update_run(self, graph: DecodeGraph) -> Callable[[Any], None] | None:
-        if self.program is None:
-            return None
-        update = getattr(self.program, "host_update_run", None)
-        return update(graph) if update else None
+        return self.program.host_update_run(graph) if self.program else None
+
+    def _set_input(self, name: str, offset: int, nbytes: int) -> None:
+        """Write the program's bytes of input ``name`` (if any) into the host io buffer, before its copy. Host memory only."""
+        data = self._inputs.get(name)
+        if data is None or self.io_host.array is None:
+            return
+        if len(data) > nbytes:
+            raise ValueError(f"graph input {name}: the program wrote {len(data)} B into a {nbytes} B input")
+        self.io_host.array[offset : offset + len(data)] = data
 
     # ordered pieces --------------------------------------------------
 
@@ -527,6 +541,7 @@ class TransportScheduler:
                                                    [CopyRange(0, off, small.nbytes)], stats, small.name)
             yield from self._wait_consumer(dev, stats)
             for small in split.ordered:
+                self._set_input(small.name, off, small.nbytes)
                 yield from self._blocking_copy(consumer, io, self.io_host, [CopyRange(off, off, small.nbytes)], stats, small.name)
                 bindings[f"small:{small.name}"] = (io, off, small.nbytes)
                 off += small.nbytes

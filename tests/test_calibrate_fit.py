@@ -16,9 +16,9 @@ import pytest
 from backends.profile import ComputeModel, load_profile
 from backends.simpy_machine import SimMachine
 from sim.functional import functional_model
+from sim.program import WeightStore
 from sim.workload import CACHE_TYPES, load_model
 from validate.calibrate import _fastest_samples, calibrate_workload, fit_compute
-from validate.gpu_run import WeightStore
 
 TRUE = ComputeModel(layer_s=300e-6, attn_s=100e-6, attn_bytes_per_s=30e9, head_s=500e-6, cpu_split_s=8e-6, attn_floor_s=1.5e-3)
 

@@ -226,8 +226,10 @@ def test_alloc_is_outside_the_pool_and_free_bytes_moves() -> None:
 @pytest.mark.gpu
 def test_scheduler_output_is_identical_across_depths_on_the_gpu() -> None:
     from backends.profile import load_profile
+    from sim.program import WeightStore
+    from sim.program import gpu_program as GpuProgram
     from sim.workload import Workload, cache_type, load_model
-    from validate.gpu_run import GpuProgram, WeightStore, run_group
+    from validate.gpu_run import run_group
 
     be = _gpu()
     q = cache_type("q8_0")
@@ -276,9 +278,11 @@ def test_fake_engine_track_is_serialised(fake_gpu: CupyGPU) -> None:
 
 def test_fake_gpu_runs_the_scheduler_and_the_report(fake_gpu: CupyGPU, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from backends.profile import load_profile
+    from sim.program import WeightStore
+    from sim.program import gpu_program as GpuProgram
     from sim.workload import Workload, cache_type
     from tests.conftest import toy_model
-    from validate.gpu_run import GpuProgram, WeightStore, run_group
+    from validate.gpu_run import run_group
     from validate.report import write_report
 
     be = fake_gpu

@@ -115,7 +115,7 @@ def test_plain_rows_say_no_hazards_and_have_no_output_hash(capsys: pytest.Captur
 
 
 def test_functional_refuses_a_cache_type_the_program_cannot_encode(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["simulate", "--functional", "--cache-type", "q4_0"]) == 2
+    assert main(["simulate", "--functional", "--cache-type", "q5_0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "q4_0" in err and "Traceback" not in err
 

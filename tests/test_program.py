@@ -16,7 +16,7 @@ from sim.simulate import Point
 from sim.workload import CacheType, Workload, cache_type
 from tests.conftest import toy_model
 
-CODECS = ("f32", "f16", "bf16", "q8_0")
+CODECS = ("f32", "f16", "bf16", "q8_0", "q4_0")
 
 
 @pytest.mark.parametrize("name", CODECS)
@@ -29,6 +29,9 @@ def test_codec_round_trip_is_within_the_type_precision(name: str) -> None:
     if name == "q8_0":  # half a step of each 32-element block, plus the f16 rounding of the scale (127 steps)
         step = np.abs(x.reshape(-1, 32)).max(axis=1, keepdims=True) / 127
         assert np.all(np.abs((x - y).reshape(-1, 32)) <= step * (0.5 + 127 * 2.0**-11) + 1e-6)
+    elif name == "q4_0":  # a step is max/8; the value 8*d (the largest magnitude with the other sign) clips to 7*d
+        step = np.abs(x.reshape(-1, 32)).max(axis=1, keepdims=True) / 8
+        assert np.all(np.abs((x - y).reshape(-1, 32)) <= step * (1.0 + 16 * 2.0**-11) + 1e-6)
     else:
         tol = {"f32": 0.0, "f16": 1e-3, "bf16": 8e-3}[name]
         assert np.all(np.abs(x - y) <= tol * np.abs(x) + 1e-7)
@@ -44,9 +47,18 @@ def test_q8_0_block_is_an_f16_scale_then_32_int8() -> None:
     assert q[3] == -127 and np.count_nonzero(q) == 1
 
 
+def test_q4_0_block_is_an_f16_scale_then_nibbles_low_half_first() -> None:
+    x = np.zeros((1, 32), np.float32)
+    x[0, 1], x[0, 17] = -4.0, 2.0  # d = -4 / -8 = 0.5: element 1 -> q 0 (low nibble), element 17 -> q 12 (high nibble of byte 1)
+    raw = encode_rows(np, x, cache_type("q4_0"))
+    assert raw.shape == (1, 18) and raw[0, :2].view(np.float16)[0] == np.float16(0.5)
+    assert raw[0, 3] == (0 | 12 << 4) and raw[0, 2] == (8 | 8 << 4)
+    assert np.array_equal(decode_rows(np, raw, cache_type("q4_0"), 32), x)
+
+
 def test_unsupported_cache_type_is_refused() -> None:
-    with pytest.raises(ValueError, match="q4_0"):
-        encode_rows(np, np.zeros((1, 32), np.float32), CacheType("q4_0", 32, 18))
+    with pytest.raises(ValueError, match="q4_1"):
+        encode_rows(np, np.zeros((1, 32), np.float32), CacheType("q4_1", 32, 20))
 
 
 def _point(context: int = 100, tokens: int = 3, cache: str = "f16", depth: int = 0) -> Point:
@@ -120,5 +132,5 @@ def test_hidden_sizes_are_capped_but_kv_rows_are_the_workload_s() -> None:
     p = _point()
     wl = replace(p.workload, model=replace(p.workload.model, hidden=4096, ffn=16384, vocab=100000))
     program = DecodeProgram(wl, ProgramConfig(max_hidden=32, max_ffn=48, max_vocab=64))
-    assert (program.hidden, program.ffn, program.vocab) == (32, 48, 64)
+    assert (program.hidden, program.ffn, program.vocab) == (32, 32, 64)  # whole 32-element blocks
     assert (program.kb, program.vb) == (wl.k_row_bytes, wl.v_row_bytes)

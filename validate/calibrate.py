@@ -38,11 +38,12 @@ import numpy as np
 from backends.base import Backend
 from backends.profile import MIB, ComputeModel, HardwareProfile, compute_model_of, profile_from_dict, workload_key
 from sim.graph import decode_graph
+from sim.program import WeightStore, gpu_program
 from sim.scheduler import TransportConfig
 from sim.simulate import Point, simulate
 from sim.workload import CacheType, ModelShape, Workload, cache_type
 from validate import micro
-from validate.gpu_run import GpuProgram, WeightStore, run_group
+from validate.gpu_run import run_group
 
 CALIBRATION_WINDOWS = (2048, 12288, 32768, 98304)
 
@@ -194,7 +195,7 @@ def calibrate_workload(
     for _ in range(max(1, rounds)):
         for ctx in windows:
             wl = Workload(model, ctype, ctype, (ctx,), tokens=tokens)
-            prog = GpuProgram(wl, xp, store, scale=scale)
+            prog = gpu_program(wl, xp, store, scale=scale)
             group = run_group(be, wl, hardware, [(0, 0.0), (1, 0.0)], prog, reps=1, warmup=warmup, progress=progress)
             run0, run1 = group.arm(0, 0.0)[0], group.arm(1, 0.0)[0]
             s, c = split_samples(wl, hardware, run0.spans, tokens, warmup)

@@ -94,7 +94,8 @@ def run_validate(backend: Any, xp: Any, info: dict[str, Any], points: Sequence[P
     over repetitions leaves it out, instead of moving every repetition of one
     group. Every repetition starts with a host probe (``GroupRunner``).
     """
-    from validate.gpu_run import GpuProgram, GroupResult, GroupRunner, WeightStore, trim_pool
+    from sim.program import WeightStore, gpu_program
+    from validate.gpu_run import GroupResult, GroupRunner, trim_pool
     from validate.report import write_report
 
     def key(p: Point) -> tuple[Any, ...]:  # one group = one host cache: model, cache type, sequences and their layout
@@ -119,7 +120,7 @@ def run_validate(backend: Any, xp: Any, info: dict[str, Any], points: Sequence[P
         for _, pts in model_groups:
             wl = pts[0].workload
             arms = list(dict.fromkeys((p.transport.depth, p.transport.budget_mib) for p in pts))
-            program = GpuProgram(wl, xp, store, scale=scale)
+            program = gpu_program(wl, xp, store, scale=scale)
             runners.append(GroupRunner(backend, wl, pts[0].hardware, arms, program, warmup=warmup,
                                        mutations=pts[0].transport.mutations, progress=bar, probe=True))
         try:

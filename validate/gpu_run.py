@@ -9,12 +9,12 @@ host loop the simulation runs -- driven on the backend; its first
 ``warmup`` graphs (ring allocation, first-use kernel compilation) are left out
 of the timing but not out of the exactness hashes.
 
-:class:`GpuProgram` is ``sim.program.DecodeProgram`` at the model's full
-hidden / FFN / vocabulary sizes, with its float32 weights drawn on the device
-(the host's NumPy generator would take minutes for tens of GB) and its host
-cache filled on the device, once per group; every run after the first only
-resets the program's state. It needs nothing but the array module, so the
-tests run it with NumPy on the SimPy machine.
+The program is ``sim.program.gpu_program``: ``sim.program.DecodeProgram`` at
+the model's full hidden / FFN / vocabulary sizes (or ``scale`` of them), its
+q8_0 weights drawn on the device and its host cache filled there, once per
+group; every run after the first only resets the program's state. On CuPy it
+runs the CUDA executor (one graph launch per split); with NumPy (the tests, on
+the SimPy machine) the reference executor.
 
 Units: seconds and bytes.
 """
@@ -27,112 +27,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
-
 from backends.base import Backend, Buffer, Span
 from backends.profile import HardwareProfile
-from sim.graph import layout_of
-from sim.program import DecodeProgram, ProgramConfig, encode_rows
+from sim.program import DecodeProgram
 from sim.scheduler import GraphStats, TransportConfig
 from sim.simulate import Point, RunResult, run_decode
 from sim.workload import Workload
 from validate.micro import host_costs, run_on
-
-FILL_CHUNK_ROWS = 16384
-
-
-def _randn(xp: Any, seed: int, shape: tuple[int, ...]) -> Any:
-    """Seeded standard normal float32 numbers made where ``xp`` computes. Blocks on the host for NumPy only."""
-    if xp is np:
-        return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
-    return xp.random.RandomState(seed).standard_normal(shape, dtype=xp.float32)
-
-
-def _sync(xp: Any) -> None:
-    """Wait for the device (CuPy) so work on the default stream is done before other streams run. Blocks."""
-    cuda = getattr(xp, "cuda", None)
-    if cuda is not None:
-        cuda.runtime.deviceSynchronize()
-
-
-@dataclass
-class WeightStore:
-    """Device weights per model name, shared by the programs of every context of that model."""
-
-    weights: dict[str, dict[str, Any]] = field(default_factory=dict)
-    buffers: dict[str, list[Buffer]] = field(default_factory=dict)
-
-    def release(self, backend: Backend, keep: str = "") -> None:
-        """Free every model's weights except ``keep``'s. Does not block."""
-        for name in [n for n in self.buffers if n != keep]:
-            for b in self.buffers.pop(name):
-                backend.free(b)
-            self.weights.pop(name, None)
-
-
-class GpuProgram(DecodeProgram):
-    """The decode program at full model size; weights and cache content made on the device, once.
-
-    ``scale`` caps hidden/FFN/vocabulary at that fraction of the model's
-    (1.0 = full size). ``setup`` (called by every scheduler) makes the
-    weights on first use, fills ``host_cache`` the first time it sees it, and
-    otherwise only resets each sequence's hidden state and current token, and the results.
-    """
-
-    def __init__(self, workload: Workload, xp: Any, store: WeightStore, seed: int = 0, scale: float = 1.0) -> None:
-        m = workload.model
-        cap = lambda n: max(2, int(n * scale))  # noqa: E731
-        cfg = ProgramConfig(seed=seed, max_hidden=cap(m.hidden), max_ffn=cap(m.ffn), max_vocab=cap(m.vocab), prefill_rows=0)
-        super().__init__(workload, cfg, xp)
-        self.store = store
-        self._filled: Buffer | None = None
-
-    def setup(self, backend: Backend, host_cache: Buffer) -> None:
-        """Make weights (once per model), fill the host cache (once per buffer), reset state. Blocks until done."""
-        xp, name = self.xp, self.model.name
-        self.host_cache = host_cache
-        if name not in self.store.weights:
-            self.store.release(backend)
-            bufs: list[Buffer] = []
-            w: dict[str, Any] = {}
-            for i, (wname, shape) in enumerate(self.weight_shapes().items()):
-                scale = 1.0 if wname == "embed" else 1.0 / np.sqrt(shape[0])
-                w[wname] = self._device_array(backend, bufs, wname, shape)
-                if w[wname] is not None:
-                    w[wname][...] = _randn(xp, self.cfg.seed * 100003 + i, shape) * np.float32(scale)
-            self.store.weights[name], self.store.buffers[name] = w, bufs
-        self._w = self.store.weights[name]
-        state = self._w.get("state", ())
-        if state is not None and getattr(state, "shape", ()) != self.state_shape:  # one row per sequence of this workload
-            self._w["state"] = self._device_array(backend, self.store.buffers[name], "state", self.state_shape)
-        self.reset()
-        if host_cache.array is not None and self._filled is not host_cache:
-            self.fill_cache(host_cache)
-            self._filled = host_cache
-        _sync(xp)
-
-    def _device_array(self, backend: Backend, bufs: list[Buffer], name: str, shape: tuple[int, ...]) -> Any:
-        n = int(np.prod(shape)) * 4
-        buf = backend.alloc(0, n, f"w_{name}")
-        bufs.append(buf)
-        return None if buf.array is None else buf.array[:n].view(self.xp.float32).reshape(shape)
-
-    def fill_cache(self, host_cache: Buffer) -> None:
-        """Every cell of every layer's K and V: seeded rows encoded in the cache type, made by ``xp``. Blocks."""
-        xp, m, lay = self.xp, self.model, layout_of(self.wl)
-        for j in range(m.n_attn):
-            for kv, elems, ctype, rb in ((0, m.k_elems, self.wl.cache_k, self.kb), (1, m.v_elems, self.wl.cache_v, self.vb)):
-                base = lay.k_offset(j) if kv == 0 else lay.v_offset(j)
-                for r0 in range(0, lay.cells, FILL_CHUNK_ROWS):
-                    r1 = min(lay.cells, r0 + FILL_CHUNK_ROWS)
-                    x = _randn(xp, (self.cfg.seed * 1_000_003 + j * 4099 + kv * 131 + r0) & 0x7FFFFFFF, (r1 - r0, elems))
-                    enc = encode_rows(xp, x, ctype).reshape(-1)
-                    dst = host_cache.array[base + r0 * rb : base + r1 * rb]
-                    if hasattr(enc, "get") and not isinstance(enc, np.ndarray):
-                        enc.get(out=dst)
-                    else:
-                        dst[:] = enc
-
 
 # ---------------------------------------------------------------- runs
 
@@ -197,7 +98,7 @@ class GroupRunner:
     """
 
     def __init__(self, backend: Backend, workload: Workload, hardware: HardwareProfile, arms: Sequence[tuple[int, float]],
-                 program: GpuProgram, warmup: int = 1, mutations: frozenset[str] = frozenset(), keep_spans: bool = True,
+                 program: DecodeProgram, warmup: int = 1, mutations: frozenset[str] = frozenset(), keep_spans: bool = True,
                  progress: Callable[[str], None] | None = None, warm_runs: int = 1, probe: bool = False) -> None:
         self.backend, self.workload, self.hardware = backend, workload, hardware
         self.arms, self.program, self.warmup, self.mutations = list(arms), program, warmup, mutations
@@ -256,7 +157,7 @@ def run_group(
     workload: Workload,
     hardware: HardwareProfile,
     arms: Sequence[tuple[int, float]],
-    program: GpuProgram,
+    program: DecodeProgram,
     reps: int = 3,
     warmup: int = 1,
     mutations: frozenset[str] = frozenset(),
