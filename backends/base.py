@@ -238,6 +238,10 @@ class Backend(Protocol):
         """Spans recorded so far on the device side (streams, copy engines). Does not block."""
         ...
 
+    def clear_timeline(self) -> None:
+        """Forget the spans recorded so far (a GPU first waits for its timed work). Blocks only on a GPU."""
+        ...
+
 
 def drive(op: HostOp) -> Any:
     """Run a host operation on a real machine: exhaust the generator, return its value.

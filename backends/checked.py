@@ -453,6 +453,9 @@ class CheckedBackend:
     def timeline(self) -> list[Span]:
         return self.inner.timeline()
 
+    def clear_timeline(self) -> None:
+        self.inner.clear_timeline()
+
     # ----------------------------------------------------------- report
 
     def report(self, n: int | None = None) -> list[str]:

@@ -311,6 +311,10 @@ class SimMachine:
     def timeline(self) -> list[Span]:
         return list(self.spans)
 
+    def clear_timeline(self) -> None:
+        """Forget the spans recorded so far. Does not block."""
+        self.spans.clear()
+
     # ------------------------------------------------------------ inside
 
     def _check_device(self, device: int) -> None:

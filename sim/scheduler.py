@@ -75,6 +75,10 @@ MUTATIONS = (
     "one-cell-range",
 )
 KERNEL_IO_BYTES = 1 << 16
+#: What a run measures: ``transport`` (the decode loop, ordered or pipelined), ``resident`` (the windows already in
+#: device memory: no transport, the kernels alone -- what ``-nkvo 0`` runs) and ``copy-only`` (the same deliveries,
+#: no kernels and no CPU splits). The last two bound a token from below: ceiling t/s = 1 / max(resident, copy-only).
+ARMS = ("transport", "resident", "copy-only")
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ class TransportConfig:
     min_alignment_bytes: int = 128
     pack_streams: bool = True
     mutations: frozenset[str] = frozenset()
+    arm: str = "transport"
 
     def __post_init__(self) -> None:
         if not isinstance(self.depth, int) or not 0 <= self.depth <= MAX_DEPTH:
@@ -97,6 +102,8 @@ class TransportConfig:
             raise ValueError(f"budget {self.budget_mib:g} MiB out of range; allowed: 0 (no cap) .. {MAX_BUDGET_MIB}")
         if self.headroom_mib < 0:
             raise ValueError(f"headroom {self.headroom_mib:g} MiB out of range; allowed: >= 0")
+        if self.arm not in ARMS:
+            raise ValueError(f"arm {self.arm!r} unknown; allowed: {', '.join(ARMS)}")
         bad = set(self.mutations) - set(MUTATIONS)
         if bad:
             raise ValueError(f"unknown mutation {sorted(bad)[0]!r}; allowed: {', '.join(MUTATIONS)}")
@@ -250,6 +257,7 @@ class TransportScheduler:
         self.kernel_io_bytes = KERNEL_IO_BYTES
         self.history: list[GraphStats] = []
         self._inputs: dict[str, Any] = {}
+        self.resident: dict[int, Buffer] = {}
         if program is not None:
             program.setup(backend, host_cache)
 
@@ -257,7 +265,7 @@ class TransportScheduler:
 
     def _ring(self, device: int) -> _Ring | None:
         """The device's ring state, created lazily (the transfer stream too)."""
-        if self.cfg.depth == 0:
+        if self.cfg.depth == 0 or self.cfg.arm == "resident":
             return None
         ring = self.rings.get(device)
         if ring is None:
@@ -370,12 +378,12 @@ class TransportScheduler:
         ring.buffer = None
         ring.slot_alloc_bytes = 0
 
-    def _reserve_graph(self, graph: DecodeGraph, plans: dict[int, _DevicePlan], stats: GraphStats) -> None:
+    def _reserve_graph(self, graph: DecodeGraph, plans: dict[int, _DevicePlan], stats: GraphStats) -> HostOp:
         """Allocate each device's graph memory next to its ring; fall back to ordered once on failure."""
         devices = {s.device for s in graph.splits if s.kind == "gpu"}
         for dev in sorted(devices):
             plan = plans.get(dev)
-            inputs_here = plan is not None and (not plan.active or self.cfg.mutated("allocator-staging"))
+            inputs_here = plan is not None and (not plan.active or self.cfg.mutated("allocator-staging")) and self.cfg.arm != "resident"
             need = self.graph_base[dev] + (plan.slot_need if inputs_here and plan else 0)
             if not self._grow_graph_mem(dev, need):
                 ring = self.rings.get(dev)
@@ -392,6 +400,16 @@ class TransportScheduler:
                     raise OutOfDeviceMemory(f"the graph does not fit device {dev} even on the ordered path")
             if dev not in self.io_dev:
                 self.io_dev[dev] = self.be.alloc(dev, self.io_bytes, f"io{dev}")
+        if self.cfg.arm == "resident":
+            yield from self._make_resident(sorted(devices), stats)
+
+    def _make_resident(self, devices: list[int], stats: GraphStats) -> HostOp:
+        """The resident arm: the whole cache on each device, copied once (the first graph's ordered bytes)."""
+        for dev in devices:
+            if dev not in self.resident:
+                self.resident[dev] = self.be.alloc(dev, self.host_cache.nbytes, f"resident{dev}")
+                whole = [CopyRange(0, 0, self.host_cache.nbytes)]
+                yield from self._blocking_copy(self.consumer[dev], self.resident[dev], self.host_cache, whole, stats, "resident")
 
     def _grow_graph_mem(self, dev: int, need: int) -> bool:
         cur = self.graph_mem.get(dev)
@@ -432,9 +450,12 @@ class TransportScheduler:
                     tuple(Access(self.host_cache, o, n, True) for o, n in graph.host_writes_at_start),
                 )
             )
+            for dev, cache in self.resident.items():  # the resident cache takes the same rows (llama.cpp rewrites its cells)
+                ranges = [CopyRange(o, o, n) for o, n in graph.host_writes_at_start]
+                yield from self._blocking_copy(self.consumer[dev], cache, self.host_cache, ranges, stats, "resident_update")
         self._inputs = self.program.graph_inputs(graph) if self.program else {}
         plans = self._plan(graph, stats)
-        self._reserve_graph(graph, plans, stats)
+        yield from self._reserve_graph(graph, plans, stats)
         self._account_idle(plans)
 
         for plan in plans.values():
@@ -442,7 +463,8 @@ class TransportScheduler:
                 yield from self._prefetch(plan, stats, limit_extra=0)
         for split in graph.splits:
             if split.kind == "cpu":
-                yield from self._cpu_split(split, stats)
+                if self.cfg.arm == "transport":  # resident: the kernels write the device cache; copy-only: no kernels
+                    yield from self._cpu_split(split, stats)
             else:
                 yield from self._gpu_split(split, plans.get(split.device), stats)
         # The decode loop reads the logits: the host waits for every device still running
@@ -547,7 +569,12 @@ class TransportScheduler:
                 off += small.nbytes
         pipelined = plan is not None and plan.active and split.staged
         slot = -1
-        if split.staged and not pipelined:
+        if self.cfg.arm == "resident":
+            cache = self.resident[dev]
+            for inp in split.staged:
+                self._bind_resident(bindings, pieces, inp, cache)
+            bindings["resident:cache"] = (cache, 0, cache.nbytes)  # the split's kernels write their new rows there
+        elif split.staged and not pipelined:
             yield from self._wait_consumer(dev, stats)
             gm = self.graph_mem[dev]
             off = 0
@@ -583,8 +610,9 @@ class TransportScheduler:
         accesses.append(Access(io, 0, self.kernel_io_bytes, True))
         bindings.update(pieces)
         bindings["io"] = (io, 0, io.nbytes)
-        run = self.program.gpu_run(split, bindings) if self.program else None
-        yield from self.be.launch(consumer, Work(split.name, split.compute_s, split.n_launches, run, tuple(accesses), tag="gpu"))
+        if self.cfg.arm != "copy-only":
+            run = self.program.gpu_run(split, bindings) if self.program else None
+            yield from self.be.launch(consumer, Work(split.name, split.compute_s, split.n_launches, run, tuple(accesses), tag="gpu"))
         if pipelined:
             assert plan is not None
             ring = self.rings[dev]
@@ -606,6 +634,19 @@ class TransportScheduler:
             end = off + p.nbytes
             off += self._span(p, dev)
         bindings[f"window:{inp.name}"] = (buf, start, end - start)
+
+    @staticmethod
+    def _bind_resident(bindings: dict[str, tuple[Buffer, int, int]], pieces: dict[str, tuple[Buffer, int, int]],
+                       inp: StagedInput, cache: Buffer) -> None:
+        """Bind ``inp`` where the resident cache holds it: at its host-cache offsets (one range per stream)."""
+        first = inp.pieces[0]
+        if len(inp.pieces) == 1:
+            bindings[f"window:{inp.name}"] = (cache, first.src_offset, first.nbytes)
+            return
+        for i, p in enumerate(inp.pieces):
+            pieces[f"window:{inp.name}#{i}"] = (cache, p.src_offset, p.nbytes)
+        last = inp.pieces[-1]
+        bindings[f"window:{inp.name}"] = (cache, first.src_offset, last.src_offset + last.nbytes - first.src_offset)
 
     # pipelined pieces ------------------------------------------------
 

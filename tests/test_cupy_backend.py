@@ -18,6 +18,7 @@ import pytest
 from backends import get_backend
 from backends.base import Backend, BackendUnavailable, CopyRange, Work, drive
 from backends.cupy_gpu import CupyGPU, ranges_2d
+from sim.scheduler import TransportConfig
 
 
 def make_fake_cupy() -> tuple[types.ModuleType, types.ModuleType]:
@@ -236,7 +237,7 @@ def test_scheduler_output_is_identical_across_depths_on_the_gpu() -> None:
     wl = Workload(load_model("qwen3.8-27b"), q, q, (2000,), tokens=3)
     hw = load_profile("h200-gen5x16")
     prog = GpuProgram(wl, be.cp, WeightStore(), scale=0.05)
-    g = run_group(be, wl, hw, [(0, 0.0), (1, 0.0), (2, 0.0), (4, 0.0)], prog, reps=1)
+    g = run_group(be, wl, hw, [TransportConfig(depth=d, budget_mib=0.0) for d in (0, 1, 2, 4)], prog, reps=1)
     hashes = {tuple(r.step_hashes) for r in g.runs}
     assert len(hashes) == 1 and len(next(iter(hashes))) == 4
 
@@ -290,7 +291,7 @@ def test_fake_gpu_runs_the_scheduler_and_the_report(fake_gpu: CupyGPU, tmp_path)
     wl = Workload(toy_model(8, every=4), q, q, (700,), tokens=2)
     hw = load_profile("h200-gen5x16")
     prog = GpuProgram(wl, be.cp, WeightStore())
-    g = run_group(be, wl, hw, [(0, 0.0), (1, 0.0), (2, 0.0)], prog, reps=2)
+    g = run_group(be, wl, hw, [TransportConfig(depth=d, budget_mib=0.0) for d in (0, 1, 2)], prog, reps=2)
     assert len({tuple(r.step_hashes) for r in g.runs}) == 1
     assert any(sp.name.startswith("delivery") and sp.track == "h2d0" for r in g.runs for sp in r.spans)
     doc = write_report(tmp_path, [g], hw, {"device": "fake", "command": "test"})

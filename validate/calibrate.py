@@ -42,7 +42,7 @@ from sim.program import WeightStore, gpu_program
 from sim.scheduler import TransportConfig
 from sim.simulate import Point, simulate
 from sim.workload import CacheType, ModelShape, Workload, cache_type
-from validate import micro
+from validate import contention, micro
 from validate.gpu_run import run_group
 
 CALIBRATION_WINDOWS = (2048, 12288, 32768, 98304)
@@ -196,8 +196,9 @@ def calibrate_workload(
         for ctx in windows:
             wl = Workload(model, ctype, ctype, (ctx,), tokens=tokens)
             prog = gpu_program(wl, xp, store, scale=scale)
-            group = run_group(be, wl, hardware, [(0, 0.0), (1, 0.0)], prog, reps=1, warmup=warmup, progress=progress)
-            run0, run1 = group.arm(0, 0.0)[0], group.arm(1, 0.0)[0]
+            ordered, piped = TransportConfig(depth=0, budget_mib=0.0), TransportConfig(depth=1, budget_mib=0.0)
+            group = run_group(be, wl, hardware, [ordered, piped], prog, reps=1, warmup=warmup, progress=progress)
+            run0, run1 = group.arm(ordered)[0], group.arm(piped)[0]
             s, c = split_samples(wl, hardware, run0.spans, tokens, warmup)
             t0, t1 = (statistics.fmean(x.total_s for x in r.stats) for r in (run0, run1))
             per_window[ctx].append((s, c, t0, t1))
@@ -318,6 +319,8 @@ def build_profile(info: dict[str, Any], host: dict[str, float], links: dict[tupl
                 "h2d_engines": 1 if eng.get("h2d_fifo", True) else 2,
                 "d2h_engines": 1 if eng.get("d2h_fifo", True) else 2,
                 "duplex_slowdown": eng.get("duplex_slowdown", 1.0),
+                "copy_engine_drains_stream": bool(eng.get("drain", {}).get("drains", False)),
+                "dram_GBps": eng.get("dram", {}).get("dram_bytes_per_s", 0.0) / 1e9,
                 "alignment_bytes": 256,
                 "links": {
                     f"{d}_{'pinned' if p else 'pageable'}": micro.curve_points(t) for (d, p), t in sorted(links.items())
@@ -350,8 +353,13 @@ def calibrate(
     command: str = "",
     progress: Callable[[str], None] | None = None,
     rounds: int = 2,
+    contention_sizes: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Measure ``be`` and the decode program of each model with each cache type; return the profile file's dict.
+
+    The copy engines' drain rule and the device's DRAM contention are measured
+    (``validate.contention``) and written into the device whenever measurable
+    (``contention_sizes``: the kernel and copy sizes of that measurement).
 
     Blocks for minutes on a GPU.
     """
@@ -368,6 +376,9 @@ def calibrate(
     say("copy engines")
     eng = micro.run_on(be, micro.engines(be))
     eng["two_d_over_one_d"] = micro.run_on(be, micro.two_d_ratio(be))
+    say("drain rule and DRAM contention")
+    eng["drain"] = micro.run_on(be, contention.drain_rule(be))
+    eng["dram"] = micro.run_on(be, contention.dram_contention(be, **(contention_sizes or {})))
     data = build_profile(info, host, links, eng, command, waits)
     store = WeightStore()
     caches = [ctypes] if isinstance(ctypes, CacheType) else list(ctypes)

@@ -76,7 +76,7 @@ def run_calibrate(backend: Any, xp: Any, info: dict[str, Any], models: Sequence[
     from validate.calibrate import calibrate
 
     info = {**info, "date": now_iso()}
-    bar = progress_bar(3 + len(models) * (1 + 2 * rounds * len(windows)), "calibrate")
+    bar = progress_bar(4 + len(models) * (1 + 2 * rounds * len(windows)), "calibrate")
     data = calibrate(backend, models, ctype, xp, info, sizes=sizes, reps=reps, windows=windows, scale=scale,
                      command=command, progress=bar, rounds=rounds)
     write_atomic(out, json.dumps(data, indent=1, default=str))
@@ -84,7 +84,8 @@ def run_calibrate(backend: Any, xp: Any, info: dict[str, Any], models: Sequence[
 
 
 def run_validate(backend: Any, xp: Any, info: dict[str, Any], points: Sequence[Point], profile: HardwareProfile,
-                 out: str, reps: int, warmup: int, scale: float, command: str, trace: str | None = None) -> dict[str, Any]:
+                 out: str, reps: int, warmup: int, scale: float, command: str, trace: str | None = None,
+                 reference_arms: bool = True) -> dict[str, Any]:
     """Measure every point's group on ``backend``, simulate it, write the report folder. Blocks for all of it.
 
     The groups of one model (its weights made once) take turns: repetition 1
@@ -93,9 +94,11 @@ def run_validate(backend: Any, xp: Any, info: dict[str, Any], points: Sequence[P
     group) then lands on one repetition of several groups, and the median
     over repetitions leaves it out, instead of moving every repetition of one
     group. Every repetition starts with a host probe (``GroupRunner``).
+    ``reference_arms`` adds each group's ``resident`` and ``copy-only`` arms
+    (:func:`reference_arms_of`), from which the report takes the ceiling.
     """
     from sim.program import WeightStore, gpu_program
-    from validate.gpu_run import GroupResult, GroupRunner, trim_pool
+    from validate.gpu_run import GroupResult, GroupRunner, arm_label, trim_pool
     from validate.report import write_report
 
     def key(p: Point) -> tuple[Any, ...]:  # one group = one host cache: model, cache type, sequences and their layout
@@ -104,7 +107,7 @@ def run_validate(backend: Any, xp: Any, info: dict[str, Any], points: Sequence[P
 
     ordered = sorted(points, key=key)
     groups_in = [(k, list(v)) for k, v in groupby(ordered, key=key)]
-    total = sum(len(v) for _, v in groups_in) * reps
+    total = sum(len(v) + (2 if reference_arms else 0) for _, v in groups_in) * reps
     bar = progress_bar(total, "validate")
     store = WeightStore()
     groups: list[GroupResult] = []
@@ -119,10 +122,11 @@ def run_validate(backend: Any, xp: Any, info: dict[str, Any], points: Sequence[P
         runners = []
         for _, pts in model_groups:
             wl = pts[0].workload
-            arms = list(dict.fromkeys((p.transport.depth, p.transport.budget_mib) for p in pts))
+            arms = list(dict.fromkeys(p.transport for p in pts))
+            if reference_arms:
+                arms += reference_arms_of(arms)
             program = gpu_program(wl, xp, store, scale=scale)
-            runners.append(GroupRunner(backend, wl, pts[0].hardware, arms, program, warmup=warmup,
-                                       mutations=pts[0].transport.mutations, progress=bar, probe=True))
+            runners.append(GroupRunner(backend, wl, pts[0].hardware, arms, program, warmup=warmup, progress=bar, probe=True))
         try:
             for runner in runners:
                 runner.open()
@@ -141,11 +145,24 @@ def run_validate(backend: Any, xp: Any, info: dict[str, Any], points: Sequence[P
         for g in groups:
             for r in g.runs:
                 if r.spans:
-                    label = (f"{g.workload.model.name} ctx={max(g.workload.context)} depth={r.depth} "
-                             f"budget={r.budget_mib:g} ({backend.name})")
+                    label = f"{g.workload.model.name} ctx={max(g.workload.context)} {arm_label(r.transport)} ({backend.name})"
                     timelines.append((label, r.spans))
         write_atomic(trace, json.dumps(chrome_trace(timelines)))
     return doc
+
+
+def reference_arms_of(arms: Sequence[Any]) -> list[Any]:
+    """The reference arms beside a group's transport arms: ``resident``, and ``copy-only`` at the deepest depth (>= 1).
+
+    Both drop the mutations (they measure the machine, not the schedule under
+    test) and cap nothing, so the copy-only ring is never declined.
+    """
+    from dataclasses import replace
+
+    base = arms[0]
+    deepest = max(1, max(a.depth for a in arms))
+    return [replace(base, arm="resident", depth=0, budget_mib=0.0, mutations=frozenset()),
+            replace(base, arm="copy-only", depth=deepest, budget_mib=0.0, mutations=frozenset())]
 
 
 def unavailable_message(exc: BackendUnavailable) -> str:

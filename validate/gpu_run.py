@@ -38,6 +38,14 @@ from validate.micro import host_costs, run_on
 # ---------------------------------------------------------------- runs
 
 
+def arm_label(t: TransportConfig) -> str:
+    """``depth=1 budget=0``, ``resident`` or ``copy-only depth=4``: an arm as the progress line and traces name it."""
+    if t.arm == "resident":
+        return "resident"
+    head = "copy-only " if t.arm == "copy-only" else ""
+    return f"{head}depth={t.depth} budget={t.budget_mib:g}" + (f" mutate={','.join(sorted(t.mutations))}" if t.mutations else "")
+
+
 def trim_pool(xp: Any) -> None:
     """Hand the array module's cached pool blocks back to the device (CuPy; NumPy has none). Does not block.
 
@@ -53,10 +61,9 @@ def trim_pool(xp: Any) -> None:
 
 @dataclass
 class Run:
-    """One run of one arm: its per-graph stats (warm-up dropped), output hashes and timeline."""
+    """One run of one arm (its whole TransportConfig): per-graph stats (warm-up dropped), output hashes, timeline."""
 
-    depth: int
-    budget_mib: float
+    transport: TransportConfig
     rep: int
     stats: list[GraphStats]
     step_hashes: list[str]
@@ -64,6 +71,23 @@ class Run:
     spans: list[Span] = field(default_factory=list)
     sequences: int = 1
     host_probe_launch_s: float = 0.0  # the host's launch cost measured right before this repetition (0: not probed)
+
+    @property
+    def depth(self) -> int:
+        return self.transport.depth
+
+    @property
+    def budget_mib(self) -> float:
+        return self.transport.budget_mib
+
+    @property
+    def arm(self) -> str:
+        return self.transport.arm
+
+    @property
+    def token_s(self) -> float:
+        """Mean seconds per graph."""
+        return statistics.fmean(s.total_s for s in self.stats)
 
     @property
     def tokens_per_s(self) -> float:
@@ -80,8 +104,17 @@ class GroupResult:
     runs: list[Run]
     warmup: int
 
-    def arm(self, depth: int, budget_mib: float) -> list[Run]:
-        return [r for r in self.runs if r.depth == depth and r.budget_mib == budget_mib]
+    def arm(self, transport: TransportConfig) -> list[Run]:
+        """Every repetition of one arm."""
+        return [r for r in self.runs if r.transport == transport]
+
+    def arms(self) -> list[TransportConfig]:
+        """The arms, in the order they ran."""
+        return list(dict.fromkeys(r.transport for r in self.runs))
+
+    def reference(self, arm: str) -> list[Run]:
+        """The repetitions of the reference arm ``resident`` or ``copy-only`` (empty if it did not run)."""
+        return [r for r in self.runs if r.arm == arm]
 
 
 class GroupRunner:
@@ -97,49 +130,47 @@ class GroupRunner:
     ``close`` frees the host cache. Every method blocks for its runs.
     """
 
-    def __init__(self, backend: Backend, workload: Workload, hardware: HardwareProfile, arms: Sequence[tuple[int, float]],
-                 program: DecodeProgram, warmup: int = 1, mutations: frozenset[str] = frozenset(), keep_spans: bool = True,
+    def __init__(self, backend: Backend, workload: Workload, hardware: HardwareProfile, arms: Sequence[TransportConfig],
+                 program: DecodeProgram, warmup: int = 1, keep_spans: bool = True,
                  progress: Callable[[str], None] | None = None, warm_runs: int = 1, probe: bool = False) -> None:
         self.backend, self.workload, self.hardware = backend, workload, hardware
-        self.arms, self.program, self.warmup, self.mutations = list(arms), program, warmup, mutations
+        self.arms, self.program, self.warmup = list(arms), program, warmup
         self.keep_spans, self.progress, self.warm_runs, self.probe = keep_spans, progress, warm_runs, probe
         self.wl = replace(workload, tokens=workload.tokens + warmup)  # ``workload.tokens`` are the measured ones
         self.runs: list[Run] = []
         self.host_cache: Buffer | None = None
 
-    def _point(self, depth: int, budget: float) -> Point:
-        return Point(self.wl, self.hardware, TransportConfig(depth=depth, budget_mib=budget, mutations=self.mutations))
+    def _point(self, transport: TransportConfig) -> Point:
+        return Point(self.wl, self.hardware, transport)
 
     def open(self) -> None:
         from sim.simulate import graphs_for
 
-        nbytes = next(iter(graphs_for(self._point(0, 0.0)))).host_cache_bytes
+        nbytes = next(iter(graphs_for(self._point(TransportConfig(depth=0))))).host_cache_bytes
         self.host_cache = self.backend.alloc_host(nbytes, "host_kv_cache", pinned=self.wl.pinned)
         for _ in range(self.warm_runs if self.arms else 0):
-            run_on(self.backend, run_decode(self.backend, self._point(*self.arms[0]), self.program, host_cache=self.host_cache))
+            run_on(self.backend, run_decode(self.backend, self._point(self.arms[0]), self.program, host_cache=self.host_cache))
 
     def rep(self, rep: int, last: bool = True) -> None:
         """Every arm once; ``last`` keeps the timelines (the report's trace holds the last repetition's)."""
         be, wl, program = self.backend, self.wl, self.program
         assert self.host_cache is not None, "GroupRunner.rep before open"
         probe_s = run_on(be, host_costs(be, reps=100))["launch_s"] if self.probe else 0.0
-        for depth, budget in self.arms:
+        for transport in self.arms:
             trim_pool(program.xp)  # blocks cached for another arm's or group's temporaries read as used memory to the headroom check
-            clear = getattr(be, "clear_timeline", None)
-            if clear:
-                clear()
+            be.clear_timeline()
             gc.collect()
             gc.disable()  # a collector pause inside a timed token is noise, not transport
             try:
-                sched, stats = run_on(be, run_decode(be, self._point(depth, budget), program, host_cache=self.host_cache))
+                sched, stats = run_on(be, run_decode(be, self._point(transport), program, host_cache=self.host_cache))
             finally:
                 gc.enable()
             spans = be.timeline() if self.keep_spans and last else []
-            self.runs.append(Run(depth, budget, rep, stats[self.warmup :], program.step_hashes(), program.tokens(), spans,
+            self.runs.append(Run(transport, rep, stats[self.warmup :], program.step_hashes(), program.tokens(), spans,
                                  wl.n_parallel, probe_s))
             del sched
             if self.progress:
-                self.progress(f"{wl.model.name} ctx={max(wl.context)} depth={depth} budget={budget:g} rep={rep}")
+                self.progress(f"{wl.model.name} ctx={max(wl.context)} {arm_label(transport)} rep={rep}")
 
     def result(self) -> GroupResult:
         """The runs so far (the group stays open)."""
@@ -156,18 +187,17 @@ def run_group(
     backend: Backend,
     workload: Workload,
     hardware: HardwareProfile,
-    arms: Sequence[tuple[int, float]],
+    arms: Sequence[TransportConfig],
     program: DecodeProgram,
     reps: int = 3,
     warmup: int = 1,
-    mutations: frozenset[str] = frozenset(),
     keep_spans: bool = True,
     progress: Callable[[str], None] | None = None,
     warm_runs: int = 1,
     probe: bool = False,
 ) -> GroupResult:
     """Run every arm ``reps`` times in A/B/A/B order through ``run_decode`` (:class:`GroupRunner`). Blocks for all the runs."""
-    g = GroupRunner(backend, workload, hardware, arms, program, warmup, mutations, keep_spans, progress, warm_runs, probe)
+    g = GroupRunner(backend, workload, hardware, arms, program, warmup, keep_spans, progress, warm_runs, probe)
     try:
         g.open()
         for rep in range(reps):
@@ -179,6 +209,6 @@ def run_group(
 
 def result_of(group: GroupResult, run: Run, hardware: HardwareProfile) -> RunResult:
     """A RunResult (for ``sim.simulate.row``) of one run: its measured graphs and timeline."""
-    point = Point(group.workload, hardware, TransportConfig(depth=run.depth, budget_mib=run.budget_mib))
+    point = Point(group.workload, hardware, run.transport)
     rows = group.workload.window_rows(max(group.workload.context) + group.warmup)
     return RunResult(point, run.stats, run.spans, rows)

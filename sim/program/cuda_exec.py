@@ -113,7 +113,8 @@ class CudaExecutor:
         """The run callable of one GPU split: launch its graph (captured on first use) on the current stream."""
         nchunk = self._chunks(plan)
         key = (plan.index, plan.embed, plan.attn, plan.ffn_layers, plan.next_kv, _addr(plan.io),
-               _addr(plan.inputs) if plan.inputs else 0, tuple((_addr(k), _addr(v)) for k, v in plan.windows), nchunk)
+               _addr(plan.inputs) if plan.inputs else 0, tuple((_addr(k), _addr(v)) for k, v in plan.windows), nchunk,
+               tuple(_addr(b) for b in plan.store) if plan.store else ())
 
         def run(cp: Any) -> None:
             entry = self.graphs.get(key)
@@ -170,7 +171,10 @@ class CudaExecutor:
         if plan.next_kv >= 0:
             mv("mv_norm", f"wkv{plan.next_kv}", self.x, b["kv"], h, s.k_elems + s.v_elems)
             blocks = n * (s.k_elems + s.v_elems) // 32
-            k["encode_kv"](((blocks + 127) // 128,), (128,), (b["kv"], np.uint64(_addr(plan.io)), i32(n)), stream=st)
+            kres, vres = (np.uint64(_addr(x)) for x in plan.store) if plan.store else (np.uint64(0), np.uint64(0))
+            assert plan.inputs is not None
+            k["encode_kv"](((blocks + 127) // 128,), (128,), (b["kv"], np.uint64(_addr(plan.io)), i32(n), kres, vres,
+                                                             np.uint64(_addr(plan.inputs)), i32(s.cells_per_stream)), stream=st)
         else:
             mv("mv_norm", "out", self.x, b["logits"], h, s.vocab)
             k["argmax_record"]((n,), (1024,), (b["logits"], self.tok, b["hist"], self.step, i32(s.vocab), i32(s.max_steps),

@@ -281,7 +281,13 @@ class DecodeProgram:
             layer = split.attn_layer
             tag = lambda kv, seq: f"window:cache_{kv}_l{layer}" + (f"#{seq}" if several else "")  # noqa: E731
             windows = tuple((bindings[tag("k", seq)], bindings[tag("v", seq)]) for seq in range(self.n_seq))
-        nxt = attn + 1 if split.index > 0 else 0
+        nxt = attn + 1
+        store = None
+        res = bindings.get("resident:cache")
+        if res is not None and nxt < m.n_attn:
+            buf, off, _ = res
+            cells = self.layout.cells
+            store = ((buf, off + self.layout.k_offset(nxt), cells * self.kb), (buf, off + self.layout.v_offset(nxt), cells * self.vb))
         plan = SplitPlan(
             index=split.index,
             embed=split.index == 0,
@@ -291,6 +297,7 @@ class DecodeProgram:
             next_kv=nxt if nxt < m.n_attn else -1,
             io=bindings["io"],
             inputs=self._inputs,
+            store=store,
         )
         return self.exec.split(plan)
 

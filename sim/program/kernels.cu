@@ -344,8 +344,10 @@ __device__ __forceinline__ void encode_block(const float* v, unsigned char* dst)
     }
 }
 
-// kv (nseq x (KE + VE) floats) -> io: the K rows of every sequence from byte 0, then their V rows.
-extern "C" __global__ void encode_kv(const float* kv, unsigned char* io, int nseq) {
+// kv (nseq x (KE + VE) floats) -> io: the K rows of every sequence from byte 0, then their V rows; with a resident
+// cache (kres != 0: the next layer's K and V blocks) also into the row each sequence attends last (plan.new_cell).
+extern "C" __global__ void encode_kv(const float* kv, unsigned char* io, int nseq, unsigned char* kres, unsigned char* vres,
+                                     const int* params, int cps) {
     constexpr int KE = NKV * DK, VE = NKV * DV, KB = KE / 32, VB = VE / 32;
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= nseq * (KB + VB)) return;
@@ -355,6 +357,13 @@ extern "C" __global__ void encode_kv(const float* kv, unsigned char* io, int nse
     for (int i = 0; i < 32; i++) v[i] = src[i];
     if (b < KB) encode_block<KTYPE>(v, io + (size_t)s * KROW + (size_t)b * block_bytes<KTYPE>());
     else encode_block<VTYPE>(v, io + (size_t)nseq * KROW + (size_t)s * VROW + (size_t)(b - KB) * block_bytes<VTYPE>());
+    if (kres != nullptr) {
+        const int* p = params + s * PARAM_INTS;
+        const int cell = p[3] > 0 ? p[2] + (p[3] - 1) * p[4] : p[0] + p[1] - 1;
+        const size_t row = (size_t)p[5] * cps + cell;
+        if (b < KB) encode_block<KTYPE>(v, kres + row * KROW + (size_t)b * block_bytes<KTYPE>());
+        else encode_block<VTYPE>(v, vres + row * VROW + (size_t)(b - KB) * block_bytes<VTYPE>());
+    }
 }
 
 // Greedy token of each sequence (the first index of the largest logit, as numpy.argmax), and the

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from sim.program.codecs import decode_rows, encode_rows
-from sim.program.plan import SplitPlan, decode_inputs
+from sim.program.plan import SplitPlan, decode_inputs, new_cell
 from sim.program.shape import ProgramShape
 from sim.program.weights import dequantize
 
@@ -64,10 +64,8 @@ class NumpyExecutor:
 
         def run(xp: Any) -> None:
             x = xp.take(self.w["embed"], self.tok.astype(xp.int64), axis=0) if plan.embed else self.x.copy()
+            params = self._params(plan)
             if plan.attn >= 0:
-                assert plan.inputs is not None
-                buf, off, n = plan.inputs
-                params = decode_inputs(_to_host(buf.array[off : off + n]))
                 x = x + self._mv(f"wo{plan.attn}", self._attention(xp, plan, self._mv(f"wq{plan.attn}", x, True), params))
             for layer in plan.ffn_layers:
                 gu = self._mv(f"gu{layer}", x, True)
@@ -80,6 +78,8 @@ class NumpyExecutor:
                 buf, off, _ = plan.io
                 buf.array[off : off + k.size] = k
                 buf.array[off + k.size : off + k.size + v.size] = v
+                if plan.store is not None:
+                    self._store(plan.store, params, k, v)
             else:
                 logits = self._mv("out", x, True)
                 self.hist.append(logits.copy())
@@ -87,6 +87,22 @@ class NumpyExecutor:
             self.x[...] = x
 
         return run
+
+    @staticmethod
+    def _params(plan: SplitPlan) -> np.ndarray:
+        """The graph inputs (sequences, PARAM_INTS) as the device holds them now."""
+        assert plan.inputs is not None, "a split before the graph inputs were copied"
+        buf, off, n = plan.inputs
+        return decode_inputs(_to_host(buf.array[off : off + n]))
+
+    def _store(self, store: tuple[Any, Any], params: np.ndarray, k: Any, v: Any) -> None:
+        """Each sequence's new K and V row into the resident cache blocks, at the cell it attends last."""
+        s = self.s
+        for (buf, off, _), rows, rb in ((store[0], k, s.kb), (store[1], v, s.vb)):
+            for seq in range(s.n_seq):
+                stream, cell = new_cell(params, seq)
+                at = off + (stream * s.cells_per_stream + cell) * rb
+                buf.array[at : at + rb] = rows[seq * rb : (seq + 1) * rb]
 
     def _mv(self, name: str, x: Any, norm: bool = False) -> Any:
         """x @ W.T for every sequence's row; ``norm``: of the RMS-normed x. float32."""

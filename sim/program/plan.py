@@ -38,7 +38,10 @@ class SplitPlan:
     stream's window). ``inputs``: the graph-input binding (``small:kq_mask``),
     or None when the split has none of its own (it reads split 0's, on the
     same device). ``next_kv``: the attention index whose new K/V rows this
-    split writes to ``io`` (-1: it computes the logits instead).
+    split writes to ``io`` (-1: it computes the logits instead). ``store``:
+    with a resident cache (the scheduler's ``resident`` arm), the K and V
+    blocks of layer ``next_kv`` in it, where the new rows also go (each at the
+    cell its sequence attends last: the graph inputs name it).
     """
 
     index: int
@@ -49,6 +52,7 @@ class SplitPlan:
     next_kv: int
     io: Binding
     inputs: Binding | None
+    store: tuple[Binding, Binding] | None = None
 
 
 def encode_inputs(seqs: SequenceCells, rows: dict[int, int]) -> np.ndarray:
@@ -66,6 +70,12 @@ def encode_inputs(seqs: SequenceCells, rows: dict[int, int]) -> np.ndarray:
             out[seq, 4] = 1
         out[seq, 5:7] = (a.stream, row)
     return out.view(np.uint8).reshape(-1)
+
+
+def new_cell(params: np.ndarray, seq: int) -> tuple[int, int]:
+    """(stream, cell) of the row sequence ``seq`` writes this token: the last cell it attends."""
+    start0, len0, start1, len1, step1, stream = (int(v) for v in params[seq, :6])
+    return stream, (start1 + (len1 - 1) * step1 if len1 else start0 + len0 - 1)
 
 
 def decode_inputs(raw: Any) -> np.ndarray:

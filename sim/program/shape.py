@@ -74,6 +74,7 @@ class ProgramShape:
     vb: int
     weight_type: str
     max_steps: int
+    cells_per_stream: int = 0
 
     @property
     def group(self) -> int:
@@ -102,5 +103,5 @@ def shape_of(wl: Workload, cfg: ProgramConfig) -> ProgramShape:
         n_seq=wl.n_parallel, n_layers=m.n_layers, n_attn=m.n_attn, hidden=block(m.hidden, cfg.max_hidden),
         ffn=block(max(m.ffn, 32), cfg.max_ffn), vocab=min(max(m.vocab, 2), cfg.max_vocab), n_head=m.n_head, n_kv=m.n_head_kv,
         dk=m.head_dim_k, dv=m.head_dim_v, cache_k=wl.cache_k, cache_v=wl.cache_v, kb=wl.k_row_bytes, vb=wl.v_row_bytes,
-        weight_type=cfg.weight_type, max_steps=max(64, 2 * wl.tokens + 16),
+        weight_type=cfg.weight_type, max_steps=max(64, 2 * wl.tokens + 16), cells_per_stream=wl.cells_per_stream,
     )
