@@ -66,3 +66,22 @@ def test_the_reference_arms_bound_every_transport_arm(context: int) -> None:
 def test_an_unknown_arm_is_refused() -> None:
     with pytest.raises(ValueError, match="arm 'hot' unknown; allowed: transport, resident, copy-only"):
         TransportConfig(arm="hot")
+
+
+def test_the_release_wait_keeps_every_delivery_behind_its_slot_s_reader() -> None:
+    from validate.race import release_margins
+
+    hw = load_profile("rtx4070-gen4x16")
+    wl = reference_workload(16384, tokens=3)
+    for mutations in (frozenset(), frozenset({"no-release-wait"}), frozenset({"margin0", "no-release-wait"})):
+        t = TransportConfig(depth=1, mutations=mutations)
+        m = release_margins(simulate(Point(wl, hw, t), trace=True).spans, wl, t)
+        # 16 staged splits a graph, the first n_slots deliveries of each ordered by the boundary wait
+        assert m["pairs"] == 3 * (wl.model.n_attn - t.n_slots)
+        if "margin0" in mutations:
+            # N + 1 slots: delivery o is issued right after split o - 2 -- its slot's reader -- was enqueued, and runs
+            # while that split waits or reads: the window the release wait closes is open
+            assert m["negative"] > 0 and m["min_margin_us"] < 0
+        else:
+            # the host syncs at every CPU split, so even without the wait the slot's reader (split o - 3) has ended
+            assert m["negative"] == 0 and m["min_margin_us"] >= 0, mutations

@@ -378,7 +378,8 @@ def calibrate(
     eng["two_d_over_one_d"] = micro.run_on(be, micro.two_d_ratio(be))
     say("drain rule and DRAM contention")
     eng["drain"] = micro.run_on(be, contention.drain_rule(be))
-    eng["dram"] = micro.run_on(be, contention.dram_contention(be, **(contention_sizes or {})))
+    big = max(sizes)  # the contention copy is 4x the largest link-curve copy, the kernel's buffers that size
+    eng["dram"] = micro.run_on(be, contention.dram_contention(be, **(contention_sizes or {"kernel_bytes": big, "copy_bytes": 4 * big})))
     data = build_profile(info, host, links, eng, command, waits)
     store = WeightStore()
     caches = [ctypes] if isinstance(ctypes, CacheType) else list(ctypes)

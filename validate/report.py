@@ -36,7 +36,7 @@ from sim.scheduler import TransportConfig
 from sim.simulate import Point, row, simulate
 from sim.telemetry import write_atomic
 from sim.workload import Workload
-from validate import ceiling
+from validate import ceiling, race
 from validate.gpu_run import GroupResult, Run, arm_label, result_of
 from validate.report_tools import calibrated_split_launch_us, compare, host_launch_table, label, plots, repredict, transport_of
 
@@ -155,6 +155,7 @@ def points(groups: Sequence[GroupResult], profile: HardwareProfile, meta: dict[s
                 "predicted_resident_recovery": pred["tokens_per_s"] * ref_p.resident_s / n_seq if ref_p.resident_s and held else 0.0,
                 "delivery_GBps": rate / 1e9, "delivery_share_of_peak": rate / peak if peak else 0.0,
                 "delivery_bytes_traced": dbytes,
+                "release_margin": race.release_margins(spans_run.spans, g.workload, transport) if transport.depth and held else {},
                 "output_hash": _hash(median_run),
                 "hashes_equal_across_reps": len({tuple(r.step_hashes) for r in runs}) == 1,
                 "host_probe_launch_us": statistics.median(probes) if probes else 0.0,
@@ -218,6 +219,29 @@ def summary(pts: Sequence[dict[str, Any]], gate: dict[str, Any]) -> dict[str, An
     }
 
 
+def calibration_points(profile: HardwareProfile, pts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The points the calibration ran (model@cache -> windows) and any validation point that equals one."""
+    cal = {k: list(w.get("windows", [])) for k, w in (profile.meta.get("workloads") or {}).items()}
+    same = sorted({f"{p['model']}@{p['cache_type']} {p['context']:,}" for p in pts
+                   if p["context"] in cal.get(f"{p['model']}@{p['cache_type']}", cal.get(p["model"], []))})
+    return {"windows": cal, "validation_points_equal_to_calibration": same}
+
+
+def merge(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One report from several (``report.json`` objects of one calibration): their points, groups and a new summary."""
+    pts = [p for d in docs for p in d["points"]]
+    groups = [g for d in docs for g in d["exactness"]["groups"]]
+    gate = {"ok": all(not g["mismatches"] for g in groups), "groups": groups}
+    summ = summary(pts, gate)
+    cal = docs[0]["summary"].get("calibration", {})
+    summ["calibration"] = {"windows": cal.get("windows", {}), "validation_points_equal_to_calibration": sorted(
+        {x for d in docs for x in d["summary"].get("calibration", {}).get("validation_points_equal_to_calibration", [])})}
+    meta = {k: v for k, v in docs[0].items() if k not in ("summary", "exactness", "points", "command")}
+    meta["command"] = " ; ".join(str(d.get("command")) for d in docs)
+    meta["complete"] = all(d.get("complete", True) for d in docs)
+    return {**meta, "summary": summ, "exactness": gate, "points": pts}
+
+
 def write_report(folder: str | Path, groups: Sequence[GroupResult], profile: HardwareProfile, meta: dict[str, Any],
                  draw: bool = True) -> dict[str, Any]:
     """Build and write the report folder; returns the JSON object (``summary.exactness_gate`` is the gate).
@@ -233,6 +257,7 @@ def write_report(folder: str | Path, groups: Sequence[GroupResult], profile: Har
     gate = exactness(groups)
     pts = points(groups, profile, {k: meta.get(k) for k in ("device", "driver_version", "cupy_version", "date", "command")})
     summ = summary(pts, gate)
+    summ["calibration"] = calibration_points(profile, pts)
     doc = {**meta, "profile": profile.name, "summary": summ, "exactness": gate, "points": pts}
     write_atomic(folder / "report.json", json.dumps(doc, indent=1, default=str))
     write_atomic(folder / "report.md", markdown(pts, summ, gate, meta))
@@ -254,6 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--compare", action="store_true", help="print a table of the same points across the given report.json files")
     ap.add_argument("--repredict", metavar="CALIBRATED_JSON",
                     help="the calibration the report was predicted from: print measured, stored and current predictions")
+    ap.add_argument("--merge", metavar="FOLDER", help="write one report folder from the given report.json files")
     ap.add_argument("--host-launch", metavar="CALIBRATED_JSON",
                     help="with GPU trace files (.json or .json.gz): each traced arm's host time per split launch against the calibration's")
     args = ap.parse_args(argv)
@@ -266,6 +292,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raw = Path(path).read_bytes()
                 doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
                 print(host_launch_table(doc, cal), end="")
+            return 0
+        if args.merge:
+            from validate.report_md import markdown
+
+            doc = merge([json.loads(Path(p).read_text()) for p in args.paths])
+            folder = Path(args.merge)
+            folder.mkdir(parents=True, exist_ok=True)
+            write_atomic(folder / "report.json", json.dumps(doc, indent=1, default=str))
+            write_atomic(folder / "report.md", markdown(doc["points"], doc["summary"], doc["exactness"], doc))
+            for f in plots(doc["points"], folder):
+                print(f"wrote {f}")
             return 0
         if args.repredict:
             cal = json.loads(Path(args.repredict).read_text())

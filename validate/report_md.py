@@ -37,6 +37,12 @@ def _summary(summ: dict[str, Any], gate: dict[str, Any]) -> list[str]:
             f"{k} {_pct(v)}" for k, v in summ["copy_eq_compute_best_share"].items()) + ".")
     else:
         lines.append("No group of this grid is in the copy ≈ compute regime: the 95% ceiling target is not tested here.")
+    cal = summ.get("calibration", {})
+    if cal.get("windows"):
+        lines += ["", "Calibration points (contexts the calibration ran each program at): " + "; ".join(
+            f"{k} {', '.join(f'{w:,}' for w in ws)}" for k, ws in cal["windows"].items()) + ". "
+            + ("Validation points equal to one: " + ", ".join(cal["validation_points_equal_to_calibration"]) + "."
+               if cal["validation_points_equal_to_calibration"] else "No validation point equals one.")]
     if summ["ceiling_defects"]:
         lines += ["", "**Measurement defects** (share of the ceiling over 100%, left out of every result): "
                   + "; ".join(summ["ceiling_defects"]) + "."]

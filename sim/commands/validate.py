@@ -33,6 +33,8 @@ def register(sub: Any) -> None:
     p.add_argument("--out", default="validate-report", help="report folder (default validate-report)")
     p.add_argument("--trace", metavar="FILE", help="write the measured timelines as a Chrome trace")
     p.add_argument("--machine", default="cupy", help="cupy (the GPU) or simpy (the simulated --hardware, for checks)")
+    p.add_argument("--no-reference-arms", dest="reference_arms", action="store_false",
+                   help="skip each group's resident and copy-only arms (no measured ceiling)")
     p.set_defaults(func=run)
 
 
@@ -53,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     command = "kvpipe " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "kvpipe validate"
-    doc = driver.run_validate(be, xp, info, points, profile, args.out, args.reps, args.warmup, args.scale, command, args.trace)
+    doc = driver.run_validate(be, xp, info, points, profile, args.out, args.reps, args.warmup, args.scale, command, args.trace,
+                              reference_arms=args.reference_arms)
     s = doc["summary"]
     print(f"wrote {args.out}/report.md: {s['points']} points, median |error| {s['median_abs_error']:.1%}, "
           f"max {s['max_abs_error']:.1%}, deliveries at {s['delivery_share_of_peak_median']:.1%} of peak H2D")
