@@ -78,8 +78,12 @@ def plots(pts: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
     models = sorted({label(p) for p in pts if p.get("arm", "transport") == "transport"})
     files = []
     for kind in ("measured_vs_predicted", "gain_vs_depth"):
-        fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 6.2), squeeze=False)
-        for ax, model in zip(axes[0], models, strict=True):
+        ncols = min(3, len(models))
+        nrows = -(-len(models) // ncols)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(6.5 * ncols, 6.2 * nrows), squeeze=False)
+        for ax in axes.flat[len(models):]:
+            ax.set_visible(False)
+        for ax, model in zip(axes.flat, models, strict=False):
             mp = [p for p in pts if label(p) == model and p.get("arm", "transport") == "transport"]
             for i, ctx in enumerate(sorted({p["context"] for p in mp})):
                 for budget in sorted({p["budget_mib"] for p in mp if p["context"] == ctx}):
