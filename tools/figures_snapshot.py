@@ -1,0 +1,88 @@
+"""Every simulated figure a restructuring must not move, in one JSON file; and a comparison of two such files.
+
+``python tools/figures_snapshot.py write OUT.json`` runs, through the CLI as a user would:
+
+* the sweep grid: the reference preset at 51 contexts (1,024..52,224 step 1,024) x depths 0-4 x budgets
+  0 / 64 / 128 / 256 MiB (1,020 points);
+* the reproduction table: ``kvpipe simulate`` on the reference preset at the contexts docs/reproduction.md
+  quotes, depths 0, 1, 2, 4, default budget, and the same on the H200 and RTX 3060 presets;
+* the functional hashes: ``kvpipe simulate --functional`` at depths 0, 1, 2, 4, with 3 sequences over a unified
+  and a split cache, and under the mutations that change the output.
+
+``python tools/figures_snapshot.py compare A.json B.json`` exits 1 and names the first differences unless every
+number and hash is bit-identical (floats compared by their repr). Wall-clock fields are left out.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+WALL = {"wall_s", "sim_wall_s", "wall_ms", "events_per_s", "date"}
+
+
+def _kvpipe(*args: str) -> Any:
+    out = subprocess.run([sys.executable, "-m", "sim.cli", *args], check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def _strip(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _strip(v) for k, v in sorted(x.items()) if k not in WALL}
+    if isinstance(x, list):
+        return [_strip(v) for v in x]
+    return repr(x) if isinstance(x, float) else x
+
+
+def snapshot() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "sim.cli", "sweep", "--context", "1024..52224/1024", "--depth", "0..4",
+                        "--budget", "0,64,128,256", "--jobs", "2", "--quiet", "--out", tmp], check=True, capture_output=True)
+        out["sweep"] = json.loads((Path(tmp) / "rows.json").read_text())
+    ctx = "4096,8192,16384,19246,19332,20480,20736,32768,65536"
+    out["reproduction"] = _kvpipe("simulate", "--context", ctx, "--depth", "0,1,2,4", "--json")
+    out["h200"] = _kvpipe("simulate", "--hardware", "h200-gen5x16", "--model", "llama-3.1-8b", "--context", "4096,65536",
+                          "--depth", "0,1,4", "--json")
+    out["rtx3060"] = _kvpipe("simulate", "--hardware", "rtx3060-gen3x4", "--context", "4096,16384", "--depth", "0,1", "--json")
+    out["functional"] = _kvpipe("simulate", "--functional", "--depth", "0,1,2,4", "--json")
+    out["functional_parallel"] = [
+        _kvpipe("simulate", "--functional", "--parallel", "3", *flag, "--context", "8192", "--depth", "0,2", "--json")
+        for flag in ([], ["--no-kv-unified"])]
+    out["functional_mutations"] = {m: _kvpipe("simulate", "--functional", "--mutate", m, "--context", "8192", "--depth", "0,1",
+                                              "--json") for m in ("stale-prefix", "margin0,no-release-wait", "allocator-staging")}
+    return _strip(out)
+
+
+def _diff(a: Any, b: Any, path: str, found: list[str]) -> None:
+    if len(found) >= 20:
+        return
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            _diff(a.get(k), b.get(k), f"{path}.{k}", found)
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _diff(x, y, f"{path}[{i}]", found)
+    elif a != b:
+        found.append(f"{path}: {a!r} != {b!r}")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "write":
+        Path(argv[1]).write_text(json.dumps(snapshot(), indent=0, sort_keys=True))
+        return 0
+    if len(argv) == 3 and argv[0] == "compare":
+        found: list[str] = []
+        _diff(json.loads(Path(argv[1]).read_text()), json.loads(Path(argv[2]).read_text()), "", found)
+        print("\n".join(found) if found else "bit-identical")
+        return 1 if found else 0
+    print("usage: python tools/figures_snapshot.py write OUT.json | compare A.json B.json", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
