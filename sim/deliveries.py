@@ -1,0 +1,150 @@
+"""The pure half of the pipelined path: where every staged window goes, as delivery records.
+
+No backend is involved: given one device's staged splits (in graph order), the
+slot layout (a piece's span in a slot: its window padded to the alignment, or
+the stream's whole stride when streams are not packed) and where each slot
+starts, :func:`plan_deliveries` returns one :class:`Delivery` per staged split.
+Delivery ``o`` *is* staged split ``o``'s window (``Delivery.split`` names it):
+it goes into slot ``o mod n_slots``; its ``early`` ranges (the stable prefix,
+rows below the ubatch) are what the transfer stream copies ahead of time, its
+``late`` ranges (the rows written this ubatch) what the consumer stream copies
+at the split, and ``windows`` the bindings the split's kernels read (offsets in
+the slot's buffer). The executor (``sim.scheduler``) issues them.
+
+One walk of a delivery: split ``gpu_attn_l7`` is staged split 1; with depth 1
+the ring holds 3 slots, so delivery 1 goes to slot 1 at ``base = 1 x
+slot_alloc_bytes``; its K window's prefix rows are an early range
+``(src = the K block's first row, dst = base, n = prefix bytes)`` and its
+last rows a late range right after; the executor issues the early range on the
+transfer stream after split ``gpu0`` is enqueued (``o <= consumed + N``),
+having made that stream wait on ``release[1]`` if slot 1 was used before, then
+records ``ready[1]``; at ``gpu_attn_l7`` the consumer stream copies the late
+range, waits on ``ready[1]``, runs the kernels over ``windows`` and records
+``release[1]``.
+
+Units: bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from dataclasses import replace as _replace
+
+from backends.base import CopyRange
+from sim.graph import DecodeGraph, Split, StagedInput, WindowPiece
+
+SpanFn = Callable[[WindowPiece], int]
+PrefixFn = Callable[[StagedInput, int, int, int], int]
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """Staged split ``split``'s windows: slot, early and late copy ranges, and the kernel bindings."""
+
+    o: int
+    split: int
+    slot: int
+    base: int
+    early: tuple[CopyRange, ...]
+    late: tuple[CopyRange, ...]
+    windows: tuple[tuple[str, int, int], ...]
+
+    @property
+    def early_bytes(self) -> int:
+        return sum(r.nbytes for r in self.early)
+
+    @property
+    def late_bytes(self) -> int:
+        return sum(r.nbytes for r in self.late)
+
+
+def align_up(n: int, alignment: int) -> int:
+    return -(-n // alignment) * alignment
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def piece_range(p: WindowPiece, dst_offset: int, start: int, end: int) -> CopyRange:
+    """The copy of bytes ``[start, end)`` of piece ``p`` (whole rows for a strided piece) to ``dst_offset + start``."""
+    if p.rows == 1:
+        return CopyRange(p.src_offset + start, dst_offset + start, end - start)
+    w = p.width
+    return CopyRange(p.src_offset + start // w * p.src_pitch, dst_offset + start, end - start, (end - start) // w, p.src_pitch)
+
+
+def span_fn(pack_streams: bool, alignment: int) -> SpanFn:
+    """Bytes a piece takes in a slot: its window padded (packed) or the stream's whole stride (unpacked)."""
+    if pack_streams:
+        return lambda p: align_up(p.nbytes, alignment)
+    return lambda p: align_up(max(p.nbytes, p.reserve_bytes), alignment)
+
+
+def slot_entries(splits: Sequence[Split], span: SpanFn) -> tuple[int, dict[int, list[tuple[StagedInput, int]]]]:
+    """(bytes one slot needs, split index -> (input, offset in the slot)) for a device's staged splits."""
+    need = 0
+    entries: dict[int, list[tuple[StagedInput, int]]] = {}
+    for s in splits:
+        off = 0
+        lst = []
+        for inp in s.staged:
+            lst.append((inp, off))
+            off += sum(span(p) for p in inp.pieces)
+        entries[s.index] = lst
+        need = max(need, off)
+    return need, entries
+
+
+def full_need(split: Split, graph: DecodeGraph, span: SpanFn) -> int:
+    """What the split's slot would need with every window at the full context."""
+    scale = graph.full_window_rows / max(1, graph.window_rows)
+    return sum(span(_replace(p, nbytes=int(p.nbytes * scale), prefix_bytes=0, rows=1)) for inp in split.staged for p in inp.pieces)
+
+
+def window_bindings(inp: StagedInput, start: int, span: SpanFn) -> tuple[tuple[str, int, int], ...]:
+    """``inp`` as the kernels read it from ``start``: ``window:<name>`` and, with several streams, ``window:<name>#<i>``."""
+    if len(inp.pieces) == 1:
+        return ((f"window:{inp.name}", start, inp.nbytes),)
+    out, off, end = [], start, start
+    for i, p in enumerate(inp.pieces):
+        out.append((f"window:{inp.name}#{i}", off, p.nbytes))
+        end = off + p.nbytes
+        off += span(p)
+    return ((f"window:{inp.name}", start, end - start), *out)
+
+
+def plan_deliveries(order: Sequence[Split], entries: dict[int, list[tuple[StagedInput, int]]], n_slots: int,
+                    slot_base: Callable[[int], int], span: SpanFn, early_of: PrefixFn,
+                    one_cell_early: bool = False) -> list[Delivery]:
+    """One delivery per staged split of ``order``. Pure: reads no backend.
+
+    ``slot_base(slot)`` is the slot's byte offset in the buffer deliveries go
+    to; ``early_of(input, piece, prefix_bytes, nbytes)`` the early bytes of one
+    piece (its stable prefix, in whole rows for a strided piece).
+    ``one_cell_early`` sizes each stream's early range from one cell (the
+    ``one-cell-range`` mutation): the late ranges still start where the full
+    prefix ends, so the rest of the prefix is never delivered.
+    """
+    out = []
+    for o, split in enumerate(order):
+        slot = o % n_slots
+        base = slot_base(slot)
+        early: list[CopyRange] = []
+        late: list[CopyRange] = []
+        windows: list[tuple[str, int, int]] = []
+        for inp, entry_off in entries[split.index]:
+            off = base + entry_off
+            for i, p in enumerate(inp.pieces):
+                e = early_of(inp, i, p.prefix_bytes, p.nbytes)
+                if p.nbytes > e:
+                    late.append(piece_range(p, off, e, p.nbytes))
+                if e and len(inp.pieces) > 1 and one_cell_early:
+                    e = min(e, p.cell_bytes or p.width)
+                if e:
+                    early.append(piece_range(p, off, 0, e))
+                off += span(p)
+            windows += window_bindings(inp, base + entry_off, span)
+        out.append(Delivery(o, split.index, slot, base, tuple(early), tuple(late), tuple(windows)))
+    return out

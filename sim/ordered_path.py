@@ -1,0 +1,162 @@
+"""The host's blocking side of the transport scheduler: ordered copies, CPU splits, inputs, resident cache.
+
+Everything here either blocks the host (a blocking copy is a copy and a
+synchronize; a CPU split waits for the split that produced its rows) or
+writes host memory before a copy reads it. ``sim.scheduler.TransportScheduler``
+inherits it; the pipelined path, which never blocks the host, lives there.
+Units: seconds and bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from backends.base import Access, Backend, Buffer, CopyRange, HostOp, Stream, Work
+from sim.deliveries import SpanFn, piece_range, window_bindings
+from sim.graph import DecodeGraph, Split, StagedInput
+from sim.ring import Ring
+from sim.transport_config import GraphStats
+
+Binding = tuple[Buffer, int, int]
+
+
+class OrderedPath:
+    """The scheduler's blocking operations (a mixin: the state is ``TransportScheduler``'s)."""
+
+    be: Backend
+    program: Any
+    host_cache: Buffer
+    io_host: Buffer
+    io_dev: dict[int, Buffer]
+    graph_mem: dict[int, Buffer]
+    resident: dict[int, Buffer]
+    rings: dict[int, Ring]
+    consumer: list[Stream]
+    span: list[SpanFn]
+    kernel_io_bytes: int
+    _inputs: dict[str, Any]
+    _producers: set[int]
+    _last_gpu_device: int
+
+    def _boundary_wait(self, stats: GraphStats) -> HostOp:
+        """After a graph that delivered, wait for its rings' streams (its last deliveries may still be in flight)."""
+        for ring in self.rings.values():
+            if ring.delivered_last_graph:
+                t = self.be.now_s()
+                yield from self.be.synchronize(ring.transfer)
+                yield from self.be.synchronize(self.consumer[ring.device])
+                stats.boundary_wait_s += self.be.now_s() - t
+
+    def _host_writes(self, graph: DecodeGraph, stats: GraphStats) -> HostOp:
+        """The graph-start host writes (reused cells); a resident cache takes the same rows, as llama.cpp rewrites its cells."""
+        run = self.program.host_update_run(graph) if self.program else None
+        accesses = tuple(Access(self.host_cache, o, n, True) for o, n in graph.host_writes_at_start)
+        yield from self.be.run_host(Work("host_cache_update", 0.0, 0, run, accesses))
+        for dev, cache in self.resident.items():
+            ranges = [CopyRange(o, o, n) for o, n in graph.host_writes_at_start]
+            yield from self._blocking_copy(self.consumer[dev], cache, self.host_cache, ranges, stats, "resident_update")
+
+    def _set_input(self, name: str, offset: int, nbytes: int) -> None:
+        """Write the program's bytes of input ``name`` (if any) into the host io buffer, before its copy. Host memory only."""
+        data = self._inputs.get(name)
+        if data is None or self.io_host.array is None:
+            return
+        if len(data) > nbytes:
+            raise ValueError(f"graph input {name}: the program wrote {len(data)} B into a {nbytes} B input")
+        self.io_host.array[offset : offset + len(data)] = data
+
+    # ordered pieces --------------------------------------------------
+
+    def _wait_consumer(self, device: int, stats: GraphStats) -> HostOp:
+        t = self.be.now_s()
+        yield from self.be.synchronize(self.consumer[device])
+        stats.consumer_wait_s += self.be.now_s() - t
+
+    def _blocking_copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: list[CopyRange], stats: GraphStats, tag: str) -> HostOp:
+        t = self.be.now_s()
+        yield from self.be.copy(stream, dst, src, ranges, tag=tag)
+        yield from self.be.synchronize(stream)
+        stats.blocked_ordered_s += self.be.now_s() - t
+        stats.ordered_bytes += sum(r.nbytes for r in ranges)
+        stats.ordered_copies += 1
+
+    def _cpu_split(self, split: Split, stats: GraphStats) -> HostOp:
+        producers = sorted(self._producers) or [self._last_gpu_device]
+        for dev in producers:
+            yield from self._wait_consumer(dev, stats)
+        self._producers.clear()
+        io = self.io_dev[producers[0]]
+        bindings: dict[str, Binding] = {}
+        accesses: list[Access] = []
+        off = 0
+        for inp in split.ordered:
+            row = [CopyRange(off, off, inp.nbytes)]
+            yield from self._blocking_copy(self.consumer[producers[0]], self.io_host, io, row, stats, inp.name)
+            bindings[inp.name] = (self.io_host, off, inp.nbytes)
+            accesses.append(Access(self.io_host, off, inp.nbytes, False))
+            for t, (row_off, row_bytes) in enumerate(inp.rows):
+                key = f"cache:{inp.name}" if len(inp.rows) == 1 else f"cache:{inp.name}#{t}"
+                bindings[key] = (self.host_cache, row_off, row_bytes)
+                accesses.append(Access(self.host_cache, row_off, row_bytes, True))
+            off += inp.nbytes
+        run = self.program.cpu_run(split, bindings) if self.program else None
+        yield from self.be.run_host(Work(split.name, split.compute_s, 0, run, tuple(accesses), tag="cpu"))
+
+    def _small_inputs(self, split: Split, stats: GraphStats, bindings: dict[str, Binding]) -> HostOp:
+        """The split's small ordered inputs (an activation from another device first, through the host)."""
+        dev, io = split.device, self.io_dev[split.device]
+        off = self.kernel_io_bytes  # small inputs live above the region a split's kernels write
+        for small in split.ordered:
+            if small.src_device >= 0:
+                src_dev = small.src_device
+                yield from self._wait_consumer(src_dev, stats)
+                yield from self._blocking_copy(self.consumer[src_dev], self.io_host, self.io_dev[src_dev],
+                                               [CopyRange(0, off, small.nbytes)], stats, small.name)
+        yield from self._wait_consumer(dev, stats)
+        for small in split.ordered:
+            self._set_input(small.name, off, small.nbytes)
+            yield from self._blocking_copy(self.consumer[dev], io, self.io_host, [CopyRange(off, off, small.nbytes)], stats, small.name)
+            bindings[f"small:{small.name}"] = (io, off, small.nbytes)
+            off += small.nbytes
+
+    def _ordered_windows(self, split: Split, stats: GraphStats, bindings: dict[str, Binding], pieces: dict[str, Binding]) -> HostOp:
+        """The ordered path: each staged input copied into the graph's memory with a blocking copy."""
+        dev = split.device
+        yield from self._wait_consumer(dev, stats)
+        gm, span, off = self.graph_mem[dev], self.span[dev], 0
+        for inp in split.staged:
+            self._bind(bindings, pieces, gm, window_bindings(inp, off, span))
+            ranges = []
+            for p in inp.pieces:
+                ranges.append(piece_range(p, off, 0, p.nbytes))
+                off += span(p)
+            yield from self._blocking_copy(self.consumer[dev], gm, self.host_cache, ranges, stats, inp.name)
+
+    def _make_resident(self, devices: list[int], stats: GraphStats) -> HostOp:
+        """The resident arm: the whole cache on each device, copied once (the first graph's ordered bytes)."""
+        for dev in devices:
+            if dev not in self.resident:
+                self.resident[dev] = self.be.alloc(dev, self.host_cache.nbytes, f"resident{dev}")
+                whole = [CopyRange(0, 0, self.host_cache.nbytes)]
+                yield from self._blocking_copy(self.consumer[dev], self.resident[dev], self.host_cache, whole, stats, "resident")
+
+    @staticmethod
+    def _bind_resident(bindings: dict[str, Binding], pieces: dict[str, Binding], inp: StagedInput, cache: Buffer) -> None:
+        """Bind ``inp`` where the resident cache holds it: at its host-cache offsets (one range per stream)."""
+        first = inp.pieces[0]
+        if len(inp.pieces) == 1:
+            bindings[f"window:{inp.name}"] = (cache, first.src_offset, first.nbytes)
+            return
+        for i, p in enumerate(inp.pieces):
+            pieces[f"window:{inp.name}#{i}"] = (cache, p.src_offset, p.nbytes)
+        last = inp.pieces[-1]
+        bindings[f"window:{inp.name}"] = (cache, first.src_offset, last.src_offset + last.nbytes - first.src_offset)
+
+    # pipelined pieces ------------------------------------------------
+
+    @staticmethod
+    def _bind(bindings: dict[str, Binding], pieces: dict[str, Binding], buf: Buffer, windows: Sequence[tuple[str, int, int]]) -> None:
+        """A window's bindings: the whole window (the split's accesses) and its per-stream parts (``#i``, read inside it)."""
+        for name, off, n in windows:
+            (pieces if "#" in name else bindings)[name] = (buf, off, n)
