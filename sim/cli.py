@@ -13,7 +13,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from sim.grid import UsageError
+from sim.errors import InputError as UsageError
 
 COMMANDS = ("simulate", "bench", "sweep", "plan", "plot", "calibrate", "validate")
 

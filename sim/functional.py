@@ -46,8 +46,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
+from sim.errors import InputError
 from sim.graph import DecodeGraph, decode_graph, layout_of
-from sim.grid import UsageError
 from sim.program import PROGRAM_CACHE_TYPES
 from sim.simulate import Point
 from sim.workload import ModelShape, Workload
@@ -72,9 +72,9 @@ def functional_point(point: Point) -> Point:
     wl = point.workload
     for ct in (wl.cache_k, wl.cache_v):
         if ct.name not in PROGRAM_CACHE_TYPES:
-            raise UsageError(f"--functional supports cache types {', '.join(PROGRAM_CACHE_TYPES)}; got {ct.name}")
+            raise InputError(f"--functional supports cache types {', '.join(PROGRAM_CACHE_TYPES)}; got {ct.name}")
     if getattr(wl, "split_mode", "none") != "none":
-        raise UsageError("--functional runs on one device for now (no split mode)")
+        raise InputError("--functional runs on one device for now (no split mode)")
     contexts = tuple(max(MIN_CONTEXT, min(MAX_CONTEXT, c // 32)) for c in wl.context)
     tokens = max(wl.tokens, MIN_GRAPHS)
     fwl = Workload(functional_model(wl.model), wl.cache_k, wl.cache_v, contexts, tokens=tokens, pinned=wl.pinned,

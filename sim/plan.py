@@ -30,17 +30,18 @@ Units: seconds and bytes inside; MiB, ms and rows in the report.
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from sim.errors import InputError
 from sim.graph import decode_graph
-from sim.grid import UsageError, points_from_args
-from sim.scheduler import MIB, TransportConfig
+from sim.points import GridSpec
+from sim.points import points as grid_points
 from sim.simulate import Point
 from sim.sweep import gain_rows, run_sweep
+from sim.transport_config import MAX_DEPTH, MIB, TransportConfig
 from sim.workload import WINDOW_PAD_ROWS, Workload
 
 DEFAULT_BUDGET_MIB = TransportConfig().budget_mib
@@ -63,11 +64,11 @@ class PlanRequest:
 
     def __post_init__(self) -> None:
         if not self.contexts:
-            raise UsageError("--context: need at least one value")
-        if not 1 <= self.max_depth <= 14:
-            raise UsageError(f"--max-depth {self.max_depth} out of range; allowed: 1..14")
+            raise InputError("--context: need at least one value")
+        if not 1 <= self.max_depth <= MAX_DEPTH:
+            raise InputError(f"--max-depth {self.max_depth} out of range; allowed: 1..{MAX_DEPTH}")
         if self.budget_for_gain is not None and not 0 < self.budget_for_gain <= 1:
-            raise UsageError(f"--budget-for-gain {self.budget_for_gain:g} out of range; allowed: a fraction in (0, 1]")
+            raise InputError(f"--budget-for-gain {self.budget_for_gain:g} out of range; allowed: a fraction in (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -126,21 +127,18 @@ class ContextPlan:
 
 
 def points(req: PlanRequest, contexts: list[int], depths: list[int], budget_mib: float, tokens: int | None = None) -> list[Point]:
-    """Points through the grid flags' own parser (same validation, same messages)."""
-    ns = argparse.Namespace(model=req.model, hardware=req.hardware, cache_type=req.cache_type,
-                            context=",".join(map(str, contexts)), depth=",".join(map(str, depths)), budget=f"{budget_mib:g}",
-                            tokens=tokens or req.tokens, pageable=not req.pinned, mutate="")
-    pts = points_from_args(ns)
-    if len({(p.workload.model.name, p.hardware.name, p.workload.cache_k.name) for p in pts}) != 1:
-        raise UsageError("plan takes one model, one hardware and one cache type")
-    return pts
+    """The plan's points, through the library's grid (same validation, same messages). Raises InputError."""
+    spec = GridSpec(models=(req.model,), hardware=(req.hardware,), cache_types=(req.cache_type,),
+                    contexts=tuple((c,) for c in contexts), depths=tuple(depths), budgets_mib=(budget_mib,),
+                    tokens=tokens or req.tokens, pinned=req.pinned)
+    return grid_points(spec)
 
 
 def _run(req: PlanRequest, pts: list[Point]) -> list[dict[str, Any]]:
     res = run_sweep(pts, None, jobs=req.jobs, progress=False)
     if res.failed:
         key, msg = res.failed[0]
-        raise UsageError(f"point {key} failed: {msg}")
+        raise InputError(f"point {key} failed: {msg}")
     return gain_rows(res.rows)
 
 

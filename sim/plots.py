@@ -29,7 +29,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from backends.base import Span
-from sim.grid import UsageError
+from sim.errors import InputError
 from sim.telemetry import flatten
 
 FORMATS = ("png", "svg")
@@ -57,10 +57,10 @@ def columns(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def column(rows: Sequence[dict[str, Any]], name: str) -> list[Any]:
-    """One column of the rows. Raises UsageError naming the allowed columns if ``name`` is not one."""
+    """One column of the rows. Raises InputError naming the allowed columns if ``name`` is not one."""
     flat = [flatten(r) for r in rows]
     if not flat or name not in flat[0]:
-        raise UsageError(f"unknown column {name!r}; allowed: {', '.join(columns(rows))}")
+        raise InputError(f"unknown column {name!r}; allowed: {', '.join(columns(rows))}")
     return [f[name] for f in flat]
 
 
@@ -82,7 +82,7 @@ def _budget_label(b: float) -> str:
 def _need_gain(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     out = [r for r in rows if r.get("gain") is not None and r["depth"] > 0]
     if not out:
-        raise UsageError("no row has a gain: the rows need depth-0 (ordered) rows beside the pipelined ones")
+        raise InputError("no row has a gain: the rows need depth-0 (ordered) rows beside the pipelined ones")
     return out
 
 
@@ -124,7 +124,7 @@ def save(fig: Figure, prefix: str | Path, formats: Sequence[str] = FORMATS) -> l
     out = []
     for fmt in formats:
         if fmt not in FORMATS:
-            raise UsageError(f"unknown format {fmt!r}; allowed: {', '.join(FORMATS)}")
+            raise InputError(f"unknown format {fmt!r}; allowed: {', '.join(FORMATS)}")
         path = prefix.with_name(f"{prefix.name}.{fmt}")
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".{fmt}", dir=path.parent)
         os.close(fd)
@@ -213,7 +213,7 @@ def gain_per_mib(rows: Sequence[dict[str, Any]]) -> Figure:
     """Gain (% points) per MiB of ring against context, one line per depth (rows whose ring engaged)."""
     rows = [r for r in _need_gain(rows) if not r["declined"] and r["ring_mib"] > 0]
     if not rows:
-        raise UsageError("no row kept its ring: nothing to divide the gain by (raise --budget or use 0 = no cap)")
+        raise InputError("no row kept its ring: nothing to divide the gain by (raise --budget or use 0 = no cap)")
     fig = _figure()
     ax = fig.add_subplot()
     for d, grp in sorted(_groups(rows, lambda r: r["depth"]).items()):
@@ -233,7 +233,7 @@ def ring_vs_context(rows: Sequence[dict[str, Any]], budgets_mib: Sequence[float]
     """Ring MiB each depth needs against context, with horizontal budget lines."""
     rows = [r for r in rows if r["depth"] > 0]
     if not rows:
-        raise UsageError("no pipelined (depth > 0) row: the ring is only planned at depth >= 1")
+        raise InputError("no pipelined (depth > 0) row: the ring is only planned at depth >= 1")
     fig = _figure()
     ax = fig.add_subplot()
     for d, grp in sorted(_groups(rows, lambda r: r["depth"]).items()):
@@ -254,7 +254,7 @@ def ring_vs_context(rows: Sequence[dict[str, Any]], budgets_mib: Sequence[float]
 
 
 def xy(rows: Sequence[dict[str, Any]], x: str, y: str, group: str | None = None) -> Figure:
-    """Any column against any other, one line per value of ``group``. Raises UsageError on an unknown column."""
+    """Any column against any other, one line per value of ``group``. Raises InputError on an unknown column."""
     xs, ys = column(rows, x), column(rows, y)
     gs = column(rows, group) if group else [""] * len(rows)
     fig = _figure()

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.grid import UsageError
+from sim.errors import InputError
 from sim.simulate import Point, row
 from sim.telemetry import rows_to_csv, write_atomic
 
@@ -91,48 +91,6 @@ def settings_of(points: Sequence[Point]) -> dict[str, Any]:
     }
 
 
-def expand_ranges(text: str) -> str:
-    """Expand ``START..STOP`` and ``START..STOP/STEP`` items of a comma list (STOP included, STEP default 1).
-
-    ``"1024..4096/1024,8192"`` -> ``"1024,2048,3072,4096,8192"``. Other items (``:``
-    joins one context per sequence) pass through. Raises UsageError on a malformed range.
-    """
-    out: list[str] = []
-    for item in str(text).split(","):
-        if ".." not in item:
-            out.append(item)
-            continue
-        spec = item.strip()
-        head, _, step_text = spec.partition("/")
-        start_text, _, stop_text = head.partition("..")
-        try:
-            start, stop = float(start_text.replace("_", "")), float(stop_text.replace("_", ""))
-            step = float(step_text.replace("_", "")) if step_text else 1.0
-        except ValueError:
-            start = stop = step = math.nan
-        if not step > 0 or not stop >= start:
-            raise UsageError(f"range {spec!r} is not valid; allowed: START..STOP or START..STOP/STEP with STEP > 0, STOP >= START")
-        n = int(math.floor((stop - start) / step + 1e-9)) + 1
-        if n > 100_000:
-            raise UsageError(f"range {spec!r} has {n} values; allowed: at most 100000")
-        integral = all(float(x).is_integer() for x in (start, step))
-        out += [str(int(start + i * step)) if integral else f"{start + i * step:g}" for i in range(n)]
-    return ",".join(out)
-
-
-def grid(model: str = "qwen3.8-27b", hardware: str = "rtx4070-gen4x16", cache_type: str = "q8_0", context: str = "4096",
-         depth: str = "0,1", budget: str = "128", tokens: int = 8, pageable: bool = False, parallel: str = "1") -> list[Point]:
-    """The points of a grid written as the CLI writes it (comma lists, START..STOP/STEP ranges). Raises UsageError."""
-    import argparse
-
-    from sim.grid import points_from_args
-
-    ns = argparse.Namespace(model=model, hardware=hardware, cache_type=cache_type, context=expand_ranges(str(context)),
-                            depth=expand_ranges(str(depth)), budget=expand_ranges(str(budget)), tokens=tokens,
-                            pageable=pageable, mutate="", parallel=expand_ranges(str(parallel)))
-    return points_from_args(ns)
-
-
 # ------------------------------------------------------------- executors
 
 
@@ -162,17 +120,17 @@ class _Serial(Executor):
 def executor_for(jobs: int | None = None, dask_address: str | None = None) -> Iterator[Executor]:
     """An executor: Dask at ``dask_address``, else ``jobs`` local processes (default: all cores; 1 = this process).
 
-    Raises UsageError if dask.distributed is missing or the scheduler cannot be reached.
+    Raises InputError if dask.distributed is missing or the scheduler cannot be reached.
     """
     if dask_address:
         try:
             from dask.distributed import Client
         except ImportError:
-            raise UsageError("--dask needs dask.distributed: pip install 'kvpipe[cluster]'") from None
+            raise InputError("--dask needs dask.distributed: pip install 'kvpipe[cluster]'") from None
         try:
             client = Client(dask_address, timeout="10s")
         except (OSError, TimeoutError, ValueError) as exc:
-            raise UsageError(f"cannot reach the Dask scheduler at {dask_address!r}: {exc}") from None
+            raise InputError(f"cannot reach the Dask scheduler at {dask_address!r}: {exc}") from None
         try:
             yield client.get_executor(pure=False)
         finally:
@@ -180,7 +138,7 @@ def executor_for(jobs: int | None = None, dask_address: str | None = None) -> It
         return
     n = jobs or os.cpu_count() or 1
     if n < 1:
-        raise UsageError(f"--jobs {n} out of range; allowed: >= 1")
+        raise InputError(f"--jobs {n} out of range; allowed: >= 1")
     if n == 1:
         yield _Serial()
         return
@@ -220,12 +178,12 @@ class RowStore:
         if self.dir is None:
             return
         if self.dir.exists() and not self.dir.is_dir():
-            raise UsageError(f"--out {str(self.dir)!r} exists and is not a folder")
+            raise InputError(f"--out {str(self.dir)!r} exists and is not a folder")
         manifest = self.dir / MANIFEST
         if manifest.exists():
             old = _read_json(manifest)
             if old.get("settings") != settings:
-                raise UsageError(f"{str(self.dir)!r} holds a sweep with settings {old.get('settings')}, not {settings}; "
+                raise InputError(f"{str(self.dir)!r} holds a sweep with settings {old.get('settings')}, not {settings}; "
                                  "use another --out")
         for r in self._load():
             self.rows[key_of_row(r)] = r
@@ -240,7 +198,7 @@ class RowStore:
         if (self.dir / ROWS_JSON).exists():
             data = _read_json(self.dir / ROWS_JSON)
             if not isinstance(data, list):
-                raise UsageError(f"{str(self.dir / ROWS_JSON)!r} does not hold a list of rows")
+                raise InputError(f"{str(self.dir / ROWS_JSON)!r} does not hold a list of rows")
             rows += data
         journal = self.dir / JOURNAL
         if journal.exists():
@@ -253,7 +211,7 @@ class RowStore:
             for r in rows:
                 key_of_row(r)
         except (KeyError, TypeError, ValueError) as exc:
-            raise UsageError(f"{str(self.dir)!r} holds a row without grid coordinates ({exc}); use another --out") from None
+            raise InputError(f"{str(self.dir)!r} holds a row without grid coordinates ({exc}); use another --out") from None
         return rows
 
     def __contains__(self, key: Key) -> bool:
@@ -294,7 +252,7 @@ def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise UsageError(f"cannot read {str(path)!r}: {exc}") from None
+        raise InputError(f"cannot read {str(path)!r}: {exc}") from None
 
 
 # ------------------------------------------------------------------ sweep
@@ -321,11 +279,11 @@ def run_sweep(
     """Run every point not already in ``out_dir``; returns all rows in grid order.
 
     Blocks until the sweep is done (wall time ~ points x tokens x a few ms / workers).
-    Raises UsageError on an empty grid or an unusable output folder. A point that
+    Raises InputError on an empty grid or an unusable output folder. A point that
     raises is reported in ``failed`` and left out of the rows (a rerun retries it).
     """
     if not points:
-        raise UsageError("the grid is empty; give at least one value per flag")
+        raise InputError("the grid is empty; give at least one value per flag")
     t0 = time.perf_counter()
     with executor_for(jobs, dask_address) as ex:  # first: a missing extra or scheduler writes nothing
         order: list[Key] = []

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from sim.grid import UsageError
+from sim.commands.args import UsageError
 
 
 def register(sub: Any) -> None:
@@ -26,13 +26,13 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sim.bench import run_bench
-    from sim.grid import points_from_args
+    from sim.points import GridSpec, points
 
     if args.repeats < 1:
         raise UsageError(f"--repeats {args.repeats} out of range; allowed: >= 1")
-    ns = argparse.Namespace(model=args.model, hardware=args.hardware, cache_type=args.cache_type, context=str(args.context),
-                            depth=str(args.depth), budget="0", tokens=args.tokens, pageable=False, mutate="")
-    point = points_from_args(ns)[0]
+    spec = GridSpec(models=(args.model,), hardware=(args.hardware,), cache_types=(args.cache_type,), contexts=((args.context,),),
+                    depths=(args.depth,), budgets_mib=(0.0,), tokens=args.tokens)
+    point = points(spec)[0]
     r = run_bench(point, repeats=args.repeats, trace=args.trace)
     if args.json:
         print(json.dumps(r.as_dict(), indent=1))

@@ -16,7 +16,7 @@ import shlex
 import sys
 from typing import Any
 
-from sim.grid import UsageError, _int, parse_list
+from sim.commands.args import UsageError, _int, parse_list
 
 
 def register(sub: Any) -> None:
@@ -37,19 +37,19 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from backends.base import BackendUnavailable
-    from sim.grid import _load_hw, _load_model, cache_type_or_usage
+    from sim.points import cache, hardware, model
     from validate import driver, micro
 
-    models = [_load_model(m) for m in parse_list(args.model, str, "--model", "presets, .gguf or config.json")]
+    models = [model(m) for m in parse_list(args.model, str, "--model", "presets, .gguf or config.json")]
     from sim.workload import CACHE_TYPES
 
-    ctype = [cache_type_or_usage(c) for c in parse_list(args.cache_type, str, "--cache-type", ", ".join(CACHE_TYPES))]
+    ctype = [cache(c) for c in parse_list(args.cache_type, str, "--cache-type", ", ".join(CACHE_TYPES))]
     windows = parse_list(args.windows, _int, "--windows", "integers >= 1")
     if args.reps < 1 or args.rounds < 1 or not 0 < args.scale <= 1 or args.max_copy_mib <= 0 or min(windows) < 1:
         raise UsageError("--reps and --rounds must be >= 1, --scale in (0, 1], --max-copy-mib > 0, --windows >= 1")
     sizes = [n for n in micro.LINK_SIZES if n <= args.max_copy_mib * 2**20] or [micro.LINK_SIZES[0]]
     try:
-        hw = _load_hw(args.hardware) if args.machine == "simpy" else None
+        hw = hardware(args.hardware) if args.machine == "simpy" else None
         be, xp, info = driver.machine(args.machine, hw)
     except BackendUnavailable as exc:
         raise UsageError(driver.unavailable_message(exc)) from None

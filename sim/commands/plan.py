@@ -11,9 +11,9 @@ import argparse
 import json
 from typing import Any
 
-from sim.grid import REFERENCE_CONTEXTS, UsageError, parse_list
+from sim.commands.args import REFERENCE_CONTEXTS, UsageError, expand_ranges, parse_list
 from sim.plan import DEFAULT_BUDGET_MIB, PlanRequest, plan, render
-from sim.sweep import expand_ranges
+from sim.transport_config import MAX_BUDGET_MIB
 from sim.workload import MAX_CONTEXT
 
 
@@ -38,8 +38,11 @@ def run(args: argparse.Namespace) -> int:
     contexts = parse_list(expand_ranges(args.context), lambda t: int(t.replace("_", "")), "--context", f"integers 1..{MAX_CONTEXT}")
     if args.tokens < 1 or args.jobs < 0:
         raise UsageError("--tokens must be >= 1 and --jobs >= 0")
-    if not 0 <= args.default_budget <= 65536:
-        raise UsageError(f"--default-budget {args.default_budget:g} out of range; allowed: 0 (no cap) .. 65536")
+    if not 0 <= args.default_budget <= MAX_BUDGET_MIB:
+        raise UsageError(f"--default-budget {args.default_budget:g} out of range; allowed: 0 (no cap) .. {MAX_BUDGET_MIB}")
+    for flag in ("model", "hardware", "cache_type"):
+        if "," in getattr(args, flag):
+            raise UsageError("plan takes one model, one hardware and one cache type")
     req = PlanRequest(model=args.model, hardware=args.hardware, cache_type=args.cache_type, contexts=tuple(contexts),
                       max_depth=args.max_depth, tokens=args.tokens, default_budget_mib=args.default_budget,
                       budget_for_gain=args.budget_for_gain, pinned=not args.pageable, jobs=args.jobs or None)

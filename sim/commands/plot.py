@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sim.grid import UsageError, add_grid_args, parse_list
+from sim.commands.args import UsageError, add_grid_args, parse_list
 from sim.sweep import gain_rows, run_sweep
 
 ROW_KINDS = ("gain-vs-depth", "gain-vs-context", "gain-per-mib", "ring-vs-context")
@@ -82,10 +82,10 @@ def _value(text: str) -> Any:
 
 
 def _simulated_rows(args: argparse.Namespace, need_baseline: bool) -> list[dict[str, Any]]:
-    from sim.commands.sweep import grid_points
+    from sim.commands.args import points_from_args as grid_points
 
     if need_baseline:
-        from sim.sweep import expand_ranges
+        from sim.commands.args import expand_ranges
 
         depths = expand_ranges(args.depth).split(",")
         args.depth = ",".join(["0", *[d for d in depths if d.strip() != "0"]])
@@ -99,7 +99,7 @@ def _timeline_figure(args: argparse.Namespace) -> Any:
     from dataclasses import replace
 
     from sim import checks
-    from sim.commands.sweep import grid_points
+    from sim.commands.args import points_from_args as grid_points
     from sim.plots import timeline, token_window
 
     points = grid_points(args)

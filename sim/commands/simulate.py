@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Any
 
-from sim.grid import add_grid_args, points_from_args
+from sim.commands.args import add_grid_args, points_from_args
 from sim.simulate import Point, RunResult, row
 from sim.telemetry import chrome_trace, rows_to_csv, table, write_atomic
 

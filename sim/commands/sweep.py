@@ -13,10 +13,8 @@ import argparse
 import sys
 from typing import Any
 
-from sim.grid import UsageError, add_grid_args, points_from_args
-from sim.sweep import JOURNAL, ROWS_CSV, ROWS_JSON, expand_ranges, run_sweep
-
-RANGE_FLAGS = ("context", "depth", "budget", "parallel")
+from sim.commands.args import UsageError, add_grid_args, points_from_args
+from sim.sweep import JOURNAL, ROWS_CSV, ROWS_JSON, run_sweep
 
 
 def register(sub: Any) -> None:
@@ -31,9 +29,7 @@ def register(sub: Any) -> None:
 
 
 def grid_points(args: argparse.Namespace) -> list[Any]:
-    """The grid flags with ranges expanded, as points. Raises UsageError on bad input."""
-    for name in RANGE_FLAGS:
-        setattr(args, name, expand_ranges(getattr(args, name)))
+    """The grid flags (ranges expanded), as points. Raises UsageError on bad input."""
     return points_from_args(args)
 
 

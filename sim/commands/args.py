@@ -1,0 +1,138 @@
+"""Grid flags shared by ``simulate``, ``sweep``, ``plan``, ``plot`` and ``validate``: text in, a GridSpec out.
+
+This is the only place that parses the command line's strings. Every list
+flag takes comma-separated values and ``START..STOP/STEP`` ranges; the grid is
+their cross product, built by :func:`sim.points.points` from the typed
+:class:`sim.points.GridSpec` that :func:`spec_from_args` makes. Bad values
+raise :class:`UsageError` (a :class:`sim.errors.InputError`) with a one-line
+message naming the value and what is allowed; ``sim.cli`` turns that into exit
+code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from typing import TypeVar
+
+from sim.errors import InputError
+from sim.points import GridSpec, points
+from sim.simulate import Point
+from sim.transport_config import MAX_BUDGET_MIB, MAX_DEPTH, MUTATIONS
+from sim.workload import CACHE_TYPES, MAX_CONTEXT
+
+T = TypeVar("T")
+
+REFERENCE_CONTEXTS = "4096,16384,32768"
+RANGE_FLAGS = ("context", "depth", "budget", "parallel")
+UsageError = InputError  # the command line's name for it
+
+
+def parse_list(text: str, conv: Callable[[str], T], flag: str, allowed: str) -> list[T]:
+    items = [t.strip() for t in str(text).split(",")]
+    if not items or any(not t for t in items):
+        raise UsageError(f"{flag} {text!r}: empty value; allowed: {allowed}")
+    out = []
+    for t in items:
+        try:
+            out.append(conv(t))
+        except ValueError:
+            raise UsageError(f"{flag} {t!r} is not valid; allowed: {allowed}") from None
+    return out
+
+
+def _int(t: str) -> int:
+    return int(t.replace("_", ""))
+
+
+def _per_sequence(t: str) -> tuple[int, ...]:
+    """'2048' -> (2048,); '20000:20000:12' -> one context per sequence."""
+    return tuple(_int(x) for x in t.split(":"))
+
+
+def add_grid_args(p: argparse.ArgumentParser) -> None:
+    """The workload/grid flags (identical on simulate, sweep and validate)."""
+    p.add_argument("--model", default="qwen3.8-27b", help="preset, .gguf file or config.json (comma list for a grid)")
+    p.add_argument("--hardware", default="rtx4070-gen4x16", help="hardware preset or profile .json (comma list)")
+    p.add_argument("--cache-type", default="q8_0", help=f"KV cache type(s): {', '.join(CACHE_TYPES)}")
+    p.add_argument("--context", default=REFERENCE_CONTEXTS, help="tokens already cached when decoding starts (llama-bench -d), comma list")
+    p.add_argument("--depth", "--kv-pipeline-depth", "-kvpd", dest="depth", default="0,1",
+                   help=f"look-ahead depth(s) 0..{MAX_DEPTH}; 0 = ordered")
+    p.add_argument("--budget", "--kv-pipeline-budget", "-kvpb", dest="budget", default="128",
+                   help=f"ring budget MiB per device (0 = no cap, max {MAX_BUDGET_MIB}), comma list")
+    p.add_argument("--tokens", type=int, default=8, help="decode tokens simulated per point (default 8)")
+    p.add_argument("--pageable", action="store_true", help="host cache in pageable memory (default pinned)")
+    p.add_argument("--mutate", default="", help=f"switch off one load-bearing piece: {', '.join(MUTATIONS)}")
+    p.add_argument("--parallel", "-np", default="1", help="sequences decoding at once (llama.cpp --parallel), comma list")
+    p.add_argument("--kv-unified", dest="kv_unified", action=argparse.BooleanOptionalAction, default=True,
+                   help="one cache stream shared by all sequences (default) or one stream per sequence")
+    p.add_argument("--ctx-size", "-c", dest="ctx_size", type=int, default=0,
+                   help="total cache cells (split evenly over streams when not unified); default: just enough")
+    p.add_argument("--split-mode", "-sm", dest="split_mode", default="none", help="none, layer or tensor (several devices)")
+    p.add_argument("--tensor-split", "-ts", dest="tensor_split", default="",
+                   help="proportions per device, e.g. 3,1 (default: even)")
+    p.add_argument("--no-pack", dest="pack", action="store_false",
+                   help="reserve each stream's whole stride in a ring slot (the unpacked layout, for comparison)")
+    p.add_argument("--flat-prefix", action="store_true",
+                   help="one stable prefix over a multi-stream window (the old behaviour, for comparison)")
+
+
+def spec_from_args(args: argparse.Namespace) -> GridSpec:
+    """The grid flags (ranges expanded) as typed values. Raises UsageError on any malformed value."""
+    text = {name: expand_ranges(str(getattr(args, name, "1"))) for name in RANGE_FLAGS}
+    splits = getattr(args, "tensor_split", "") or ""
+    return GridSpec(
+        models=tuple(parse_list(args.model, str, "--model", "a preset, .gguf or config.json")),
+        hardware=tuple(parse_list(args.hardware, str, "--hardware", "a preset or profile .json")),
+        cache_types=tuple(parse_list(args.cache_type, str, "--cache-type", ", ".join(CACHE_TYPES))),
+        contexts=tuple(parse_list(text["context"], _per_sequence, "--context", f"integers 1..{MAX_CONTEXT}, per sequence joined by ':'")),
+        parallels=tuple(parse_list(text["parallel"], _int, "--parallel", "integers 1..256")),
+        depths=tuple(parse_list(text["depth"], _int, "--depth", f"integers 0..{MAX_DEPTH}")),
+        budgets_mib=tuple(parse_list(text["budget"], float, "--budget", f"MiB 0..{MAX_BUDGET_MIB} (0 = no cap)")),
+        tokens=args.tokens,
+        pinned=not args.pageable,
+        unified=getattr(args, "kv_unified", True),
+        ctx_size=getattr(args, "ctx_size", 0),
+        split_mode=getattr(args, "split_mode", "none"),
+        tensor_split=tuple(parse_list(splits, float, "--tensor-split", "non-negative proportions")) if splits else (),
+        pack_streams=getattr(args, "pack", True),
+        flat_prefix=getattr(args, "flat_prefix", False),
+        mutations=frozenset(m for m in str(getattr(args, "mutate", "") or "").split(",") if m),
+    )
+
+
+def points_from_args(args: argparse.Namespace) -> list[Point]:
+    """Expand the grid flags into points. Raises UsageError on any bad value."""
+    return points(spec_from_args(args))
+
+
+def expand_ranges(text: str) -> str:
+    """Expand ``START..STOP`` and ``START..STOP/STEP`` items of a comma list (STOP included, STEP default 1).
+
+    ``"1024..4096/1024,8192"`` -> ``"1024,2048,3072,4096,8192"``. Other items (``:``
+    joins one context per sequence) pass through. Raises UsageError on a malformed range.
+    """
+    out: list[str] = []
+    for item in str(text).split(","):
+        if ".." not in item:
+            out.append(item)
+            continue
+        spec = item.strip()
+        head, _, step_text = spec.partition("/")
+        start_text, _, stop_text = head.partition("..")
+        try:
+            start, stop = float(start_text.replace("_", "")), float(stop_text.replace("_", ""))
+            step = float(step_text.replace("_", "")) if step_text else 1.0
+        except ValueError:
+            start = stop = step = math.nan
+        if not step > 0 or not stop >= start:
+            raise UsageError(f"range {spec!r} is not valid; allowed: START..STOP or START..STOP/STEP with STEP > 0, STOP >= START")
+        n = int(math.floor((stop - start) / step + 1e-9)) + 1
+        if n > 100_000:
+            raise UsageError(f"range {spec!r} has {n} values; allowed: at most 100000")
+        integral = all(float(x).is_integer() for x in (start, step))
+        out += [str(int(start + i * step)) if integral else f"{start + i * step:g}" for i in range(n)]
+    return ",".join(out)
+
+

@@ -1,0 +1,94 @@
+"""A grid of points from typed values: the library's way in (the command line's flags parse into a GridSpec).
+
+:func:`points` expands a :class:`GridSpec` -- models, hardware, cache types,
+contexts, sequences, depths, budgets, ... as Python values -- into
+:class:`sim.simulate.Point` objects, one per element of the cross product,
+each with its whole :class:`~sim.transport_config.TransportConfig` and the
+calibrated entry of its program where the hardware profile has one. Bad values
+raise :class:`sim.errors.InputError` with a one-line message. Nothing here
+parses text: ``sim.commands.args`` turns flags into a GridSpec.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from backends.profile import HardwareProfile, for_workload, load_profile
+from sim.errors import InputError
+from sim.simulate import Point
+from sim.transport_config import TransportConfig
+from sim.workload import CacheType, ModelShape, Workload, cache_type, load_model
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    """The axes of a grid (each a tuple: the grid is their product) and the settings every point shares."""
+
+    models: tuple[str, ...] = ("qwen3.8-27b",)
+    hardware: tuple[str, ...] = ("rtx4070-gen4x16",)
+    cache_types: tuple[str, ...] = ("q8_0",)
+    contexts: tuple[tuple[int, ...], ...] = ((4096,), (16384,), (32768,))
+    parallels: tuple[int, ...] = (1,)
+    depths: tuple[int, ...] = (0, 1)
+    budgets_mib: tuple[float, ...] = (128.0,)
+    tokens: int = 8
+    pinned: bool = True
+    unified: bool = True
+    ctx_size: int = 0
+    split_mode: str = "none"
+    tensor_split: tuple[float, ...] = ()
+    pack_streams: bool = True
+    flat_prefix: bool = False
+    mutations: frozenset[str] = frozenset()
+
+
+def model(spec: str) -> ModelShape:
+    """A model preset, GGUF file or config.json. Raises InputError."""
+    try:
+        return load_model(spec)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+
+
+def hardware(spec: str) -> HardwareProfile:
+    """A hardware preset or profile file. Raises InputError."""
+    try:
+        return load_profile(spec)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+
+
+def cache(name: str) -> CacheType:
+    """A cache type by name. Raises InputError."""
+    try:
+        return cache_type(name)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+
+
+def points(spec: GridSpec) -> list[Point]:
+    """Every point of the grid, in product order. Raises InputError on any bad value. Does not block."""
+    if spec.tokens < 1:
+        raise InputError(f"--tokens {spec.tokens} out of range; allowed: >= 1")
+    models = [model(m) for m in spec.models]
+    hws = [hardware(h) for h in spec.hardware]
+    caches = [cache(c) for c in spec.cache_types]
+    out = []
+    try:
+        for m, h, c, ctx, npar, d, b in itertools.product(models, hws, caches, spec.contexts, spec.parallels, spec.depths,
+                                                          spec.budgets_mib):
+            wl = Workload(m, c, c, ctx, tokens=spec.tokens, pinned=spec.pinned, n_parallel=npar, unified=spec.unified,
+                          ctx_size=spec.ctx_size, split_mode=spec.split_mode, tensor_split=spec.tensor_split,
+                          flat_prefix=spec.flat_prefix)
+            if wl.split_mode != "none" and len(h.devices) < 2:
+                raise InputError(f"--split-mode {wl.split_mode} needs several devices; give --hardware A+B (got {h.name})")
+            tc = TransportConfig(depth=d, budget_mib=b, mutations=spec.mutations, pack_streams=spec.pack_streams)
+            out.append(Point(wl, for_workload(h, m.name, c.name), tc))  # a calibrated file's entry for this program
+    except InputError:
+        raise
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    if not out:
+        raise InputError("the grid is empty; give at least one value per flag")
+    return out
