@@ -118,25 +118,20 @@ def png_bytes(fig: Figure) -> bytes:
 
 
 def save(fig: Figure, prefix: str | Path, formats: Sequence[str] = FORMATS) -> list[Path]:
-    """Write ``prefix.png`` / ``prefix.svg``; returns the paths. Blocks on the writes (atomic: temp file + rename)."""
-    import os
-    import tempfile
+    """Write ``prefix.png`` / ``prefix.svg``; returns the paths. Blocks on the writes (``sim.safe_write``)."""
+    import io
+
+    from sim.safe_write import write_output
 
     prefix = Path(prefix)
-    prefix.parent.mkdir(parents=True, exist_ok=True)
     out = []
     for fmt in formats:
         if fmt not in FORMATS:
             raise InputError(f"unknown format {fmt!r}; allowed: {', '.join(FORMATS)}")
         path = prefix.with_name(f"{prefix.name}.{fmt}")
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".{fmt}", dir=path.parent)
-        os.close(fd)
-        try:
-            fig.savefig(tmp, format=fmt)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        buf = io.BytesIO()
+        fig.savefig(buf, format=fmt)
+        write_output(path, buf.getvalue())
         out.append(path)
     return out
 

@@ -12,29 +12,19 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from backends.base import Span
+from sim.safe_write import write_output
 
 TRACK_ORDER = ("host", "consumer", "transfer", "h2d", "d2h")
 
 
 def write_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same folder. Blocks on the write."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``text`` to ``path`` safely (``sim.safe_write.write_output``). Raises InputError. Blocks on the write."""
+    write_output(path, text)
 
 
 def flatten(row: dict[str, Any]) -> dict[str, Any]:
