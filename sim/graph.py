@@ -206,7 +206,7 @@ def _pieces(
     return tuple(out)
 
 
-def head_ranges(n_head_kv: int, proportions: tuple[float, ...], n_devices: int, gqa: int = 1) -> list[tuple[int, int]]:
+def head_ranges(n_head_kv: int, proportions: tuple[float, ...], n_devices: int) -> list[tuple[int, int]]:
     """Whole KV heads per device in ``proportions`` (tensor split); devices may get none."""
     props = list(proportions[:n_devices]) or [1.0] * n_devices
     props += [0.0] * (n_devices - len(props))

@@ -1,8 +1,12 @@
-"""Shared fixtures: the reference preset, a recording backend wrapper, toy shapes."""
+"""Shared fixtures: the reference preset, a recording backend wrapper, toy shapes, the scripts of tools/."""
 
 from __future__ import annotations
 
+import importlib
+import sys
 from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -10,6 +14,15 @@ import pytest
 from backends.base import Buffer, CopyRange, Event, HostOp, Stream, Work
 from backends.profile import HardwareProfile, load_profile
 from sim.workload import ModelShape, Workload, cache_type, load_model
+
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+
+
+def tool(name: str) -> ModuleType:
+    """``tools/<name>.py`` as a module: the preset builders live there, outside the installed package."""
+    if str(TOOLS) not in sys.path:
+        sys.path.append(str(TOOLS))  # the tools import each other by module name, as they do when run as scripts
+    return importlib.import_module(name)
 
 
 @pytest.fixture(scope="session")

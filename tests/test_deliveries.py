@@ -39,7 +39,7 @@ def test_early_then_late_cover_every_window_byte_once_inside_its_slot() -> None:
         for r in d.early + d.late:
             assert d.base <= r.dst_offset and r.dst_offset + r.nbytes <= d.base + need
         # each late range starts where its piece's early range ended
-        assert sorted((r.dst_offset for r in d.early + d.late)) == sorted({r.dst_offset for r in d.early + d.late})
+        assert sorted(r.dst_offset for r in d.early + d.late) == sorted({r.dst_offset for r in d.early + d.late})
         names = {name for name, _, _ in d.windows}
         assert names == {f"window:{inp.name}" for inp in split.staged}
 

@@ -69,7 +69,12 @@ def test_budget_for_90_percent_of_the_gain(ref) -> None:  # type: ignore[no-unty
 def test_closed_form_reproduces_the_published_prediction() -> None:
     # Published inputs: 25.7 ms of compute, 22.0 GB/s, 16 attention layers, 3 slots -> 101 MiB predicted, 102 measured.
     assert peak_ring_bytes(25.7e-3, 22.0e9, N_ATTN, SLOTS) / MIB == pytest.approx(101.1, abs=0.1)
-    assert peak_rows(25.7e-3, 22.0e9, N_ATTN, B) == pytest.approx(16384, rel=0.01)
+    # rows* = 25.7 ms x 22.0 GB/s / (16 x 2,176 B) = 16,239.7: the published prediction's 16,240 rows. It is not the
+    # 16,384 the reference measured its best gain at: that is the best of the contexts it ran (4,096 / 16,384 / 32,768),
+    # and the 101 vs 102 MiB above is the same 0.9% gap.
+    rows = peak_rows(25.7e-3, 22.0e9, N_ATTN, B)
+    assert rows == pytest.approx(16239.7, abs=0.1)
+    assert peak_ring_bytes(25.7e-3, 22.0e9, N_ATTN, SLOTS) == pytest.approx(SLOTS * rows * B, rel=1e-12)  # n_slots windows
     # The ring at the peak is n_slots windows of the peak rows, whatever the cache type.
     pt = points(REF, [4096], [1], 0)[0]
     cf = closed_form(pt, SLOTS)

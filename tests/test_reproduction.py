@@ -1,6 +1,6 @@
 """The reference preset against the published llama.cpp measurements (docs/reproduction.md).
 
-The preset is derived from the ordered-path inputs only (validate/calibrate_reference.py);
+The preset is derived from the ordered-path inputs only (tools/reference_derivation.py);
 these tests hold it to what it must reproduce: the ordered column within 3%, the ring
 sizes, the default budget's decline point, the 19,246 breakdown's bytes, and -- only
 where the model honestly meets the target -- the pipelined figures it predicts. The
@@ -10,8 +10,8 @@ the far side of a cliff there (docs/reproduction.md says why).
 
 from __future__ import annotations
 
-import inspect
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -20,10 +20,13 @@ from backends.profile import LinkCurve, load_profile, profile_from_dict
 from sim.scheduler import MIB, TransportConfig
 from sim.simulate import Point, row, simulate
 from sim.workload import Workload, cache_type, load_model
-from validate import calibrate_reference as cal
-from validate import h200_preset
+from tests.conftest import tool
 
-# Published (shared/reference/kv-transport.md). Pipelined figures live here, never in the calibration.
+cal = tool("calibrate_reference")
+derivation = tool("reference_derivation")
+h200_preset = tool("h200_preset")
+
+# Published (the reference's measurements; docs/reproduction.md). Pipelined figures live here, never in the calibration.
 PUBLISHED_ORDERED_TPS = {4096: 31.6, 16384: 19.69, 32768: 13.03}
 PUBLISHED_BLOCKED_H2D_MS = {4096: 6.31, 16384: 24.05, 32768: 47.10}
 PUBLISHED_PIPELINED_TPS = {4096: (37.0889 + 37.0741) / 2, 16384: (31.5352 + 31.5807) / 2, 32768: (15.5325 + 15.5329) / 2}
@@ -54,26 +57,52 @@ def sim_row(hw, context: int, depth: int, budget: float = 0.0, tokens: int = 8) 
 
 
 def test_calibration_reproduces_the_committed_presets() -> None:
-    preset = cal.derive()
-    assert cal.preset_json(preset) == cal.PRESET_PATH.read_text()
-    assert cal.preset_json(cal.derive_rtx3060(preset)) == cal.RTX3060_PATH.read_text()
+    preset = derivation.derive()
+    assert derivation.preset_json(preset) == derivation.PRESET_PATH.read_text()
+    assert derivation.preset_json(cal.derive_rtx3060(preset)) == cal.RTX3060_PATH.read_text()
 
 
-def test_calibration_takes_no_pipelined_figure_as_input() -> None:
-    source = inspect.getsource(cal)
-    for figure in ("37.08", "31.56", "15.53", "31.10", "27.31", "3.57", "38.49", "34.88", "20.83", "644.0"):
-        assert figure not in source, f"pipelined figure {figure} appears in the calibration"
+def _without_pipelined_only(preset: dict) -> dict:  # type: ignore[type-arg]
+    """The preset less the two numbers only the pipelined path reads (the event cost, the copy engine's order)."""
+    d = json.loads(json.dumps(preset))
+    del d["host"]["event_us"], d["derivation"]["host"]["event_us"], d["devices"][0]["copy_engine_drains_stream"]
+    return d
+
+
+def test_calibration_runs_only_the_ordered_path_and_the_pipelined_only_constants_move_nothing_else(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """No pipelined figure can reach the preset: the derivation simulates depth 0 only, and perturbing the two
+    borrowed constants that only the pipelined path reads moves those two fields and no other number. Perturbing an
+    ordered-path input does move the fit, so the comparison can fail."""
+    base = derivation.derive()
+    simulated: list[tuple[int, str]] = []
+    real_simulate = derivation.simulate
+
+    def recording(point, *args, **kwargs):  # type: ignore[no-untyped-def]
+        simulated.append((point.transport.depth, point.transport.arm))
+        return real_simulate(point, *args, **kwargs)
+
+    monkeypatch.setattr(derivation, "simulate", recording)
+    monkeypatch.setattr(derivation, "BORROWED_EVENT_US", 3 * derivation.BORROWED_EVENT_US)
+    monkeypatch.setattr(derivation, "BORROWED_COPY_ENGINE_DRAINS_STREAM", not derivation.BORROWED_COPY_ENGINE_DRAINS_STREAM)
+    perturbed = derivation.derive()
+    assert simulated and set(simulated) == {(0, "transport")}
+    assert perturbed["host"]["event_us"] == round(derivation.BORROWED_EVENT_US, 3) != base["host"]["event_us"]
+    assert perturbed["devices"][0]["copy_engine_drains_stream"] is not base["devices"][0]["copy_engine_drains_stream"]
+    assert _without_pipelined_only(perturbed) == _without_pipelined_only(base)
+    first, (ctx, tps, ms, *rest), last = derivation.ORDERED_TABLE
+    monkeypatch.setattr(derivation, "ORDERED_TABLE", (first, (ctx, tps, ms + 1.0, *rest), last))
+    assert derivation.derive()["devices"][0]["compute"] != base["devices"][0]["compute"]
 
 
 def test_calibrated_link_stays_below_the_pcie_gen4_line_rate() -> None:
-    link = cal.derive_link()
+    link = derivation.derive_link()
     assert 0.6 < link["share_of_line_rate"] < 0.95
-    for fit, (_, _, _, published, _, _) in zip(link["fit_blocking_h2d_ms"], cal.ORDERED_TABLE, strict=True):
+    for fit, (_, _, _, published, _, _) in zip(link["fit_blocking_h2d_ms"], derivation.ORDERED_TABLE, strict=True):
         assert fit == pytest.approx(published, rel=0.02)
 
 
 def test_preset_memory_lies_between_the_published_memory_facts(rtx) -> None:  # type: ignore[no-untyped-def]
-    mem = cal.derive_memory()
+    mem = derivation.derive_memory()
     used_mib = rtx.devices[0].memory_used_bytes / MIB
     assert mem["weights_mib"] <= used_mib <= mem["upper_mib"]
     # the 32,768 ring at N = 1 engages uncapped; the 262,144 one does not fit the card
@@ -89,7 +118,7 @@ def test_preset_memory_lies_between_the_published_memory_facts(rtx) -> None:  # 
 def test_ordered_column_within_3_percent(rtx, context: int) -> None:  # type: ignore[no-untyped-def]
     r = sim_row(rtx, context, 0)
     assert r["tokens_per_s"] == pytest.approx(PUBLISHED_ORDERED_TPS[context], rel=0.03)
-    published_blocked = PUBLISHED_BLOCKED_H2D_MS[context] + cal.HOST_4096["d2h_rows_ms"]
+    published_blocked = PUBLISHED_BLOCKED_H2D_MS[context] + derivation.HOST_4096["d2h_rows_ms"]
     assert r["breakdown_ms"]["blocked_in_ordered_copies"] == pytest.approx(published_blocked, rel=0.03)
 
 
@@ -108,8 +137,9 @@ def test_default_budget_keeps_window_20480_and_declines_20736_at_ordered_speed(r
     assert fits["window_rows"] == 20480 and not fits["declined"] and fits["early_mib"] > 0
     assert over["window_rows"] == 20736 and over["declined"] and over["early_mib"] == 0
     assert over["tokens_per_s"] == pytest.approx(ordered["tokens_per_s"], rel=0.01)
-    # the crossing: 128 MiB / (3 slots x 2,176 B per row) = 20,560.6 rows
-    assert 20480 < 128 * MIB / (3 * 2176) < 20736
+    # the crossing: the ring the scheduler sizes (3 slots of the window) fits 128 MiB at 20,480 rows, not at 20,736
+    assert fits["ring_mib"] <= 128 < over["ring_mib"]
+    assert "budget 128 MiB" in over["decline_reason"]
 
 
 # ------------------------------------------------------- the 19,246 breakdown
@@ -137,7 +167,7 @@ def test_dram_contention_keeps_19332_in_lockstep_and_without_it_the_token_falls_
     # 19,332 positions sit within 1% of the edge where the draining copy engine turns lockstep into
     # delivery pairs. The copies' share of the card's DRAM (504.2 GB/s) slows the kernels they overlap
     # by ~5%, which keeps compute + host turn above the copy time (docs/reproduction.md, the cliff).
-    off = cal.variant(json.loads(cal.PRESET_PATH.read_text()), "no-dram-contention")
+    off = cal.variant(json.loads(derivation.PRESET_PATH.read_text()), "no-dram-contention")
     no_dram = profile_from_dict(off, "no-dram-contention")
     with_dram = sim_row(rtx, SERVER_START, 1, tokens=16)["ms_per_token"]
     without = sim_row(no_dram, SERVER_START, 1, tokens=16)["ms_per_token"]
@@ -161,7 +191,7 @@ def test_pipelined_n1_within_10_percent_where_the_model_meets_it(rtx, context: i
 
 def test_model_ceiling_is_above_every_published_pipelined_figure() -> None:
     for context, tps in PUBLISHED_PIPELINED_TPS.items():
-        assert cal.copy_and_compute_ms(cal.PRESET_PATH, context)["ceiling_tps"] > tps
+        assert cal.copy_and_compute_ms(derivation.PRESET_PATH, context)["ceiling_tps"] > tps
 
 
 # --------------------------------------------------------------- H200 preset
@@ -191,19 +221,24 @@ def test_h200_link_curves_reproduce_every_probed_copy_time() -> None:
     assert dev.h2d_engines == 1 and dev.duplex_slowdown == pytest.approx(23.048 / 19.856, rel=1e-3)
 
 
-def _probe_file() -> Path | None:
-    here = Path(__file__).resolve().parents[1]
-    for p in (here.parent / "shared" / "reference" / "h200-probe.json", Path("/work/shared/reference/h200-probe.json")):
-        if p.exists():
-            return p
-    return None
-
-
 def test_h200_embedded_probe_numbers_match_the_probe_file() -> None:
-    path = _probe_file()
-    if path is None:
-        pytest.skip("shared/reference/h200-probe.json is not beside this checkout; the embedded copy is unchecked")
+    """The probe file is not in the repository: set KVPIPE_H200_PROBE to a copy of it to check the embedded numbers."""
+    path = os.environ.get("KVPIPE_H200_PROBE")
+    if not path:
+        pytest.skip("KVPIPE_H200_PROBE names no H200 probe file; the embedded probe numbers are unchecked")
     assert h200_preset.probe_mismatches(path) == []
+
+
+def test_probe_check_names_each_embedded_number_the_file_disagrees_with(tmp_path: Path) -> None:
+    probe = json.loads(json.dumps({k: v for k, v in h200_preset.PROBE.items() if k != "totalGlobalMem"}))
+    probe["device"] = {"totalGlobalMem": h200_preset.PROBE["totalGlobalMem"]}
+    (tmp_path / "same.json").write_text(json.dumps(probe))
+    assert h200_preset.probe_mismatches(tmp_path / "same.json") == []
+    probe["bandwidth"]["16"]["h2d_pinned_GBps"] += 1.0
+    del probe["attention"]["4096"]
+    (tmp_path / "off.json").write_text(json.dumps(probe))
+    bad = h200_preset.probe_mismatches(tmp_path / "off.json")
+    assert len(bad) == 2 and bad[0].startswith("probe.bandwidth.16.h2d_pinned_GBps") and bad[1] == "probe.attention.4096 (absent)"
 
 
 # ------------------------------------------- the copy engine drains a stream

@@ -1,16 +1,18 @@
 """Derive the ``h200-gen5x16`` preset from the H200 probe.
 
-The probe (``shared/reference/h200-probe.json``) timed one NVIDIA H200 on PCIe
-gen5 x16 through CuPy: copies of 256 KiB .. 1 GiB pinned and pageable in both
-directions, two copies racing on two streams, a copy under a matmul loop, an
-attention kernel over 4,096 .. 131,072 rows, a weight-streaming matvec, and the
-host cost of a copy issue, an event record + wait and a kernel launch. Every
-number of the preset follows from those by a rule stated in the function that
-applies it. The probe numbers this needs are embedded below (the probe file
-lives outside the repository); ``--probe FILE`` verifies them against the file.
+The probe timed one NVIDIA H200 on PCIe gen5 x16 through CuPy: copies of
+256 KiB .. 1 GiB pinned and pageable in both directions, two copies racing on
+two streams, a copy under a matmul loop, an attention kernel over
+4,096 .. 131,072 rows, a weight-streaming matvec, and the host cost of a copy
+issue, an event record + wait and a kernel launch. Every number of the preset
+follows from those by a rule stated in the function that applies it. The probe
+file is not part of the repository: the numbers this needs are embedded below,
+and ``--probe FILE`` verifies them against a copy of the file.
 
-Run ``python -m validate.h200_preset`` to rewrite the preset (and the
-``gh200-c2c`` estimate built on it), ``--check`` to verify the committed ones. Units as in the probe: MiB, GB/s, ms, us.
+Not part of the installed package: run it from a checkout (it writes the
+checkout's ``backends/presets``). ``python tools/h200_preset.py`` rewrites the
+preset (and the ``gh200-c2c`` estimate built on it), ``--check`` verifies the
+committed ones. Units as in the probe: MiB, GB/s, ms, us.
 """
 
 from __future__ import annotations
@@ -23,14 +25,17 @@ from typing import Any
 
 import numpy as np
 
-from backends.profile import PRESET_DIR
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # the checkout's backends/ (whose presets this writes), before any installed copy
+
+from backends.profile import PRESET_DIR  # noqa: E402
 
 PRESET_PATH = PRESET_DIR / "h200-gen5x16.json"
 GH200_PATH = PRESET_DIR / "gh200-c2c.json"
 MIB = 1024 * 1024
-PROBE_SOURCE = "shared/reference/h200-probe.json"
 
-# Embedded from the probe (key paths in PROBE_KEYS). Copy sizes in MiB.
+# Embedded from the probe file, under its own key paths (``probe_mismatches`` compares them). Copy sizes in MiB.
 PROBE: dict[str, Any] = {
     "totalGlobalMem": 150109880320,
     "bandwidth": {
@@ -181,8 +186,8 @@ def derive() -> dict[str, Any]:
     return {
         "name": "h200-gen5x16",
         "source": (
-            "NVIDIA H200 on PCIe gen5 x16, every number derived from shared/reference/h200-probe.json by "
-            "validate/h200_preset.py (regenerate: python -m validate.h200_preset): link curves reproduce each probed copy "
+            "NVIDIA H200 on PCIe gen5 x16, every number derived from the H200 probe (its numbers embedded in "
+            "tools/h200_preset.py; regenerate: python tools/h200_preset.py): link curves reproduce each probed copy "
             "time; one FIFO engine per direction (two-stream probe) and the probed full-duplex slowdown; compute from the "
             "probe's matvec (weights) and attention kernels, host costs from its issue/launch/event timings; the copy "
             "engine drains a stream before serving another (kvpipe's schedule on this GPU, docs/reproduction.md); "
@@ -257,7 +262,7 @@ def derive_gh200(h200: dict[str, Any]) -> dict[str, Any]:
     d["estimate"] = True
     d["source"] = (
         "ESTIMATE, not measured: NVIDIA GH200 96 GB (HBM3, 4.0 TB/s) with the Grace host on NVLink-C2C (900 GB/s "
-        "bidirectional, 450 per direction, from NVIDIA's GH200 datasheet). validate/h200_preset.py derives it from the "
+        "bidirectional, 450 per direction, from NVIDIA's GH200 datasheet). tools/h200_preset.py derives it from the "
         "h200-gen5x16 preset: link bandwidths x 450/63.0 (C2C vs the PCIe gen5 x16 line rate, keeping the share of the "
         "line rate the H200 probe reached), pageable = pinned (coherent link, assumed), compute x 4.0/4.8 (HBM), host "
         "costs of the H200 probe."
@@ -297,7 +302,7 @@ def probe_mismatches(path: str | Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m validate.h200_preset", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python tools/h200_preset.py", description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="exit 1 unless the committed preset equals the derived one")
     ap.add_argument("--probe", metavar="FILE", help="also verify the embedded numbers against this probe file")
     ap.add_argument("--out", default=str(PRESET_PATH))
@@ -313,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         stale = [str(p) for p, text in outputs.items() if not p.exists() or p.read_text() != text]
         if stale:
-            print(f"{', '.join(stale)} differ(s) from what validate/h200_preset.py derives; rerun it", file=sys.stderr)
+            print(f"{', '.join(stale)} differ(s) from what tools/h200_preset.py derives; rerun it", file=sys.stderr)
             return 1
         print(f"{', '.join(str(p) for p in outputs)} match(es) the derivation")
         return 0

@@ -1,16 +1,16 @@
-"""Calibrate the reference preset (RTX 4070, PCIe gen4 x16) from the published ordered-path numbers only.
+"""Derive the reference preset (RTX 4070, PCIe gen4 x16) from the published ordered-path numbers only.
 
 The llama.cpp work this project models published one careful set of
 measurements of the reference model (Qwen3.8-27B, q8_0 KV cache in pinned host
 memory) on an RTX 4070. Some of them describe the *ordered* path (copy, then
 compute, in series) and the same model with the cache on the device; others
 describe the *pipelined* path. A model of the pipeline is only worth something
-if it predicts the second kind from the first, so this script derives every
+if it predicts the second kind from the first, so this module derives every
 number of ``backends/presets/rtx4070-gen4x16.json`` from:
 
 * the ordered-path table (ms/token, blocking H2D ms, H2D bytes per token),
 * the cache-on-device ms/token of the same runs (a cross-check and the
-  alternative compute source, see ``--compute-source``),
+  alternative compute source, ``derive("device")``),
 * the host split at 4,096 (consumer wait, the 32 device-to-host row copies),
 * the ordered column of the 19,246-token breakdown,
 * physical facts: PCIe gen4 x16, 11,902 MiB usable, 9.60 GiB of weights, the
@@ -22,22 +22,22 @@ ceiling. Two constants have no ordered-path input and are borrowed, marked as
 such: the CUDA event-call cost (from the H200 probe, used only by the
 pipelined path; it moves the prediction by < 0.1 ms per token) and the
 pageable-memory link (from the H200 probe; used only by pageable runs).
+The published inputs are typed in below (docs/reproduction.md sets them beside
+what the preset predicts); ``tests/test_reproduction.py`` perturbs the
+pipelined-only constants and shows the derivation does not move.
 
 Each derivation step is a small function of the inputs; ``derive()`` returns
 the preset as a dict with a ``derivation`` record of every intermediate value.
 Units: the published inputs keep their published units (ms, MB, GB/s); the
 preset file uses the profile format's units (GB/s, us, MiB).
 
-Run ``python -m validate.calibrate_reference`` to rewrite the preset,
-``--check`` to verify that the committed preset equals what the inputs give.
+A library, not a command: ``python tools/calibrate_reference.py`` writes the
+preset (and the estimates built on it), ``--check`` verifies the committed one.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
 from backends.profile import PRESET_DIR, profile_from_dict
@@ -48,12 +48,11 @@ from sim.workload import Workload, cache_type, load_model, pad_rows
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
-SOURCE = "shared/reference/kv-transport.md, 'Published measurements you may calibrate and test against'"
+SOURCE = "the reference's published measurements, typed in at tools/reference_derivation.py (docs/reproduction.md)"
 PRESET_PATH = PRESET_DIR / "rtx4070-gen4x16.json"
-RTX3060_PATH = PRESET_DIR / "rtx3060-gen3x4.json"
 
 # ----------------------------------------------------------- published inputs
-# Typed in from SOURCE. Units as published: ms, MB (10^6 B), t/s.
+# Typed in from the reference's publication. Units as published: ms, MB (10^6 B), t/s.
 
 #: Ordered path per token (llama-bench tg128 behind the given depth):
 #: (context, t/s, ms/token, blocking H2D ms, H2D MB/token, cache-on-device ms/token)
@@ -73,7 +72,7 @@ BREAKDOWN_19246_ORDERED = {"total_ms": 54.11, "blocked_ms": 28.30, "consumer_ms"
 
 PHYSICAL: dict[str, Any] = {
     "device": "NVIDIA GeForce RTX 4070",
-    "memory_usable_mib": 11902,  # kv-transport.md: 11,902 MiB usable
+    "memory_usable_mib": 11902,  # published: 11,902 MiB usable
     "pcie_gen4_x16_GBps": 16.0 * 16 * 128 / 130 / 8,  # 16 GT/s x 16 lanes, 128b/130b: 31.5 GB/s per direction
     "alignment_bytes": 128,  # ggml's CUDA buffer alignment (the reference: at least 128 B)
     "dram_GBps": 504.2,  # RTX 4070 specification: 192-bit GDDR6X at 21 Gbps = 504.2 GB/s, shared by copies and kernels
@@ -98,14 +97,15 @@ BORROWED_PAGEABLE_POINTS = ((1.0, 9.53), (4.0, 10.02), (16.0, 8.84), (64.0, 6.58
 BORROWED_COPY_ENGINE_DRAINS_STREAM = True
 
 
-def _workload(context: int, tokens: int = 1) -> Workload:
+def workload_at(context: int, tokens: int = 1) -> Workload:
+    """The reference workload (model preset, q8_0 K and V) decoding ``tokens`` tokens behind ``context``."""
     ct = cache_type(PHYSICAL["cache_type"])
     return Workload(load_model(str(PHYSICAL["model"])), ct, ct, (context,), tokens=tokens)
 
 
 def graph_counts(context: int) -> dict[str, int]:
     """Blocking copies of one ordered decode token, counted from the decode graph (no host time)."""
-    wl = _workload(context)
+    wl = workload_at(context)
     from backends.profile import ComputeModel
 
     g = decode_graph(wl, ComputeModel(), position=context)
@@ -219,14 +219,14 @@ def derive_memory() -> dict[str, float]:
     satisfies. Only the headroom decline at large uncapped windows depends on
     this number.
     """
-    wl = _workload(32768)
+    wl = workload_at(32768)
     weights_mib = wl.model.weight_bytes / MIB
     rows = pad_rows(32768 + 1)
     ring_mib = 3 * rows * wl.row_bytes / MIB
     headroom_mib = TransportConfig().headroom_mib
     io_mib = 1.0  # the scheduler's device io buffer
     upper = PHYSICAL["memory_usable_mib"] - headroom_mib - ring_mib - GRAPH_BASE_BYTES / MIB - io_mib
-    wl262 = _workload(262144)
+    wl262 = workload_at(262144)
     ring262 = 3 * pad_rows(262144 + 1) * wl262.row_bytes / MIB
     lower_262 = PHYSICAL["memory_usable_mib"] - headroom_mib - ring262 - GRAPH_BASE_BYTES / MIB - io_mib
     lower = max(weights_mib, lower_262)
@@ -241,10 +241,11 @@ def _preset(link: dict[str, Any], host: dict[str, float], mem: dict[str, float],
         "name": "rtx4070-gen4x16",
         "source": (
             "RTX 4070 on PCIe gen4 x16 with the reference model (qwen3.8-27b, q8_0 KV, pinned host cache). Every number "
-            "derived by validate/calibrate_reference.py from the ordered-path table, the cache-on-device times, the 4,096 "
-            "host split and the ordered column of the 19,246 breakdown in shared/reference/kv-transport.md, plus physical "
-            "facts; no pipelined figure is an input. Borrowed from H200 measurements (no ordered-path input exists): "
-            "event_us and the pageable link (estimates) and copy_engine_drains_stream (the CUDA copy engine's order). "
+            "derived by tools/reference_derivation.py from the ordered-path table, the cache-on-device times, the 4,096 "
+            "host split and the ordered column of the 19,246 breakdown of the reference's published measurements (typed in "
+            "there; docs/reproduction.md), plus physical facts; no pipelined figure is an input. Borrowed from H200 "
+            "measurements (no ordered-path input exists): event_us and the pageable link (estimates) and "
+            "copy_engine_drains_stream (the CUDA copy engine's order). "
             "dram_GBps is the card's specified memory bandwidth (192-bit GDDR6X at 21 Gbps), which copies and kernels "
             "share. " + note
         ),
@@ -293,7 +294,7 @@ def _non_compute_ms(preset: dict[str, Any], context: int) -> float:
     c = zero["devices"][0]["compute"]
     c["weight_GBps"], c["attn_GBps"] = 0.0, 0.0  # 0 = ignored: kernels cost nothing
     hw = profile_from_dict(zero, "zero-compute")
-    r = row(simulate(Point(_workload(context, tokens=2), hw, TransportConfig(depth=0))))
+    r = row(simulate(Point(workload_at(context, tokens=2), hw, TransportConfig(depth=0))))
     return float(r["ms_per_token"])
 
 
@@ -307,7 +308,7 @@ def derive_compute(preset: dict[str, Any], source: str = "ordered") -> dict[str,
     cache-on-device ms/token of the same runs as the GPU time (no copies, one
     split), for the sensitivity study.
     """
-    wl = _workload(ORDERED_TABLE[0][0])
+    wl = workload_at(ORDERED_TABLE[0][0])
     xs, ys, rest = [], [], []
     for ctx, _tps, ms, _blk, _mb, dev_ms in ORDERED_TABLE:
         counts = graph_counts(ctx)
@@ -340,7 +341,7 @@ def derive(compute_source: str = "ordered") -> dict[str, Any]:
     mem = derive_memory()
     seed = _preset(link, host, mem, {"weight_GBps": 1.0, "attn_GBps": 1.0}, "")
     compute = derive_compute(seed, compute_source)
-    note = "Regenerate: python -m validate.calibrate_reference" + (" --compute-source device" if compute_source == "device" else "")
+    note = "Regenerate: python tools/calibrate_reference.py" + (" --compute-source device" if compute_source == "device" else "")
     preset = _preset(link, host, mem, compute, note)
     if compute_source != "ordered":
         preset["name"] = f"rtx4070-gen4x16-{compute_source}-compute"
@@ -359,190 +360,6 @@ def _rounded(value: Any) -> Any:
     return value
 
 
-#: The second card of the reference's layer-split runs (an estimate built on the calibrated 4070).
-RTX3060: dict[str, Any] = {
-    "device": "NVIDIA GeForce RTX 3060",
-    "h2d_GBps": 3.3,  # kv-transport.md: "a second card, RTX 3060 on gen3 x4, ~3.3 GB/s"
-    "pcie_gen3_x4_GBps": 8.0 * 4 * 128 / 130 / 8,  # 8 GT/s x 4 lanes, 128b/130b: 3.94 GB/s
-    "dram_GBps": 360.0,  # 15 Gbps GDDR6 x 192 bit
-    "rtx4070_dram_GBps": 504.2,  # 21 Gbps GDDR6X x 192 bit
-    "memory_mib": 12288,  # 12 GB card; the 4070 loses 12,282 - 11,902 MiB to the driver, the 3060 the same
-    "rtx4070_memory_mib": 12282,
-}
-
-
-def derive_rtx3060(rtx4070: dict[str, Any]) -> dict[str, Any]:
-    """The RTX 3060 (gen3 x4) preset: the published ~3.3 GB/s link, the 4070's host, compute scaled by DRAM bandwidth.
-
-    Decode kernels stream weights and windows from device memory, so the 4070's
-    calibrated bandwidths scale by 360 / 504.2 GB/s. The host (same machine in the
-    reference), copy latency and memory bookkeeping follow the 4070. An estimate:
-    no ordered-path table exists for this card.
-    """
-    d = json.loads(json.dumps(rtx4070))
-    d.pop("derivation", None)
-    dev = d["devices"][0]
-    scale = RTX3060["dram_GBps"] / RTX3060["rtx4070_dram_GBps"]
-    dev["name"] = RTX3060["device"]
-    dev["dram_GBps"] = RTX3060["dram_GBps"]
-    dev["memory_total_mib"] = RTX3060["memory_mib"] - (RTX3060["rtx4070_memory_mib"] - PHYSICAL["memory_usable_mib"])
-    lat = dev["links"]["h2d_pinned"]["latency_us"]
-    bw = RTX3060["h2d_GBps"]
-    pageable = [[mib, round(min(gbps, bw), 3)] for mib, gbps in BORROWED_PAGEABLE_POINTS]
-    dev["links"] = {
-        "h2d_pinned": {"latency_us": lat, "points": [[1.0, bw]]},
-        "h2d_pageable": {"latency_us": lat, "points": pageable},
-        "d2h_pinned": {"latency_us": lat, "points": [[1.0, bw]]},
-        "d2h_pageable": {"latency_us": lat, "points": pageable},
-    }
-    for key in ("weight_GBps", "attn_GBps"):
-        dev["compute"][key] = round(dev["compute"][key] * scale, 2)
-    d["name"] = "rtx3060-gen3x4"
-    d["estimate"] = True
-    d["source"] = (
-        "ESTIMATE. RTX 3060 12 GB on PCIe gen3 x4 (line rate 3.94 GB/s): H2D and D2H at the ~3.3 GB/s the reference "
-        "measured for its deliveries; compute = the calibrated rtx4070-gen4x16 bandwidths x 360/504.2 (GDDR6 vs GDDR6X, "
-        "both 192 bit); host costs, copy latency and reserved memory as the 4070 (same host); pageable link borrowed from "
-        "the H200 probe, capped at the link. Regenerate: python -m validate.calibrate_reference"
-    )
-    return d
-
-
-#: Sensitivity variants of the derived preset: what each calibration choice is worth (docs/reproduction.md).
-VARIANTS = {
-    "fixed-on-engine": "the whole fixed cost of a copy on the copy engine (latency f, no host issue or wake cost)",
-    "fixed-on-host": "the whole fixed cost of a copy on the host (issue f/2, wake f/2, no link latency)",
-    "duplex-h200": "the H200 probe's full-duplex slowdown (1.161) on the 4070's link",
-    "events-x2": "twice the borrowed event cost",
-    "launch-only": "the per-split host residual charged to GPU launches only (no CPU split time)",
-    "engine-fifo": "copy engines strictly in arrival order across streams (copy_engine_drains_stream off)",
-    "no-dram-contention": "copies do not slow the kernels they overlap (dram_GBps 0)",
-}
-
-
-def variant(preset: dict[str, Any], name: str) -> dict[str, Any]:
-    """A copy of ``preset`` with one calibration choice changed (see VARIANTS). Raises KeyError for an unknown name."""
-    d = json.loads(json.dumps(preset))
-    d.pop("derivation", None)
-    dev, host = d["devices"][0], d["host"]
-    f = preset["derivation"]["link"]["fixed_per_copy_us"]
-    links = [dev["links"][k] for k in ("h2d_pinned", "d2h_pinned")]
-    if name == "fixed-on-engine":
-        host["copy_issue_us"], host["host_wait_us"] = 0.0, 0.0
-        for c in links:
-            c["latency_us"] = f
-    elif name == "fixed-on-host":
-        host["copy_issue_us"], host["host_wait_us"] = f / 2, f / 2
-        for c in links:
-            c["latency_us"] = 0.0
-    elif name == "duplex-h200":
-        dev["duplex_slowdown"] = 1.161
-    elif name == "events-x2":
-        host["event_us"] *= 2
-    elif name == "engine-fifo":
-        dev["copy_engine_drains_stream"] = False
-    elif name == "no-dram-contention":
-        dev["dram_GBps"] = 0.0
-    elif name == "launch-only":
-        counts = graph_counts(ORDERED_TABLE[0][0])
-        host["launch_us"] += dev["compute"]["cpu_split_us"] * counts["cpu_splits"] / counts["gpu_splits"]
-        dev["compute"]["cpu_split_us"] = 0.0
-    else:
-        raise KeyError(name)
-    d["name"] = f"rtx4070-gen4x16-{name}"
-    d["source"] = f"Sensitivity variant of rtx4070-gen4x16: {VARIANTS[name]}."
-    return d
-
-
 def preset_json(preset: dict[str, Any]) -> str:
+    """The preset file's text (what the committed file must equal)."""
     return json.dumps(preset, indent=1) + "\n"
-
-
-def ordered_check(preset: dict[str, Any]) -> list[dict[str, float]]:
-    """The calibrated preset's simulated ordered rows beside the published ones (ms/token, blocking ms)."""
-    hw = profile_from_dict(preset, "calibrated")
-    out = []
-    for ctx, tps, ms, blocked, _mb, _dev in ORDERED_TABLE:
-        r = row(simulate(Point(_workload(ctx, tokens=2), hw, TransportConfig(depth=0))))
-        out.append({"context": ctx, "published_tps": tps, "sim_tps": r["tokens_per_s"], "published_ms": ms,
-                    "sim_ms": r["ms_per_token"], "published_blocked_h2d_ms": blocked,
-                    "sim_blocked_ms": r["breakdown_ms"]["blocked_in_ordered_copies"]})
-    return out
-
-
-def copy_and_compute_ms(hardware: str | Path, context: int, cache: str = "q8_0") -> dict[str, float]:
-    """One token's H2D copy time and GPU time under a profile, from the decode graph (no simulation).
-
-    copy = every staged window and small input of the token through the pinned
-    H2D link curve, back to back; compute = the sum of the GPU splits. The
-    *unordered ceiling* a perfect overlap could reach is 1 / max(copy, compute).
-    Does not block beyond the arithmetic.
-    """
-    from backends.profile import load_profile
-
-    hw = load_profile(str(hardware))
-    dev = hw.devices[0]
-    ct = cache_type(cache)
-    wl = Workload(load_model(str(PHYSICAL["model"])), ct, ct, (context,), tokens=1)
-    g = decode_graph(wl, dev.compute, position=context)
-    link = dev.link(True, True)
-    copy_s = sum(link.seconds(p.nbytes) for s in g.splits for i in s.staged for p in i.pieces)
-    copy_s += sum(link.seconds(i.nbytes) for s in g.splits for i in s.ordered if i.to_device)
-    compute_s = sum(s.compute_s for s in g.splits if s.kind == "gpu")
-    top = max(copy_s, compute_s)
-    return {"context": context, "window_rows": g.window_rows, "copy_ms": copy_s * 1e3, "compute_ms": compute_s * 1e3,
-            "max_ms": top * 1e3, "ceiling_tps": 1.0 / top}
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m validate.calibrate_reference", description=__doc__.split("\n")[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 unless the committed preset equals the derived one")
-    ap.add_argument("--out", default=str(PRESET_PATH), help="where to write the preset (default: the committed preset)")
-    ap.add_argument("--compute-source", choices=("ordered", "device"), default="ordered",
-                    help="GPU time from the ordered rows (default) or from the cache-on-device times (sensitivity study)")
-    ap.add_argument("--explain", action="store_true", help="print every derived number and the ordered check")
-    ap.add_argument("--ceiling", metavar="CONTEXTS", help="print copy, compute and 1/max(copy, compute) per token for "
-                    "these contexts under the committed preset (or --hardware), then exit")
-    ap.add_argument("--hardware", default=str(PRESET_PATH), help="profile for --ceiling (default: the committed preset)")
-    ap.add_argument("--cache-type", default="q8_0", help="cache type for --ceiling")
-    ap.add_argument("--variant", choices=sorted(VARIANTS), help="write a sensitivity variant of the derived preset to --out")
-    args = ap.parse_args(argv)
-    if args.variant:
-        if Path(args.out) == PRESET_PATH:
-            ap.error("--variant needs --out FILE (it must not overwrite the committed preset)")
-        Path(args.out).write_text(preset_json(variant(derive(), args.variant)))
-        print(f"wrote {args.out}")
-        return 0
-    if args.ceiling:
-        print("| context | window | copy ms | compute ms | max ms | 1/max t/s |")
-        print("|---:|---:|---:|---:|---:|---:|")
-        for ctx in (int(c) for c in args.ceiling.split(",")):
-            c = copy_and_compute_ms(args.hardware, ctx, args.cache_type)
-            print(f"| {ctx:,} | {c['window_rows']:,} | {c['copy_ms']:.2f} | {c['compute_ms']:.2f} | {c['max_ms']:.2f} "
-                  f"| {c['ceiling_tps']:.2f} |")
-        return 0
-    preset = derive(args.compute_source)
-    outputs = {Path(args.out): preset_json(preset)}
-    if args.compute_source == "ordered" and Path(args.out) == PRESET_PATH:
-        outputs[RTX3060_PATH] = preset_json(derive_rtx3060(preset))
-    if args.check:
-        stale = [str(p) for p, text in outputs.items() if not p.exists() or p.read_text() != text]
-        if stale:
-            print(f"{', '.join(stale)} differ(s) from what validate/calibrate_reference.py derives; rerun it", file=sys.stderr)
-            return 1
-        print(f"{', '.join(str(p) for p in outputs)} match(es) the derivation")
-        return 0
-    for p, text in outputs.items():
-        p.write_text(text)
-        print(f"wrote {p}")
-    if args.explain:
-        print(json.dumps(preset["derivation"], indent=1))
-        for r in ordered_check(preset):
-            print(f"ordered {r['context']:>6}: sim {r['sim_tps']:.2f} t/s vs published {r['published_tps']} "
-                  f"({r['sim_tps'] / r['published_tps'] - 1:+.1%}); blocked {r['sim_blocked_ms']:.2f} ms "
-                  f"(published H2D {r['published_blocked_h2d_ms']} + D2H {HOST_4096['d2h_rows_ms']})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

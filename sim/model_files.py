@@ -1,0 +1,249 @@
+"""Model shapes, and the files they come from.
+
+A :class:`ModelShape` is what the KV transport needs to know about a
+decoder-only model: how many layers, which of them attend over the whole
+cache (every layer of a dense model; every fourth of the reference hybrid),
+the KV heads and head dims that size a cache row, and the weight bytes the
+non-attention compute streams once a token. Shapes come from presets (JSON in
+``sim/presets``), from a GGUF file's header (the ``gguf`` package, tensors
+not read) or from a Hugging Face ``config.json`` (weights estimated from the
+parameter count). Every loader raises ValueError with a one-line message that
+names the bad value. ``sim.workload`` re-exports what is public here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PRESET_DIR = Path(__file__).with_name("presets")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The shape of a decoder-only model, as far as the KV transport cares.
+
+    ``attn_layers`` lists the full-attention layers (every layer for a dense
+    model). ``weight_bytes`` is the size of the weights on the device (the
+    non-attention compute reads them once per token). ``small_inputs_bytes``
+    are the graph inputs copied host->device with blocking copies at the first
+    split (token ids, positions, rotation inputs such as the reference's
+    256 KiB ``attn_inp_k_rot``); the KQ mask (one f16 per window row) is added
+    to them.
+    """
+
+    name: str
+    n_layers: int
+    attn_layers: tuple[int, ...]
+    n_head: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    hidden: int
+    ffn: int
+    vocab: int
+    weight_bytes: int
+    small_inputs_bytes: tuple[int, ...] = (4, 16)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for f in ("n_layers", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "hidden"):
+            if getattr(self, f) <= 0:
+                raise ValueError(f"model {self.name!r}: {f} must be > 0, got {getattr(self, f)}")
+        if not self.attn_layers:
+            raise ValueError(f"model {self.name!r}: no full-attention layer")
+        if any(not 0 <= a < self.n_layers for a in self.attn_layers) or list(self.attn_layers) != sorted(set(self.attn_layers)):
+            raise ValueError(f"model {self.name!r}: attn_layers must be ascending layer indices in 0..{self.n_layers - 1}")
+        if self.n_head % self.n_head_kv:
+            raise ValueError(f"model {self.name!r}: n_head {self.n_head} is not a multiple of n_head_kv {self.n_head_kv}")
+        if self.weight_bytes < 0:
+            raise ValueError(f"model {self.name!r}: weight_bytes must be >= 0")
+
+    @property
+    def n_attn(self) -> int:
+        return len(self.attn_layers)
+
+    @property
+    def k_elems(self) -> int:
+        return self.n_head_kv * self.head_dim_k
+
+    @property
+    def v_elems(self) -> int:
+        return self.n_head_kv * self.head_dim_v
+
+    @property
+    def layer_weight_bytes(self) -> float:
+        return self.weight_bytes / self.n_layers
+
+
+# ------------------------------------------------------------------ loading
+
+
+def _shape_from_dict(d: dict[str, Any], where: str) -> ModelShape:
+    try:
+        n_layers = int(d["n_layers"])
+        if "attn_layers" in d:
+            attn = tuple(int(a) for a in d["attn_layers"])
+        else:
+            every = int(d.get("full_attention_interval", 1))
+            attn = tuple(layer for layer in range(n_layers) if layer % every == every - 1)
+        head_dim = int(d.get("head_dim", int(d["hidden"]) // int(d["n_head"])))
+        return ModelShape(
+            name=str(d["name"]),
+            n_layers=n_layers,
+            attn_layers=attn,
+            n_head=int(d["n_head"]),
+            n_head_kv=int(d["n_head_kv"]),
+            head_dim_k=int(d.get("head_dim_k", head_dim)),
+            head_dim_v=int(d.get("head_dim_v", head_dim)),
+            hidden=int(d["hidden"]),
+            ffn=int(d["ffn"]),
+            vocab=int(d.get("vocab", 32000)),
+            weight_bytes=int(float(d.get("weight_gib", 0.0)) * 2**30) or int(d.get("weight_bytes", 0)),
+            small_inputs_bytes=tuple(int(x) for x in d.get("small_inputs_bytes", (4, 16))),
+            source=str(d.get("source", where)),
+        )
+    except KeyError as exc:
+        raise ValueError(f"{where}: missing field {exc}") from exc
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+
+
+def model_preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
+
+
+def load_model(spec: str) -> ModelShape:
+    """A model shape from a preset name, a ``.gguf`` file or a ``config.json``.
+
+    Raises ValueError with a one-line message naming the bad value.
+    """
+    path = Path(spec)
+    if spec.endswith(".gguf"):
+        return _from_gguf(path)
+    if path.suffix == ".json" or path.name == "config.json":
+        try:
+            data = json.loads(path.read_text())
+        except OSError as exc:
+            raise ValueError(f"cannot read model config {spec!r}: {exc.strerror}") from exc
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"model config {spec!r} is not valid JSON: {exc.msg} at line {exc.lineno}") from exc
+        if not isinstance(data, dict):
+            raise ValueError(f"model config {spec!r} must hold a JSON object")
+        if "num_hidden_layers" in data:
+            return _from_hf_config(data, spec)
+        return _shape_from_dict(data, spec)
+    preset = PRESET_DIR / f"{spec}.json"
+    if not preset.exists():
+        raise ValueError(f"unknown model {spec!r}; presets: {', '.join(model_preset_names())}, or a .gguf / config.json file")
+    return _shape_from_dict(json.loads(preset.read_text()), str(preset))
+
+
+def _hf_attn_layers(cfg: dict[str, Any], n_layers: int) -> tuple[int, ...]:
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and len(types) == n_layers:
+        return tuple(i for i, t in enumerate(types) if "full" in str(t) or str(t) == "attention")
+    every = int(cfg.get("full_attention_interval", 1))
+    return tuple(i for i in range(n_layers) if i % every == every - 1)
+
+
+def _from_hf_config(cfg: dict[str, Any], where: str) -> ModelShape:
+    if "text_config" in cfg and isinstance(cfg["text_config"], dict):
+        cfg = {**cfg, **cfg["text_config"]}
+    try:
+        n_layers = int(cfg["num_hidden_layers"])
+        hidden = int(cfg["hidden_size"])
+        n_head = int(cfg["num_attention_heads"])
+        n_head_kv = int(cfg.get("num_key_value_heads", n_head))
+        head_dim = int(cfg.get("head_dim") or hidden // n_head)
+        ffn = int(cfg["intermediate_size"])
+        vocab = int(cfg.get("vocab_size", 32000))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"config {where!r}: missing or bad field {exc}") from exc
+    attn = _hf_attn_layers(cfg, n_layers)
+    per_layer = hidden * (n_head * head_dim) * 2 + hidden * (n_head_kv * head_dim) * 2 + 3 * hidden * ffn
+    params = n_layers * per_layer + 2 * vocab * hidden
+    dtype_bytes = {"float32": 4, "float16": 2, "bfloat16": 2}.get(str(cfg.get("torch_dtype", "bfloat16")), 2)
+    return ModelShape(
+        name=str(cfg.get("_name_or_path") or cfg.get("model_type") or Path(where).parent.name or "config"),
+        n_layers=n_layers,
+        attn_layers=attn,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim_k=head_dim,
+        head_dim_v=head_dim,
+        hidden=hidden,
+        ffn=ffn,
+        vocab=vocab,
+        weight_bytes=params * dtype_bytes,
+        source=f"Hugging Face config {where} (weights estimated at {dtype_bytes} B/parameter)",
+    )
+
+
+def _from_gguf(path: Path) -> ModelShape:
+    try:
+        from gguf import GGUFReader
+    except ImportError as exc:  # pragma: no cover - gguf is a dependency
+        raise ValueError("reading .gguf files needs the 'gguf' package") from exc
+    if not path.is_file():
+        raise ValueError(f"cannot read GGUF file {str(path)!r}: no such file")
+    try:
+        reader = GGUFReader(str(path), "r")
+    except Exception as exc:  # gguf raises ValueError/struct.error/OSError on bad files
+        raise ValueError(f"cannot read GGUF file {str(path)!r}: {exc}") from exc
+
+    def field_value(key: str) -> Any:
+        f = reader.fields.get(key)
+        if f is None:
+            return None
+        if len(f.data) == 1:
+            return f.contents()
+        return f.contents()
+
+    arch = field_value("general.architecture")
+    if not arch:
+        raise ValueError(f"GGUF file {str(path)!r} has no general.architecture")
+
+    def need(key: str) -> Any:
+        v = field_value(f"{arch}.{key}")
+        if v is None:
+            raise ValueError(f"GGUF file {str(path)!r} lacks {arch}.{key}")
+        return v
+
+    n_layers = int(need("block_count"))
+    n_head = int(need("attention.head_count"))
+    kv = need("attention.head_count_kv")
+    if isinstance(kv, list):
+        attn = tuple(i for i, h in enumerate(kv) if int(h) > 0)
+        n_head_kv = max(int(h) for h in kv)
+    else:
+        n_head_kv = int(kv)
+        every = field_value(f"{arch}.full_attention_interval")
+        attn = tuple(i for i in range(n_layers) if i % int(every or 1) == int(every or 1) - 1)
+    hidden = int(need("embedding_length"))
+    head_k = int(field_value(f"{arch}.attention.key_length") or hidden // n_head)
+    head_v = int(field_value(f"{arch}.attention.value_length") or head_k)
+    ffn_v = field_value(f"{arch}.feed_forward_length") or 0
+    ffn = int(max(ffn_v) if isinstance(ffn_v, list) else ffn_v)
+    vocab = field_value(f"{arch}.vocab_size")
+    if vocab is None:
+        tokens = reader.fields.get("tokenizer.ggml.tokens")
+        vocab = len(tokens.data) if tokens is not None else 32000
+    weight_bytes = int(sum(int(t.n_bytes) for t in reader.tensors))
+    name = field_value("general.name") or path.stem
+    return ModelShape(
+        name=str(name),
+        n_layers=n_layers,
+        attn_layers=attn,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim_k=head_k,
+        head_dim_v=head_v,
+        hidden=hidden,
+        ffn=ffn,
+        vocab=int(vocab),
+        weight_bytes=weight_bytes,
+        source=f"GGUF header {path}",
+    )
