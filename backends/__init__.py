@@ -3,6 +3,14 @@
 ``get_backend("simpy", profile=...)`` builds the SimPy machine;
 ``get_backend("cupy")`` builds the CUDA machine and is the only path that
 imports CuPy, so ``import sim`` and ``kvpipe simulate`` work without it.
+
+The modules: ``base`` (the Protocol the scheduler imports, its plain data,
+and the one copy check and 2D rule), ``machine`` (the concrete base class both
+machines derive from: ``copy`` and ``alloc`` keep the invariants, a machine
+implements ``_copy`` and ``_alloc``), ``simpy_machine`` with ``simpy_copy``
+(its copy engines and copy times), ``cupy_gpu``, ``checked`` with ``hazards``
+(the race checker, a wrapper around any of them) and ``profile`` (hardware
+profiles and their files).
 """
 
 from __future__ import annotations

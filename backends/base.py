@@ -11,9 +11,16 @@ The host thread is the only actor that blocks, so every operation that costs
 host time or may block the host is a *generator* called with ``yield from``.
 On the SimPy machine such an operation yields SimPy events (a timeout for the
 issue cost, the completion event of a blocking wait); on the GPU it performs
-the CUDA call, which blocks for real where it should, and yields nothing. A
-trivial driver (:func:`drive`) exhausts a generator on a real machine; the
-SimPy machine runs it as a process.
+the CUDA call, which blocks for real where it should, and yields nothing.
+``Backend.run`` runs a whole host program: a real machine exhausts the
+generator (:func:`drive`), the SimPy machine runs it as a process.
+
+A copy is checked and shaped here, once, for every machine: :func:`plan_copy`
+refuses a copy unless one side is host memory and every source row (``rows``
+x ``src_pitch``) and destination range lies inside its buffer, and
+:func:`copy_calls` is the one rule for which ranges go as one 2D copy. Both
+machines derive from ``backends.machine.Machine``, whose public ``copy``
+applies them and hands the :class:`CopyPlan` to the machine's hook.
 
 Units: seconds and bytes everywhere. Offsets and sizes are byte counts.
 Backends receive plain data (byte ranges, durations, callables), never
@@ -24,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 #: A host-thread operation: call it with ``yield from``.
 HostOp = Generator[Any, Any, Any]
@@ -77,6 +84,99 @@ class CopyRange:
         if self.rows == 1:
             return [(self.src_offset, self.nbytes)]
         return [(self.src_offset + i * self.src_pitch, self.width) for i in range(self.rows)]
+
+
+class CopyCall(NamedTuple):
+    """One copy a machine issues: ``height`` rows of ``width`` bytes, ``src_pitch`` / ``dst_pitch`` apart.
+
+    ``height`` 1 is a 1D copy (``cudaMemcpyAsync``), more a 2D one (``cudaMemcpy2DAsync``).
+    """
+
+    src_offset: int
+    dst_offset: int
+    width: int
+    height: int = 1
+    src_pitch: int = 0
+    dst_pitch: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.width * self.height
+
+    def pieces(self) -> list[tuple[int, int, int]]:
+        """(source offset, destination offset, bytes) of each row."""
+        return [(self.src_offset + i * self.src_pitch, self.dst_offset + i * self.dst_pitch, self.width) for i in range(self.height)]
+
+
+class CopyPlan(NamedTuple):
+    """A copy checked and shaped once (:func:`plan_copy`): its direction, the calls to issue, its bytes."""
+
+    to_device: bool
+    calls: tuple[CopyCall, ...]
+    nbytes: int
+
+    def pieces(self) -> list[tuple[int, int, int]]:
+        """(source offset, destination offset, bytes) of every row of every call, in order."""
+        return [p for c in self.calls for p in c.pieces()]
+
+
+def ranges_2d(ranges: Sequence[CopyRange]) -> tuple[int, int, int, int] | None:
+    """``(width, height, src_pitch, dst_pitch)`` when several ranges form one 2D copy, else None.
+
+    Two or more contiguous ranges (``rows`` 1) of one length > 0 whose source
+    and destination offsets each advance by a constant stride no smaller than
+    that length (the pitches a ``cudaMemcpy2DAsync`` accepts).
+    """
+    if len(ranges) < 2:
+        return None
+    first = ranges[0]
+    width = first.nbytes
+    sp = ranges[1].src_offset - first.src_offset
+    dp = ranges[1].dst_offset - first.dst_offset
+    if width <= 0 or sp < width or dp < width or first.rows != 1:
+        return None
+    a = first
+    for b in ranges[1:]:
+        if b.nbytes != width or b.rows != 1 or b.src_offset - a.src_offset != sp or b.dst_offset - a.dst_offset != dp:
+            return None
+        a = b
+    return width, len(ranges), sp, dp
+
+
+def copy_calls(ranges: Sequence[CopyRange]) -> tuple[CopyCall, ...]:
+    """The calls a copy of ``ranges`` is made of: the one rule every machine shapes its copies by.
+
+    Ranges that form one 2D copy (:func:`ranges_2d`) are one call; otherwise
+    each non-empty range is one call: 1D, or 2D for a strided range (its rows
+    packed in the destination).
+    """
+    shape = ranges_2d(ranges)
+    if shape is not None:
+        return (CopyCall(ranges[0].src_offset, ranges[0].dst_offset, *shape),)
+    return tuple(
+        CopyCall(r.src_offset, r.dst_offset, r.nbytes) if r.rows == 1
+        else CopyCall(r.src_offset, r.dst_offset, r.width, r.rows, r.src_pitch, r.width)
+        for r in ranges
+        if r.nbytes
+    )
+
+
+def plan_copy(dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], tag: str = "") -> CopyPlan:
+    """Check a copy of ``ranges`` from ``src`` to ``dst`` and shape it. Raises BackendError; does not block.
+
+    One side must be host memory and the other a device; every source row and
+    every destination range must lie inside its buffer.
+    """
+    to_device = src.device < 0
+    if to_device == (dst.device < 0):
+        raise BackendError(f"copy {src.name}->{dst.name}: one side must be host memory, the other a device")
+    nbytes = 0
+    for r in ranges:
+        n = r.nbytes
+        if r.src_offset + (n if r.rows == 1 else r.src_span) > src.nbytes or r.dst_offset + n > dst.nbytes:
+            raise BackendError(f"copy {tag or src.name}: range {r} outside {src.name} ({src.nbytes} B) or {dst.name} ({dst.nbytes} B)")
+        nbytes += n
+    return CopyPlan(to_device, copy_calls(ranges), nbytes)
 
 
 @dataclass(frozen=True)
@@ -168,6 +268,30 @@ class Backend(Protocol):
     #: A short name for reports ("simpy", "cupy", ...).
     name: str
 
+    @property
+    def xp(self) -> Any:
+        """The array module of the buffers' arrays and ``Work.run``: ``numpy``, or ``cupy`` on a GPU. Does not block."""
+        ...
+
+    def run(self, program: HostOp) -> Any:
+        """Run a host program (a generator of this backend's operations) to completion; returns its value.
+
+        Blocks the host until the program ends: a real machine exhausts it on
+        the calling thread, the SimPy machine runs it as a process in simulated
+        time.
+        """
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """The machine as plain data (JSON-ready). Does not block.
+
+        Keys: ``device`` (a name), ``device_count``, ``memory_total_bytes`` and
+        ``memory_free_bytes`` (device 0), ``driver_version``,
+        ``runtime_version``, ``cupy_version`` (None where there is none) and
+        ``numpy_version``.
+        """
+        ...
+
     def now_s(self) -> float:
         """Host clock in seconds. Does not block."""
         ...
@@ -196,9 +320,11 @@ class Backend(Protocol):
         """Enqueue an async copy of ``ranges`` from ``src`` to ``dst`` on ``stream``.
 
         Direction follows the buffers (host->device or device->host). Ranges
-        that share a length and a stride may go as one 2D copy. Costs one copy
-        issue of host time; from pageable host memory the host blocks until the
-        copy is done (as CUDA does).
+        that share a length and a stride go as one 2D copy (:func:`copy_calls`).
+        Costs one copy issue of host time; from pageable host memory the host
+        blocks until the copy is done (as CUDA does). A copy from host to host,
+        device to device, or with a range outside its buffers raises
+        BackendError when called, before it costs anything.
         """
         ...
 

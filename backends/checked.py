@@ -23,7 +23,8 @@ or CPU split accesses ``Work.accesses``, and ``free`` writes the whole buffer
 different actors to overlapping bytes of one buffer, at least one a write,
 whose earlier one does not happen before the later one, are a *hazard*,
 reported with both operations (kind, name, actor, the split the host was at),
-the buffer and the byte range.
+the buffer and the byte range (``backends.hazards`` holds the report and
+the range helpers).
 
 **What is kept: the operations in flight.** A stream's operation can only be
 unordered with a later one while the host has not synchronized past it:
@@ -40,7 +41,9 @@ those in-flight operations are compared. A host operation's accesses are
 checked and never kept.
 
 The checker only looks at what the host program enqueues; it does not need
-real bytes, so it runs in timing-only simulations too.
+real bytes, so it runs in timing-only simulations too. ``run``,
+``describe`` and ``xp`` are the inner machine's; a copy the inner machine
+refuses (``backends.base.plan_copy``) raises before the checker counts it.
 """
 
 from __future__ import annotations
@@ -48,132 +51,15 @@ from __future__ import annotations
 import bisect
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from backends.base import Access, Backend, Buffer, CopyRange, Event, HostOp, Span, Stream, Work
+from backends.hazards import CopySeen, Found, Hazard, Item, Op, copy_ranges, ranges_of, work_ranges
+
+__all__ = ["CheckedBackend", "CopySeen", "Hazard", "Op"]
 
 HOST = 0
 _TICK = operator.itemgetter(0)  # the tick of a kept item
-
-# An accessed byte range: (buffer, lo, hi, write).
-_Range = tuple[Buffer, int, int, bool]
-# A stream's operation the host does not know of yet (a *kept item*), as a list
-# [tick, actor, src, dst, what, found, name, context]: a copy has its source and
-# destination buffers, its CopyRanges in ``what`` and its tag as ``name``; a kernel has
-# src = dst = None, its Work.accesses in ``what`` and its name. ``found`` is None until the
-# item is first compared with something, then its _Found; ``context`` is the split the host was at.
-_Item = list[Any]
-# A kept item's accesses, made when it is first compared: (the item, its writes, its reads), each
-# per buffer as [lowest byte, highest byte + 1, its (lo, hi) ranges in order].
-_Found = tuple[_Item, dict[Buffer, list[Any]], dict[Buffer, list[Any]]]
-
-
-@dataclass(frozen=True)
-class Op:
-    """One operation that touched memory: what, on which actor, while the host was at which split."""
-
-    kind: str  # "copy" | "kernel" | "cpu" | "free"
-    name: str
-    actor: str
-    context: str
-
-    def describe(self) -> str:
-        return f"{self.kind} {self.name!r} on {self.actor} (host at {self.context or 'start'})"
-
-
-@dataclass(frozen=True)
-class Hazard:
-    """Two unordered accesses to overlapping bytes of one buffer, at least one a write."""
-
-    buffer: str
-    lo: int
-    hi: int
-    first: Op
-    first_write: bool
-    second: Op
-    second_write: bool
-
-    @property
-    def kind(self) -> str:
-        return "write/write" if self.first_write and self.second_write else "read/write"
-
-    def describe(self) -> str:
-        def rw(w: bool) -> str:
-            return "writes" if w else "reads"
-
-        return (
-            f"{self.kind} on {self.buffer}[{self.lo}:{self.hi}]: {self.first.describe()} {rw(self.first_write)}, "
-            f"{self.second.describe()} {rw(self.second_write)}, unordered"
-        )
-
-
-@dataclass(frozen=True)
-class CopySeen:
-    """A copy as the backend saw it (for delivery accounting in tests)."""
-
-    stream: str
-    dst: Buffer
-    src: Buffer
-    ranges: tuple[CopyRange, ...]
-    tag: str
-
-
-def _copy_ranges(src: Buffer, dst: Buffer, ranges: Sequence[CopyRange]) -> list[_Range]:
-    """A copy's accesses, in order: per range its source rows (reads), then its destination (a write)."""
-    out: list[_Range] = []
-    for r in ranges:
-        n = r.nbytes
-        if n <= 0:
-            continue
-        if r.rows == 1:
-            out.append((src, r.src_offset, r.src_offset + n, False))
-        else:
-            out += [(src, o, o + w, False) for o, w in r.src_rows()]
-        out.append((dst, r.dst_offset, r.dst_offset + n, True))
-    return out
-
-
-def _work_ranges(accesses: Sequence[Any]) -> list[_Range]:
-    """A kernel's or CPU split's declared ``Access``es as ranges (empty ones left out)."""
-    return [(x.buffer, x.offset, x.offset + x.nbytes, x.write) for x in accesses if x.nbytes > 0]
-
-
-def _ranges_of(item: _Item) -> _Found:
-    """(item, its writes, its reads), each per buffer, computed when the item is first compared and kept in it."""
-    src, dst, what = item[2], item[3], item[4]
-    found: _Found = (item, {}, {})
-    if src is not None:  # a copy reads src and writes dst
-        reads: list[tuple[int, int]] = []
-        writes: list[tuple[int, int]] = []
-        for r in what:
-            n = r.nbytes
-            if n <= 0:
-                continue
-            if r.rows == 1:
-                reads.append((r.src_offset, r.src_offset + n))
-            else:
-                reads += [(o, o + w) for o, w in r.src_rows()]
-            writes.append((r.dst_offset, r.dst_offset + n))
-        if writes:
-            found[1][dst] = [min(writes)[0], max(hi for _, hi in writes), writes]
-            found[2][src] = [min(reads)[0], max(hi for _, hi in reads), reads]
-        item[5] = found
-        return found
-    for buf, lo, hi, write in _work_ranges(what):
-        by_buf = found[1] if write else found[2]
-        entry = by_buf.get(buf)
-        if entry is None:
-            by_buf[buf] = [lo, hi, [(lo, hi)]]
-        else:
-            if lo < entry[0]:
-                entry[0] = lo
-            if hi > entry[1]:
-                entry[1] = hi
-            entry[2].append((lo, hi))
-    item[5] = found
-    return found
-
 
 class CheckedBackend:
     """The backend Protocol over ``inner``, with a happens-before check of every buffer access. Never blocks on its own."""
@@ -191,12 +77,13 @@ class CheckedBackend:
         self._host = self._clocks[HOST]  # the host's clock; every join and new actor updates it in place
         self._actor_of: dict[Stream, int] = {}
         self._events: dict[Event, list[int]] = {}
-        self._kept: list[list[_Item]] = [[]]  # per actor, its operations the host does not know of (the host's stays empty)
-        self._others: list[tuple[tuple[int, list[_Item]], ...]] = [()]  # per actor, (actor, kept) of every stream but itself
+        self._kept: list[list[Item]] = [[]]  # per actor, its operations the host does not know of (the host's stays empty)
+        self._others: list[tuple[tuple[int, list[Item]], ...]] = [()]  # per actor, (actor, kept) of every stream but itself
         self._pairs: set[tuple[int, int, int, int]] = set()  # (actor, tick) of the first operation, then of the second
         self._context = ""  # the name of the split the host is at
         self._waited: list[bool] = [False]  # per stream: joined an event snapshot since the host last joined its clock
         self.now_s = inner.now_s  # type: ignore[method-assign]
+        self.xp = inner.xp
 
     # Only the Protocol is forwarded (the inner backend is ``.inner``): a ``__getattr__`` would
     # make every ``self.x`` load of this class take CPython's slow generic path.
@@ -267,7 +154,7 @@ class CheckedBackend:
         items newest first.
         """
         host = self._host
-        unordered: list[_Found] = []
+        unordered: list[Found] = []
         for b, items in self._others[actor]:
             if items:
                 c, h = clock[b], host[b]
@@ -280,10 +167,10 @@ class CheckedBackend:
                         y_dst = item[3]  # reads y_src and writes y_dst; skip it unless they can conflict
                         if src is not y_dst and dst is not y_dst and dst is not y_src:
                             continue
-                    unordered.append(item[5] or _ranges_of(item))
+                    unordered.append(item[5] or ranges_of(item))
         if not unordered:
             return
-        mine = _work_ranges(what) if src is None else _copy_ranges(src, dst, what)  # type: ignore[arg-type]
+        mine = work_ranges(what) if src is None else copy_ranges(src, dst, what)  # type: ignore[arg-type]
         for buf, lo, hi, write in mine:
             for first, writes, reads in unordered:
                 entry = writes.get(buf)  # their writes conflict with any access
@@ -298,7 +185,7 @@ class CheckedBackend:
                             self._report(buf, o_lo if o_lo > lo else lo, o_hi if o_hi < hi else hi, first, False, actor, tick, me, write)
 
     def _report(
-        self, buf: Buffer, lo: int, hi: int, first: _Item, first_write: bool, actor: int, tick: int, me: tuple[str, str, str], write: bool
+        self, buf: Buffer, lo: int, hi: int, first: Item, first_write: bool, actor: int, tick: int, me: tuple[str, str, str], write: bool
     ) -> None:
         """Count the pair (``first``'s operation, this one) once; keep the first ``max_examples`` as examples.
 
@@ -313,7 +200,7 @@ class CheckedBackend:
             second = Op(me[0], me[1], self._actors[actor], me[2])
             self.examples.append(Hazard(buf.name, lo, hi, self._op_of(first), first_write, second, write))
 
-    def _op_of(self, item: _Item) -> Op:
+    def _op_of(self, item: Item) -> Op:
         """The kept item's operation, for a report."""
         _, actor, src, dst, _, _, name, context = item
         if src is None:
@@ -327,6 +214,14 @@ class CheckedBackend:
 
     def device_count(self) -> int:
         return self.inner.device_count()
+
+    def run(self, program: HostOp) -> Any:
+        """Run a host program of this checker's operations on the inner machine; returns its value. Blocks as ``inner.run``."""
+        return self.inner.run(program)
+
+    def describe(self) -> dict[str, Any]:
+        """The inner machine's description. Does not block."""
+        return self.inner.describe()
 
     def create_stream(self, device: int, name: str) -> Stream:
         stream = self.inner.create_stream(device, name)
@@ -381,14 +276,14 @@ class CheckedBackend:
         return a, clock, tick, False
 
     def copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], tag: str = "") -> HostOp:
-        a, clock, tick, in_flight = self._enqueue(stream)
         ranges = tuple(ranges)  # kept: the caller's sequence is not ours
+        inner = self.inner.copy(stream, dst, src, ranges, tag)  # first: a copy the machine refuses leaves no trace here
+        a, clock, tick, in_flight = self._enqueue(stream)
         if in_flight:
             self._check(a, tick, clock, ("copy", tag or f"{src.name}->{dst.name}", self._context), src, dst, ranges)
         self._kept[a].append([tick, a, src, dst, ranges, None, tag, self._context])
         if self.record_copies:
             self.copies.append(CopySeen(stream.name, dst, src, ranges, tag))
-        inner = self.inner.copy(stream, dst, src, ranges, tag)
         return inner if (src if src.device < 0 else dst).pinned else self._then_host_learns(inner, a)
 
     def _then_host_learns(self, op: HostOp, actor: int) -> HostOp:

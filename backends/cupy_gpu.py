@@ -11,10 +11,13 @@ runs the scheduler's host program here exactly as SimPy runs it there:
   to a base event recorded at construction -- the same tracks the SimPy
   machine writes (``consumer0``, ``transfer0``, ``host``, and the copy engines
   ``h2d0``/``d2h0``), so the two Chrome traces read alike.
-* *Copies* are raw ``cudaMemcpyAsync`` (one range) or ``cudaMemcpy2DAsync``
-  (several ranges sharing a length and a stride) on the given stream. From
-  pageable host memory the host blocks until the copy is done, as the SimPy
-  machine models it (and as CUDA roughly does).
+* *Copies* arrive checked and shaped by the base class
+  (``backends.machine.Machine``, the same rule as the SimPy machine's): each
+  call of the plan is one raw ``cudaMemcpyAsync`` (height 1) or
+  ``cudaMemcpy2DAsync`` (a strided range, or several ranges sharing a length
+  and a stride) on the given stream. From pageable host memory the host
+  blocks until the copy is done, as the SimPy machine models it (and as CUDA
+  roughly does).
 * *Device memory* is ``cupy.cuda.memory.Memory``: one ``cudaMalloc`` per
   request, outside the memory pool, held by the Buffer until :meth:`free`, so
   nothing can hand a ring slot to someone else while a copy is in flight.
@@ -25,30 +28,21 @@ runs the scheduler's host program here exactly as SimPy runs it there:
 
 CuPy is imported when the backend is built, never at module import of
 ``sim``; without CuPy or a CUDA device construction raises
-BackendUnavailable. Units: seconds and bytes; CUDA's milliseconds are
-converted once, in :meth:`timeline`.
+BackendUnavailable. The array module is ``xp`` (``cp``, its older name, is
+kept); ``run`` drives a host program (``backends.base.drive``). Units:
+seconds and bytes; CUDA's milliseconds are converted once, in
+:meth:`timeline`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from backends.base import (
-    BackendError,
-    BackendUnavailable,
-    Buffer,
-    CopyRange,
-    Event,
-    HostOp,
-    OutOfDeviceMemory,
-    Span,
-    Stream,
-    Work,
-)
+from backends.base import BackendError, BackendUnavailable, Buffer, CopyPlan, Event, HostOp, OutOfDeviceMemory, Span, Stream, Work
+from backends.machine import Machine
 
 H2D, D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
 
@@ -76,33 +70,14 @@ def import_cupy() -> Any:
     return cupy
 
 
-def ranges_2d(ranges: Sequence[CopyRange]) -> tuple[int, int, int, int] | None:
-    """``(width, height, src_pitch, dst_pitch)`` when the ranges form one 2D copy, else None.
-
-    Two or more ranges of one length whose source and destination offsets each
-    advance by a constant stride no smaller than that length.
-    """
-    if len(ranges) < 2:
-        return None
-    width = ranges[0].nbytes
-    sp = ranges[1].src_offset - ranges[0].src_offset
-    dp = ranges[1].dst_offset - ranges[0].dst_offset
-    if width <= 0 or sp < width or dp < width:
-        return None
-    for a, b in zip(ranges, ranges[1:], strict=False):
-        if b.nbytes != width or b.src_offset - a.src_offset != sp or b.dst_offset - a.dst_offset != dp:
-            return None
-    return width, len(ranges), sp, dp
-
-
-class CupyGPU:
+class CupyGPU(Machine):
     """The backend Protocol on CUDA devices through CuPy. Construct once per process; raises BackendUnavailable."""
 
     name = "cupy"
 
     def __init__(self, trace: bool = True) -> None:
         cp = import_cupy()
-        self.cp = cp
+        self.xp = self.cp = cp  # ``cp``: the name callers used before ``xp``
         self.rt = cp.cuda.runtime
         self.tracing = trace
         self._n = self.rt.getDeviceCount()
@@ -174,33 +149,24 @@ class CupyGPU:
         return
         yield  # pragma: no cover
 
-    def copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], tag: str = "") -> HostOp:
-        """Enqueue raw async copies of ``ranges`` on ``stream`` (2D when they share length and stride).
+    def _copy(self, stream: Stream, dst: Buffer, src: Buffer, plan: CopyPlan, tag: str) -> HostOp:
+        """The copy hook: one raw async copy per call of the plan, on ``stream``, between a pair of timing events.
 
         The host does not block, except from pageable host memory, where it
         waits until the stream has finished the copy.
         """
-        if src.on_host == dst.on_host:
-            raise BackendError(f"copy {src.name}->{dst.name}: one side must be host memory, the other a device")
-        for r in ranges:
-            if r.src_offset + r.nbytes > src.nbytes or r.dst_offset + r.nbytes > dst.nbytes:
-                raise BackendError(f"copy {tag or src.name}: range {r} outside {src.name} ({src.nbytes} B) or {dst.name} ({dst.nbytes} B)")
-        to_device = src.on_host
+        to_device = plan.to_device
         dev = dst.device if to_device else src.device
         kind = H2D if to_device else D2H
         sp, dp, sptr = stream.handle.ptr, _ptr(dst), _ptr(src)
-        nbytes = sum(r.nbytes for r in ranges)
         start = self._mark(stream)
-        shape = ranges_2d(ranges)
-        if shape is not None:
-            w, h, spitch, dpitch = shape
-            self.rt.memcpy2DAsync(dp + ranges[0].dst_offset, dpitch, sptr + ranges[0].src_offset, spitch, w, h, kind, sp)
-        else:
-            for r in ranges:
-                if r.nbytes:
-                    self.rt.memcpyAsync(dp + r.dst_offset, sptr + r.src_offset, r.nbytes, kind, sp)
+        for c in plan.calls:
+            if c.height > 1:
+                self.rt.memcpy2DAsync(dp + c.dst_offset, c.dst_pitch, sptr + c.src_offset, c.src_pitch, c.width, c.height, kind, sp)
+            else:
+                self.rt.memcpyAsync(dp + c.dst_offset, sptr + c.src_offset, c.width, kind, sp)
         engine = f"{'h2d' if to_device else 'd2h'}{dev}"
-        self._done(stream, start, (stream.name, engine), tag or f"{src.name}->{dst.name}", bytes=nbytes, stream=stream.name)
+        self._done(stream, start, (stream.name, engine), tag or f"{src.name}->{dst.name}", bytes=plan.nbytes, stream=stream.name)
         host_side = src if to_device else dst
         if not host_side.pinned:
             yield from self.synchronize(stream)
@@ -247,9 +213,8 @@ class CupyGPU:
         return
         yield  # pragma: no cover
 
-    def alloc(self, device: int, nbytes: int, name: str) -> Buffer:
-        """One cudaMalloc of ``nbytes`` outside the memory pool, kept until :meth:`free`. Raises OutOfDeviceMemory. Does not block."""
-        self._check_device(device)
+    def _alloc(self, device: int, nbytes: int, name: str) -> Buffer:
+        """The alloc hook: one cudaMalloc of ``nbytes`` outside the memory pool, kept until :meth:`free`. Raises OutOfDeviceMemory."""
         cp = self.cp
         with cp.cuda.Device(device):
             try:
@@ -323,10 +288,6 @@ class CupyGPU:
         self._resolved = []
 
     # ------------------------------------------------------------ inside
-
-    def _check_device(self, device: int) -> None:
-        if not 0 <= device < self._n:
-            raise BackendError(f"device {device} out of range; this machine has {self._n}")
 
     def _event(self) -> Any:
         return self._free_events.pop() if self._free_events else self.cp.cuda.Event()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +92,6 @@ class HostCosts:
     copy_issue_s: float = 3e-6
     event_s: float = 2e-6
     host_wait_s: float = 5e-6
-    graph_s: float = 0.0
     split_launch_s: float = 0.0
 
     def __post_init__(self) -> None:
@@ -101,7 +100,8 @@ class HostCosts:
                 raise ValueError(f"HostCosts.{name} must be >= 0, got {value}")
 
     def zero(self) -> HostCosts:
-        return HostCosts(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        """Every cost 0 (a host that issues for free)."""
+        return HostCosts(**{f.name: 0.0 for f in fields(self)})
 
 
 @dataclass(frozen=True)
@@ -219,9 +219,6 @@ class HardwareProfile:
             estimate=self.estimate or other.estimate,
         )
 
-    def with_zero_host_costs(self) -> HardwareProfile:
-        return replace(self, host=self.host.zero())
-
 
 # ---------------------------------------------------------------- file format
 
@@ -317,7 +314,10 @@ def _device(d: dict[str, Any], where: str) -> DeviceProfile:
 
 
 def profile_from_dict(data: dict[str, Any], where: str = "profile") -> HardwareProfile:
-    """Build a profile from the JSON file format. Raises ValueError naming the bad field."""
+    """Build a profile from the JSON file format. Raises ValueError naming the bad field.
+
+    ``host.graph_us``, which older files carry, is read by nothing and ignored.
+    """
     try:
         h = data.get("host", {})
         host = HostCosts(
@@ -325,7 +325,6 @@ def profile_from_dict(data: dict[str, Any], where: str = "profile") -> HardwareP
             copy_issue_s=float(h.get("copy_issue_us", 3.0)) * 1e-6,
             event_s=float(h.get("event_us", 2.0)) * 1e-6,
             host_wait_s=float(h.get("host_wait_us", 5.0)) * 1e-6,
-            graph_s=float(h.get("graph_us", 0.0)) * 1e-6,
             split_launch_s=float(h.get("split_launch_us", 0.0)) * 1e-6,
         )
         devices = tuple(_device(d, f"{where}.devices[{i}]") for i, d in enumerate(data["devices"]))

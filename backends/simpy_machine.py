@@ -16,7 +16,10 @@ A host thread, streams and copy engines are SimPy actors:
   reached them (FIFO across streams, as measured on the H200), so a small
   blocking copy waits behind queued deliveries. Host->device and
   device->host run at once (full duplex, with the profile's slowdown when both
-  are busy).
+  are busy). Engines, lanes and a copy's engine time live in
+  ``backends.simpy_copy``; a copy is checked and shaped into calls by the
+  base class (``backends.machine.Machine``), the same way as on a GPU, and
+  costs one link time per call.
 * *Kernels* run on their stream for their duration. Only the consumer stream
   of a device runs kernels in this design (the transfer stream only copies),
   so kernels of one device never compete and need no shared compute resource.
@@ -31,6 +34,9 @@ lands in its destination when it completes (so a write to its source while it
 is in flight shows in the bytes, as it may on a real DMA engine); a kernel
 runs its ``Work.run`` with NumPy when it completes. Same scheduler, real bytes.
 
+``run`` runs a host program as a SimPy process; ``describe`` is the profile's
+device as plain data; the array module ``xp`` is NumPy.
+
 Speed: every SimPy event the machine schedules is one the model needs (an
 issue cost, a wake, an engine grant and release, a completion); what is kept
 small is the Python work around them: per-copy constants are looked up once
@@ -43,25 +49,18 @@ Units: seconds and bytes.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import simpy
 
-from backends.base import (
-    BackendError,
-    Buffer,
-    CopyRange,
-    Event,
-    HostOp,
-    OutOfDeviceMemory,
-    Span,
-    Stream,
-    Work,
-)
-from backends.profile import HardwareProfile, LinkCurve
+from backends.base import Buffer, CopyPlan, Event, HostOp, OutOfDeviceMemory, Span, Stream, Work
+from backends.machine import Machine
+from backends.profile import HardwareProfile
+from backends.simpy_copy import _Engine, _Lane, calls_seconds, copy_seconds
+
+__all__ = ["SimMachine", "copy_seconds"]
 
 #: One entry of a stream's queue: (kind, name, payload); kind is "copy" | "kernel" | "record" | "wait".
 _Item = tuple[str, str, Any]
@@ -80,92 +79,17 @@ class _StreamState:
     held: Any = None  # (engine, request) kept for this stream's next copy (copy_engine_drains_stream)
 
 
-class _Engine(simpy.Resource):
-    """A copy engine: a ``simpy.Resource`` whose request and release take the short way through its queue.
-
-    The events are SimPy's own, triggered exactly when ``simpy.Resource`` triggers them: a request is
-    granted when it is made if it heads the queue and an engine is free, else when the release event of
-    a user is processed (each such moment grants at most the head of the queue, as SimPy's does). What is
-    skipped is the generic put/get bookkeeping around them (a release always succeeds at once).
-    """
-
-    def request(self) -> simpy.Event:  # type: ignore[override]
-        req = simpy.Event(self._env)
-        self.put_queue.append(req)  # type: ignore[arg-type]
-        self._grant(None)
-        return req
-
-    def release(self, request: simpy.Event) -> simpy.Event:  # type: ignore[override]
-        if request in self.users:
-            self.users.remove(request)  # type: ignore[arg-type]
-        done = simpy.Event(self._env)
-        done.callbacks.append(self._grant)  # type: ignore[union-attr]
-        return done.succeed()
-
-    def _grant(self, _: simpy.Event | None) -> None:
-        if self.put_queue and len(self.users) < self._capacity:
-            req = self.put_queue.pop(0)
-            self.users.append(req)
-            req.succeed()
-
-
-class _Seconds(Protocol):
-    def seconds(self, nbytes: float) -> float: ...
-
-
-class _Lane:
-    """One device's copy path in one direction from pinned or pageable host memory: what every copy on it reads."""
-
-    __slots__ = ("device", "to_device", "engine", "other", "link", "slowdown", "drains", "track", "_memo")
-
-    def __init__(self, device: int, to_device: bool, pinned: bool, h2d: simpy.Resource, d2h: simpy.Resource,
-                 profile: HardwareProfile) -> None:
-        dev = profile.devices[device]
-        self.device = device
-        self.to_device = to_device
-        self.engine, self.other = (h2d, d2h) if to_device else (d2h, h2d)
-        self.link = dev.link(to_device, pinned)
-        self.slowdown = dev.duplex_slowdown
-        self.drains = dev.copy_engine_drains_stream
-        self.track = f"{'h2d' if to_device else 'd2h'}{device}"
-        self._memo: dict[float, float] = {}
-
-    def seconds(self, nbytes: float) -> float:
-        """``link.seconds(nbytes)``, memoized (the same few sizes recur every token)."""
-        s = self._memo.get(nbytes)
-        if s is None:
-            s = self._memo[nbytes] = self.link.seconds(nbytes)
-        return s
-
-
-def copy_seconds(link: LinkCurve | _Seconds, ranges: Sequence[CopyRange]) -> float:
-    """Engine time of one copy call: one 2D copy when the ranges share a length and strides, else one per range."""
-    if len(ranges) == 1:
-        return link.seconds(ranges[0].nbytes)
-    if len(ranges) > 1:
-        p = ranges[0]
-        n = p.nbytes
-        ds = ranges[1].src_offset - p.src_offset
-        dd = ranges[1].dst_offset - p.dst_offset
-        for r in ranges[1:]:
-            if r.nbytes != n or r.rows != 1 or r.src_offset - p.src_offset != ds or r.dst_offset - p.dst_offset != dd:
-                break
-            p = r
-        else:
-            return link.seconds(n * len(ranges))
-    return sum(link.seconds(r.nbytes) for r in ranges)
-
-
 def _nothing() -> HostOp:
     """A host operation that does nothing."""
     return
     yield  # pragma: no cover - makes this a generator
 
 
-class SimMachine:
+class SimMachine(Machine):
     """A simulated machine behind the backend Protocol. Construct, then run a host program with :meth:`run`."""
 
     name = "simpy"
+    xp = np
 
     def __init__(
         self, profile: HardwareProfile, functional: bool = False, trace: bool = True, env: simpy.Environment | None = None
@@ -196,10 +120,21 @@ class SimMachine:
     # ----------------------------------------------------------- driving
 
     def run(self, program: HostOp) -> Any:
-        """Run a host program (a generator of backend ops) to completion; returns its value."""
+        """Run a host program (a generator of backend ops) as a SimPy process to completion; returns its value.
+
+        Blocks until the simulation reaches the program's end (simulated time, not the host's).
+        """
         proc = self.env.process(program)
         self.env.run(until=proc)
         return proc.value
+
+    def describe(self) -> dict[str, Any]:
+        """The profile's machine as plain data (device 0's memory; no driver, runtime or CuPy). Does not block."""
+        dev = self.profile.devices[0]
+        return {"device": f"SimPy machine ({self.profile.name})", "device_count": len(self.profile.devices),
+                "memory_total_bytes": dev.memory_total_bytes, "memory_free_bytes": self.free_bytes(0),
+                "driver_version": None, "runtime_version": None, "cupy_version": None,
+                "numpy_version": np.__version__, "profile": self.profile.name, "estimate": self.profile.estimate}
 
     def _span(self, track: str, name: str, start: float, **args: Any) -> None:
         if self.tracing:
@@ -248,18 +183,14 @@ class SimMachine:
         if event.handle is not None:
             self._enqueue(stream, ("wait", event.name, event.handle))
 
-    def copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], tag: str = "") -> HostOp:
-        to_device = src.device < 0
-        if to_device == (dst.device < 0):
-            raise BackendError(f"copy {src.name}->{dst.name}: one side must be host memory, the other a device")
-        for r in ranges:
-            if r.src_offset + (r.nbytes if r.rows == 1 else r.src_span) > src.nbytes or r.dst_offset + r.nbytes > dst.nbytes:
-                raise BackendError(f"copy {tag or src.name}: range {r} outside {src.name} ({src.nbytes} B) or {dst.name} ({dst.nbytes} B)")
+    def _copy(self, stream: Stream, dst: Buffer, src: Buffer, plan: CopyPlan, tag: str) -> HostOp:
+        """The copy hook: one copy issue of host time, then the plan on ``stream``; blocks the host from pageable memory."""
         if self._issue_s > 0:
             yield self._busy(self._issue_s, "issue ", tag)
+        to_device = plan.to_device
         host_side, dev_side = (src, dst) if to_device else (dst, src)
         lane = self._lanes[dev_side.device, to_device, host_side.pinned]
-        k = self._enqueue(stream, ("copy", tag or f"{src.name}->{dst.name}", (dst, src, tuple(ranges), lane)))
+        k = self._enqueue(stream, ("copy", tag or f"{src.name}->{dst.name}", (dst, src, plan, lane)))
         if not host_side.pinned:
             yield from self._wait_done(self._completion(stream, k), "pageable copy")
 
@@ -290,8 +221,7 @@ class SimMachine:
     def wait_host(self, event: Event) -> HostOp:
         return self._wait_done(event.handle, "wait ", event.name) if event.handle is not None else _nothing()
 
-    def alloc(self, device: int, nbytes: int, name: str) -> Buffer:
-        self._check_device(device)
+    def _alloc(self, device: int, nbytes: int, name: str) -> Buffer:
         if nbytes > self.free_bytes(device):
             raise OutOfDeviceMemory(f"{name}: {nbytes} B > {self.free_bytes(device)} B free on device {device}")
         self._used[device] += nbytes
@@ -316,10 +246,6 @@ class SimMachine:
         self.spans.clear()
 
     # ------------------------------------------------------------ inside
-
-    def _check_device(self, device: int) -> None:
-        if not 0 <= device < len(self.profile.devices):
-            raise BackendError(f"device {device} out of range; this machine has {len(self.profile.devices)}")
 
     def _array(self, nbytes: int) -> Any:
         return np.zeros(nbytes, dtype=np.uint8) if self.functional else None
@@ -408,13 +334,7 @@ class SimMachine:
             yield self._timeout(extra)
             t0 = t1
 
-    @staticmethod
-    def _gather(src: Buffer, r: CopyRange) -> Any:
-        if r.rows == 1:
-            return src.array[r.src_offset : r.src_offset + r.nbytes].copy()
-        return np.concatenate([src.array[o : o + n] for o, n in r.src_rows()])
-
-    def _run_copy(self, stream: Stream, name: str, dst: Buffer, src: Buffer, ranges: tuple[CopyRange, ...], lane: _Lane) -> Any:
+    def _run_copy(self, stream: Stream, name: str, dst: Buffer, src: Buffer, plan: CopyPlan, lane: _Lane) -> Any:
         engine = lane.engine
         st: _StreamState = stream.handle
         held, st.held = st.held, None
@@ -428,22 +348,20 @@ class SimMachine:
             req = held[1]
         try:
             t = self.env.now
-            seconds = copy_seconds(lane, ranges)
+            seconds = calls_seconds(lane, plan.calls)
             if lane.other.users:
                 seconds *= lane.slowdown
             if self._dram[lane.device]:
-                self._copies[lane.device].append((t, t + seconds, sum(r.nbytes for r in ranges)))
+                self._copies[lane.device].append((t, t + seconds, plan.nbytes))
             yield self._timeout(seconds)
             # The bytes move at completion: a write to the source while the copy is in flight shows.
-            if self.functional:
-                data = [self._gather(src, r) for r in ranges]
-                if dst.array is not None:
-                    for r, d in zip(ranges, data, strict=True):
-                        dst.array[r.dst_offset : r.dst_offset + r.nbytes] = d
+            if self.functional and dst.array is not None:
+                s, d = src.array, dst.array
+                for so, do, n in plan.pieces():
+                    d[do : do + n] = s[so : so + n]
             if self.tracing:
-                nbytes = sum(r.nbytes for r in ranges)
-                self._span(lane.track, name, t, bytes=nbytes, stream=stream.name)
-                self._span(stream.name, name, t, bytes=nbytes)
+                self._span(lane.track, name, t, bytes=plan.nbytes, stream=stream.name)
+                self._span(stream.name, name, t, bytes=plan.nbytes)
         finally:
             if lane.drains and self._next_copy_on(stream, lane.to_device, lane.device):
                 st.held = (engine, req)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from backends.base import Access, Backend, CopyRange, HostOp, Work
+from backends.base import Access, Backend, BackendError, CopyRange, HostOp, Work
 from backends.checked import CheckedBackend
 from backends.profile import load_profile
 from backends.simpy_machine import SimMachine
@@ -271,6 +271,22 @@ def test_checked_backend_is_a_backend_and_forwards() -> None:
     assert isinstance(c, Backend)
     assert c.device_count() == machine.device_count() and c.free_bytes(0) == machine.free_bytes(0)
     assert c.inner is machine and not hasattr(c, "env")  # only the Protocol: the inner backend is at .inner
+    assert c.xp is machine.xp and c.describe() == machine.describe()
+
+    def prog() -> HostOp:
+        yield from c.synchronize(c.create_stream(0, "s"))
+        return 7
+
+    assert c.run(prog()) == 7
+
+
+def test_a_copy_the_machine_refuses_leaves_no_trace_in_the_checker() -> None:
+    c = CheckedBackend(SimMachine(load_profile("rtx4070-gen4x16")), record_copies=True)
+    s = c.create_stream(0, "s")
+    host, dev = c.alloc_host(64, "h"), c.alloc(0, 64, "d")
+    with pytest.raises(BackendError, match=r"copy oob: range .* outside h \(64 B\) or d \(64 B\)"):
+        c.copy(s, dev, host, [CopyRange(0, 0, 65)], tag="oob")
+    assert c.copies == [] and c._kept == [[], []]
 
 
 def test_plain_simulation_matches_unchecked_timing() -> None:

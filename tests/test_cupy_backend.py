@@ -1,8 +1,10 @@
-"""The CuPy backend: 2D-copy detection everywhere; real streams, copies, events and the scheduler on a GPU.
+"""The CuPy backend: the copy shape it issues; real streams, copies, events and the scheduler on a GPU.
 
 GPU tests carry the ``gpu`` marker and skip with the reason where CuPy or a
 CUDA device is missing. The scheduler-driving path they cover is also run on
-the SimPy machine in tests/test_validate.py.
+the SimPy machine in tests/test_validate.py. What every backend must do alike
+(bytes of 1D, strided and multi-range copies, refusals) is
+tests/test_backend_conformance.py, which uses the stand-in made here.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import numpy as np
 import pytest
 
 from backends import get_backend
-from backends.base import Backend, BackendUnavailable, CopyRange, Work, drive
-from backends.cupy_gpu import CupyGPU, ranges_2d
+from backends.base import Backend, BackendUnavailable, CopyCall, CopyRange, Work, copy_calls, drive, ranges_2d
+from backends.cupy_gpu import CupyGPU
 from sim.scheduler import TransportConfig
 
 
@@ -153,10 +155,35 @@ def test_ranges_2d_detects_equal_length_constant_stride() -> None:
         [CopyRange(0, 0, 100), CopyRange(1000, 128, 99)],
         [CopyRange(0, 0, 100), CopyRange(1000, 128, 100), CopyRange(2001, 256, 100)],
         [CopyRange(0, 0, 100), CopyRange(50, 128, 100)],
+        [CopyRange(0, 0, 16, 2, 64), CopyRange(200, 16, 16, 2, 64)],  # strided ranges are one 2D copy each
+        [CopyRange(0, 0, 16, 2, 64), CopyRange(200, 16, 16)],
     ],
 )
 def test_ranges_2d_refuses_other_shapes(ranges: list[CopyRange]) -> None:
     assert ranges_2d(ranges) is None
+
+
+def test_copy_calls_make_a_strided_range_one_2d_call_packed_in_the_destination() -> None:
+    assert copy_calls([CopyRange(0, 0, 8, rows=2, src_pitch=100)]) == (CopyCall(0, 0, 4, 2, 100, 4),)
+    assert copy_calls([CopyRange(0, 0, 100), CopyRange(1000, 128, 100)]) == (CopyCall(0, 0, 100, 2, 1000, 128),)
+    assert copy_calls([CopyRange(5, 6, 7), CopyRange(9, 9, 0), CopyRange(50, 60, 3)]) == (CopyCall(5, 6, 7), CopyCall(50, 60, 3))
+
+
+def test_fake_issues_one_raw_call_per_planned_call_with_its_pitches(fake_gpu: CupyGPU, monkeypatch: pytest.MonkeyPatch) -> None:
+    be = fake_gpu
+    calls: list[tuple[object, ...]] = []
+    rt = be.rt
+    monkeypatch.setattr(rt, "memcpyAsync", lambda d, s, n, kind, st: calls.append(("1d", n, kind)))
+    monkeypatch.setattr(rt, "memcpy2DAsync", lambda d, dp, s, sp, w, h, kind, st: calls.append(("2d", dp, sp, w, h, kind)))
+    st = be.create_stream(0, "s")
+    host, dev = be.alloc_host(4096, "h"), be.alloc(0, 4096, "d")
+    be.run(be.copy(st, dev, host, [CopyRange(0, 0, 8, rows=2, src_pitch=100), CopyRange(500, 64, 10)]))
+    be.run(be.copy(st, host, dev, [CopyRange(i * 300, i * 128, 100) for i in range(3)]))
+    assert calls == [("2d", 4, 100, 4, 2, 1), ("1d", 10, 1), ("2d", 128, 300, 100, 3, 2)]
+
+
+def test_the_array_module_is_xp_and_keeps_its_old_name(fake_gpu: CupyGPU) -> None:
+    assert fake_gpu.xp is fake_gpu.cp is sys.modules["cupy"]
 
 
 def test_get_backend_rejects_unknown_name() -> None:

@@ -1,0 +1,97 @@
+"""The SimPy machine's copy path: copy engines, lanes, and what a copy call costs.
+
+A *copy engine* per device and direction is a ``simpy.Resource`` shared by
+every stream (:class:`_Engine`): copies in one direction run one at a time in
+the order their streams reached them. A *lane* (:class:`_Lane`) is one
+device's path in one direction from pinned or pageable host memory: its
+engine, the engine of the other direction (full duplex, with the profile's
+slowdown while both are busy), its link curve and the rule whether the engine
+drains a stream's queued copies first; every copy on it reads these, so they
+are looked up once per lane.
+
+A copy's engine time is the link time of each call it is made of
+(:func:`copy_seconds`): the calls are ``backends.base.copy_calls``, the rule
+every machine shapes its copies by, so ranges that go as one 2D copy on a GPU
+cost one link time of their bytes here, and a strided range (one 2D call)
+costs one link time of its bytes too.
+
+Units: seconds and bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+import simpy
+
+from backends.base import CopyCall, CopyRange, copy_calls
+from backends.profile import HardwareProfile, LinkCurve
+
+
+class _Engine(simpy.Resource):
+    """A copy engine: a ``simpy.Resource`` whose request and release take the short way through its queue.
+
+    The events are SimPy's own, triggered exactly when ``simpy.Resource`` triggers them: a request is
+    granted when it is made if it heads the queue and an engine is free, else when the release event of
+    a user is processed (each such moment grants at most the head of the queue, as SimPy's does). What is
+    skipped is the generic put/get bookkeeping around them (a release always succeeds at once).
+    """
+
+    def request(self) -> simpy.Event:  # type: ignore[override]
+        req = simpy.Event(self._env)
+        self.put_queue.append(req)  # type: ignore[arg-type]
+        self._grant(None)
+        return req
+
+    def release(self, request: simpy.Event) -> simpy.Event:  # type: ignore[override]
+        if request in self.users:
+            self.users.remove(request)  # type: ignore[arg-type]
+        done = simpy.Event(self._env)
+        done.callbacks.append(self._grant)  # type: ignore[union-attr]
+        return done.succeed()
+
+    def _grant(self, _: simpy.Event | None) -> None:
+        if self.put_queue and len(self.users) < self._capacity:
+            req = self.put_queue.pop(0)
+            self.users.append(req)
+            req.succeed()
+
+
+class _Seconds(Protocol):
+    def seconds(self, nbytes: float) -> float: ...
+
+
+class _Lane:
+    """One device's copy path in one direction from pinned or pageable host memory: what every copy on it reads."""
+
+    __slots__ = ("device", "to_device", "engine", "other", "link", "slowdown", "drains", "track", "_memo")
+
+    def __init__(self, device: int, to_device: bool, pinned: bool, h2d: simpy.Resource, d2h: simpy.Resource,
+                 profile: HardwareProfile) -> None:
+        dev = profile.devices[device]
+        self.device = device
+        self.to_device = to_device
+        self.engine, self.other = (h2d, d2h) if to_device else (d2h, h2d)
+        self.link = dev.link(to_device, pinned)
+        self.slowdown = dev.duplex_slowdown
+        self.drains = dev.copy_engine_drains_stream
+        self.track = f"{'h2d' if to_device else 'd2h'}{device}"
+        self._memo: dict[float, float] = {}
+
+    def seconds(self, nbytes: float) -> float:
+        """``link.seconds(nbytes)``, memoized (the same few sizes recur every token)."""
+        s = self._memo.get(nbytes)
+        if s is None:
+            s = self._memo[nbytes] = self.link.seconds(nbytes)
+        return s
+
+
+def calls_seconds(link: LinkCurve | _Seconds, calls: Iterable[CopyCall]) -> float:
+    """Engine seconds of a copy made of ``calls``: one link time per call, of its bytes."""
+    return sum(link.seconds(c.width * c.height) for c in calls)
+
+
+def copy_seconds(link: LinkCurve | _Seconds, ranges: Sequence[CopyRange]) -> float:
+    """Engine seconds of one copy call of ``ranges``: one 2D copy when they form one (``copy_calls``), else one per range."""
+    return calls_seconds(link, copy_calls(ranges))
