@@ -30,24 +30,19 @@ MACHINES = ("cupy", "simpy")
 
 def machine(name: str, profile: HardwareProfile | None = None) -> tuple[Any, Any, dict[str, Any]]:
     """(backend, array module, description) for ``name``. Raises BackendUnavailable, ValueError."""
-    import numpy as np
-
     if name == "cupy":
         from backends.cupy_gpu import CupyGPU
 
-        be = CupyGPU()
-        return be, be.cp, be.describe()
-    if name == "simpy":
+        be: Any = CupyGPU()
+    elif name == "simpy":
         if profile is None:
             raise ValueError("the simpy machine needs a hardware profile")
         from backends.simpy_machine import SimMachine
 
-        dev = profile.devices[0]
-        info = {"device": f"SimPy machine ({profile.name})", "memory_total_bytes": dev.memory_total_bytes,
-                "memory_free_bytes": dev.memory_free_bytes, "driver_version": None, "runtime_version": None,
-                "cupy_version": None, "numpy_version": np.__version__}
-        return SimMachine(profile, functional=True), np, info
-    raise ValueError(f"unknown machine {name!r}; allowed: {', '.join(MACHINES)}")
+        be = SimMachine(profile, functional=True)
+    else:
+        raise ValueError(f"unknown machine {name!r}; allowed: {', '.join(MACHINES)}")
+    return be, be.xp, be.describe()
 
 
 def progress_bar(total: int, desc: str) -> Callable[[str], None]:

@@ -31,17 +31,16 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
-from backends.base import Backend, CopyRange, HostOp, Work, drive
+from backends.base import Backend, CopyRange, HostOp, Work
 
 MIB = 1 << 20
 LATENCY_PROBE_BYTES = 256
 LINK_SIZES = (4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30)
 
 
-def run_on(backend: Any, program: HostOp) -> Any:
-    """Run a host program on ``backend``: as a SimPy process where the backend has ``run``, else by ``drive``. Blocks."""
-    runner = getattr(backend, "run", None)
-    return runner(program) if callable(runner) else drive(program)
+def run_on(backend: Backend, program: HostOp) -> Any:
+    """Run a host program on ``backend`` (``Backend.run``: a SimPy process there, driven on a real machine). Blocks."""
+    return backend.run(program)
 
 
 def _median(xs: Iterable[float]) -> float:
