@@ -235,5 +235,3 @@ def row(result: RunResult, model: str = "", hardware: str = "", cache_type: str 
     }
 
 
-def with_depth(point: Point, depth: int) -> Point:
-    return replace(point, transport=replace(point.transport, depth=depth))

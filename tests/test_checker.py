@@ -299,7 +299,9 @@ def test_plain_simulation_matches_unchecked_timing() -> None:
 
 @pytest.mark.benchmark
 def test_checker_cost_in_a_plain_simulation() -> None:
-    """Wall time of the reference grid with and without the checker (prints figures; not a pass/fail timing)."""
+    """Wall time of the reference grid with and without the checker (prints figures; not a pass/fail timing).
+
+    A benchmark: it asserts nothing (the figures it prints are read by a person, not held to a threshold)."""
     hw = load_profile("rtx4070-gen4x16")
     points = [Point(reference_workload(c, tokens=32), hw, TransportConfig(depth=d)) for c in (4096, 16384, 32768) for d in (0, 1)]
     runs: dict[str, Callable[[Point], Any]] = {"plain": simulate, "checked": check}

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the checkout's backends/ and sim/ (whose presets this writes), before any installed copy
 
+from preset_files import write_or_check  # noqa: E402
 from reference_derivation import (  # noqa: E402
     BORROWED_PAGEABLE_POINTS,
     HOST_4096,
@@ -208,16 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     outputs = {Path(args.out): preset_json(preset)}
     if args.compute_source == "ordered" and Path(args.out) == PRESET_PATH:
         outputs[RTX3060_PATH] = preset_json(derive_rtx3060(preset))
-    if args.check:
-        stale = [str(p) for p, text in outputs.items() if not p.exists() or p.read_text() != text]
-        if stale:
-            print(f"{', '.join(stale)} differ(s) from what tools/calibrate_reference.py derives; rerun it", file=sys.stderr)
-            return 1
-        print(f"{', '.join(str(p) for p in outputs)} match(es) the derivation")
-        return 0
-    for p, text in outputs.items():
-        p.write_text(text)
-        print(f"wrote {p}")
+    code = write_or_check(outputs, "tools/calibrate_reference.py", args.check)
+    if code or args.check:
+        return code
     if args.explain:
         print(json.dumps(preset["derivation"], indent=1))
         for r in ordered_check(preset):

@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the checkout's backends/ (whose presets this writes), before any installed copy
 
+from preset_files import write_or_check  # noqa: E402
+
 from backends.profile import PRESET_DIR  # noqa: E402
 
 PRESET_PATH = PRESET_DIR / "h200-gen5x16.json"
@@ -315,16 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     outputs = {Path(args.out): preset_json()}
     if Path(args.out) == PRESET_PATH:
         outputs[GH200_PATH] = gh200_json()
-    if args.check:
-        stale = [str(p) for p, text in outputs.items() if not p.exists() or p.read_text() != text]
-        if stale:
-            print(f"{', '.join(stale)} differ(s) from what tools/h200_preset.py derives; rerun it", file=sys.stderr)
-            return 1
-        print(f"{', '.join(str(p) for p in outputs)} match(es) the derivation")
-        return 0
-    for p, text in outputs.items():
-        p.write_text(text)
-        print(f"wrote {p}")
+    code = write_or_check(outputs, "tools/h200_preset.py", args.check)
+    if code or args.check:
+        return code
     return 0
 
 
