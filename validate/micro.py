@@ -8,7 +8,7 @@ timestamps for what a stream did (``timeline()``), the host clock
 program (a generator of backend operations), so the same code measures a real
 GPU (driven by ``backends.base.drive``) and the SimPy machine (run as a SimPy
 process); on the SimPy machine it recovers the profile the machine was built
-from, which is how ``tests/test_micro.py`` checks it without a GPU.
+from, which is how ``tests/validate/test_micro.py`` checks it without a GPU.
 
 * Host costs: issuing a copy, launching one kernel, recording/waiting an event,
   and the wake-up of a host wait (a blocking round trip minus its parts).

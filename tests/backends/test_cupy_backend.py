@@ -4,7 +4,7 @@ GPU tests carry the ``gpu`` marker and skip with the reason where CuPy or a
 CUDA device is missing. The scheduler-driving path they cover is also run on
 the SimPy machine in tests/test_validate.py. What every backend must do alike
 (bytes of 1D, strided and multi-range copies, refusals) is
-tests/test_backend_conformance.py, which uses the stand-in made here.
+tests/backends/test_backend_conformance.py, which uses the stand-in made here.
 """
 
 from __future__ import annotations

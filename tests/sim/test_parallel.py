@@ -11,7 +11,7 @@ from sim.graph import decode_graph, head_ranges, layout_of
 from sim.scheduler import MIB, TransportConfig, align_up
 from sim.simulate import Point, graphs_for, row, simulate
 from sim.workload import Workload, cache_type, load_model
-from tests.test_scheduler import run_recorded
+from tests.sim.test_scheduler import run_recorded
 
 Q8 = cache_type("q8_0")
 

@@ -280,7 +280,7 @@ def test_draining_engine_serves_the_streams_queued_copy_first() -> None:
 
 
 def test_h200_drain_evidence_embedded_equals_the_committed_gpu_results() -> None:
-    figures = Path(__file__).resolve().parents[1] / "docs" / "figures"
+    figures = Path(__file__).resolve().parents[2] / "docs" / "figures"
     order = json.loads((figures / "reproduction-engine-order.json").read_text())
     rounded = {k: [(round(r["A"], 2), round(r["C"], 2), round(r["B"], 2)) for r in v] for k, v in order.items()}
     assert rounded == h200_preset.ENGINE_ORDER_MS
@@ -294,7 +294,7 @@ def test_simulated_drain_reproduces_the_measured_h200_schedule() -> None:
     """The SimPy machine with the H200 preset and the reference card's split times against the GPU run (CuPy host overhead aside)."""
     from dataclasses import replace as dc_replace
 
-    figures = Path(__file__).resolve().parents[1] / "docs" / "figures"
+    figures = Path(__file__).resolve().parents[2] / "docs" / "figures"
     rows = {(r["context"], r["depth"]): r["ms"] for r in json.loads((figures / "reproduction-gpu-schedule.json").read_text())["rows"]}
     h200, rtx4070 = load_profile("h200-gen5x16"), load_profile("rtx4070-gen4x16")
     for drain, tol in ((True, 0.05), (False, None)):

@@ -28,7 +28,7 @@ from backends.checked import CheckedBackend
 from backends.cupy_gpu import CupyGPU
 from backends.profile import load_profile
 from backends.simpy_machine import SimMachine
-from tests.test_cupy_backend import make_fake_cupy
+from tests.backends.test_cupy_backend import make_fake_cupy
 
 N = 4096  # bytes of every buffer here
 

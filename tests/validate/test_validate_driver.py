@@ -10,7 +10,7 @@ import pytest
 from sim.cli import main as kvpipe
 from validate.gpu_run import GroupRunner
 
-HW = str(Path(__file__).resolve().parents[1] / "validate" / "results" / "h200" / "run3" / "calibrated.json")
+HW = str(Path(__file__).resolve().parents[2] / "validate" / "results" / "h200" / "run3" / "calibrated.json")
 ARGS = ["validate", "--machine", "simpy", "--hardware", HW, "--model", "llama-3.1-8b", "--context", "256,512",
         "--depth", "0,1", "--tokens", "2", "--scale", "0.02"]
 

@@ -16,7 +16,7 @@ import pytest
 from backends.profile import for_workload, load_profile, profile_from_dict, workload_entry
 from sim.commands.args import points_from_args
 
-H200_FILE = Path(__file__).resolve().parents[1] / "validate" / "results" / "h200" / "run3" / "calibrated.json"
+H200_FILE = Path(__file__).resolve().parents[2] / "validate" / "results" / "h200" / "run3" / "calibrated.json"
 
 
 def _entry(layer_us: float, launch_us: float, cache: str) -> dict:

@@ -11,7 +11,7 @@ import pytest
 from validate.report import compare, main
 
 # run 3: the last 48-point report in the format before cache-type keys
-H200 = Path(__file__).resolve().parents[1] / "validate" / "results" / "h200" / "run3"
+H200 = Path(__file__).resolve().parents[2] / "validate" / "results" / "h200" / "run3"
 
 
 def _doc(tps: float, pred: float) -> dict:

@@ -25,7 +25,7 @@ from sim.workload import cache_type, load_model
 from tests.conftest import fast_profile
 from validate.calibrate import _residual, refit
 
-RUN4 = Path(__file__).resolve().parents[1] / "validate" / "results" / "h200" / "run4" / "calibrated.json"
+RUN4 = Path(__file__).resolve().parents[2] / "validate" / "results" / "h200" / "run4" / "calibrated.json"
 
 
 def _spans(split_launch_s: float, tag: str) -> tuple[dict[str, tuple[float, float]], float]:
