@@ -28,6 +28,8 @@ class GridSpec:
     models: tuple[str, ...] = ("qwen3.8-27b",)
     hardware: tuple[str, ...] = ("rtx4070-gen4x16",)
     cache_types: tuple[str, ...] = ("q8_0",)
+    cache_types_v: tuple[str, ...] = ()  # V cache types; () = the K type
+    kv_offload: tuple[bool, ...] = (True,)  # True: the cache in host memory (-nkvo); False: the resident arm
     contexts: tuple[tuple[int, ...], ...] = ((4096,), (16384,), (32768,))
     parallels: tuple[int, ...] = (1,)
     depths: tuple[int, ...] = (0, 1)
@@ -74,16 +76,20 @@ def points(spec: GridSpec) -> list[Point]:
     models = [model(m) for m in spec.models]
     hws = [hardware(h) for h in spec.hardware]
     caches = [cache(c) for c in spec.cache_types]
+    caches_v = [cache(c) for c in spec.cache_types_v] or [None]
     out = []
     try:
-        for m, h, c, ctx, npar, d, b in itertools.product(models, hws, caches, spec.contexts, spec.parallels, spec.depths,
-                                                          spec.budgets_mib):
-            wl = Workload(m, c, c, ctx, tokens=spec.tokens, pinned=spec.pinned, n_parallel=npar, unified=spec.unified,
+        for m, h, c, cv, ctx, npar, off, d, b in itertools.product(models, hws, caches, caches_v, spec.contexts, spec.parallels,
+                                                                   spec.kv_offload, spec.depths, spec.budgets_mib):
+            if not off and (d, b) != (spec.depths[0], spec.budgets_mib[0]):
+                continue  # the resident arm has no depth or budget: one point per context
+            wl = Workload(m, c, cv or c, ctx, tokens=spec.tokens, pinned=spec.pinned, n_parallel=npar, unified=spec.unified,
                           ctx_size=spec.ctx_size, split_mode=spec.split_mode, tensor_split=spec.tensor_split,
                           flat_prefix=spec.flat_prefix)
             if wl.split_mode != "none" and len(h.devices) < 2:
                 raise InputError(f"--split-mode {wl.split_mode} needs several devices; give --hardware A+B (got {h.name})")
-            tc = TransportConfig(depth=d, budget_mib=b, mutations=spec.mutations, pack_streams=spec.pack_streams)
+            tc = TransportConfig(depth=d if off else 0, budget_mib=b if off else 0.0, mutations=spec.mutations if off else frozenset(),
+                                 pack_streams=spec.pack_streams, arm="transport" if off else "resident")
             out.append(Point(wl, for_workload(h, m.name, c.name), tc))  # a calibrated file's entry for this program
     except InputError:
         raise

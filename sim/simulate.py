@@ -206,6 +206,8 @@ def row(result: RunResult, model: str = "", hardware: str = "", cache_type: str 
         "unified": p.workload.unified,
         "split_mode": p.workload.split_mode,
         "devices": len(p.hardware.devices),
+        "cache_type_v": p.workload.cache_v.name,
+        "arm": p.transport.arm,
         "depth": p.transport.depth,
         "budget_mib": p.transport.budget_mib,
         "tokens": len(g),

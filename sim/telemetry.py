@@ -107,6 +107,11 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     for r, g in zip(rows, gains(rows), strict=True):
         b = r["breakdown_ms"]
         note = ("declined: " + r["decline_reason"]) if r["declined"] else ""
+        if r.get("arm", "transport") != "transport":
+            note = (note + "; " if note else "") + ("resident: the cache on the device (-nkvo 0)" if r["arm"] == "resident"
+                                                    else "copy-only: deliveries, no kernels")
+        if r.get("cache_type_v", r["cache_type"]) != r["cache_type"]:
+            note = (note + "; " if note else "") + f"V cache {r['cache_type_v']}"
         if r.get("calibrated_entry", "").startswith("none"):
             note = (note + "; " if note else "") + "no calibrated entry for this model and cache type: the device's compute"
         if r.get("hazards"):

@@ -46,6 +46,13 @@ def _int(t: str) -> int:
     return int(t.replace("_", ""))
 
 
+def _bool01(t: str) -> bool:
+    """'1' -> True (the cache in host memory), '0' -> False; anything else is refused."""
+    if t not in ("0", "1"):
+        raise ValueError(t)
+    return t == "1"
+
+
 def _per_sequence(t: str) -> tuple[int, ...]:
     """'2048' -> (2048,); '20000:20000:12' -> one context per sequence."""
     return tuple(_int(x) for x in t.split(":"))
@@ -53,10 +60,17 @@ def _per_sequence(t: str) -> tuple[int, ...]:
 
 def add_grid_args(p: argparse.ArgumentParser) -> None:
     """The workload/grid flags (identical on simulate, sweep and validate)."""
-    p.add_argument("--model", default="qwen3.8-27b", help="preset, .gguf file or config.json (comma list for a grid)")
+    p.add_argument("--model", "-m", default="qwen3.8-27b", help="preset, .gguf file or config.json (comma list for a grid)")
     p.add_argument("--hardware", default="rtx4070-gen4x16", help="hardware preset or profile .json (comma list)")
-    p.add_argument("--cache-type", default="q8_0", help=f"KV cache type(s): {', '.join(CACHE_TYPES)}")
-    p.add_argument("--context", default=REFERENCE_CONTEXTS, help="tokens already cached when decoding starts (llama-bench -d), comma list")
+    p.add_argument("--cache-type", "--cache-type-k", "-ctk", dest="cache_type", default="q8_0",
+                   help=f"K cache type(s): {', '.join(CACHE_TYPES)} (llama.cpp -ctk)")
+    p.add_argument("--cache-type-v", "-ctv", dest="cache_type_v", default="",
+                   help="V cache type(s) (llama.cpp -ctv); default: the K type")
+    p.add_argument("--context", "--n-depth", "-d", dest="context", default=REFERENCE_CONTEXTS,
+                   help="tokens already cached when decoding starts (llama-bench -d), comma list or START..STOP/STEP")
+    p.add_argument("--no-kv-offload", "-nkvo", dest="nkvo", default="1",
+                   help="1: the KV cache in host memory, delivered by the scheduler (default); 0: kept on the device (the "
+                        "resident arm, what llama.cpp runs without -nkvo); a comma list for both")
     p.add_argument("--depth", "--kv-pipeline-depth", "-kvpd", dest="depth", default="0,1",
                    help=f"look-ahead depth(s) 0..{MAX_DEPTH}; 0 = ordered")
     p.add_argument("--budget", "--kv-pipeline-budget", "-kvpb", dest="budget", default="128",
@@ -65,7 +79,7 @@ def add_grid_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pageable", action="store_true", help="host cache in pageable memory (default pinned)")
     p.add_argument("--mutate", default="", help=f"switch off one load-bearing piece: {', '.join(MUTATIONS)}")
     p.add_argument("--parallel", "-np", default="1", help="sequences decoding at once (llama.cpp --parallel), comma list")
-    p.add_argument("--kv-unified", dest="kv_unified", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--kv-unified", "-kvu", dest="kv_unified", action=argparse.BooleanOptionalAction, default=True,
                    help="one cache stream shared by all sequences (default) or one stream per sequence")
     p.add_argument("--ctx-size", "-c", dest="ctx_size", type=int, default=0,
                    help="total cache cells (split evenly over streams when not unified); default: just enough")
@@ -86,6 +100,9 @@ def spec_from_args(args: argparse.Namespace) -> GridSpec:
         models=tuple(parse_list(args.model, str, "--model", "a preset, .gguf or config.json")),
         hardware=tuple(parse_list(args.hardware, str, "--hardware", "a preset or profile .json")),
         cache_types=tuple(parse_list(args.cache_type, str, "--cache-type", ", ".join(CACHE_TYPES))),
+        cache_types_v=tuple(parse_list(args.cache_type_v, str, "--cache-type-v", ", ".join(CACHE_TYPES)))
+        if getattr(args, "cache_type_v", "") else (),
+        kv_offload=tuple(parse_list(getattr(args, "nkvo", "1"), _bool01, "--no-kv-offload", "0 or 1 (comma list)")),
         contexts=tuple(parse_list(text["context"], _per_sequence, "--context", f"integers 1..{MAX_CONTEXT}, per sequence joined by ':'")),
         parallels=tuple(parse_list(text["parallel"], _int, "--parallel", "integers 1..256")),
         depths=tuple(parse_list(text["depth"], _int, "--depth", f"integers 0..{MAX_DEPTH}")),

@@ -19,12 +19,14 @@ from sim.workload import MAX_CONTEXT
 
 def register(sub: Any) -> None:
     p = sub.add_parser("plan", help="which depth and ring budget each context needs, and the gain they buy")
-    p.add_argument("--model", default="qwen3.8-27b", help="preset, .gguf file or config.json")
+    p.add_argument("--model", "-m", default="qwen3.8-27b", help="preset, .gguf file or config.json")
     p.add_argument("--hardware", default="rtx4070-gen4x16", help="hardware preset or profile .json")
-    p.add_argument("--cache-type", default="q8_0", help="KV cache type (q8_0, f16, ...)")
-    p.add_argument("--context", default=REFERENCE_CONTEXTS, help="contexts to plan, comma list (START..STOP/STEP ranges too)")
+    p.add_argument("--cache-type", "--cache-type-k", "-ctk", dest="cache_type", default="q8_0", help="KV cache type (q8_0, f16, ...)")
+    p.add_argument("--context", "--n-depth", "-d", dest="context", default=REFERENCE_CONTEXTS,
+                   help="contexts to plan, comma list (START..STOP/STEP ranges too)")
     p.add_argument("--max-depth", type=int, default=4, help="deepest look-ahead to try (default 4)")
-    p.add_argument("--default-budget", type=float, default=DEFAULT_BUDGET_MIB, help="the budget to judge, MiB (default 128)")
+    p.add_argument("--default-budget", "--kv-pipeline-budget", "-kvpb", dest="default_budget", type=float, default=DEFAULT_BUDGET_MIB,
+                   help="the budget to judge, MiB (default 128)")
     p.add_argument("--budget-for-gain", type=float, metavar="FRACTION",
                    help="also: smallest budget keeping this fraction of the uncapped gain")
     p.add_argument("--tokens", type=int, default=4, help="decode tokens simulated per point (default 4)")

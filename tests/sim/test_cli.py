@@ -89,3 +89,20 @@ def test_bench_reports_positive_rates(capsys):  # type: ignore[no-untyped-def]
     assert main(["bench", "--tokens", "2", "--repeats", "1", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["machine_events_per_s"] > 0 and r["bare_simpy_events_per_s"] > 0 and r["machine_events"] > 100
+
+
+def test_llama_cpp_flag_names_are_aliases(capsys: pytest.CaptureFixture[str]) -> None:
+    # -ctk is llama.cpp's K cache type (it no longer parses as -c tk), -d llama-bench's depth, -nkvo 0 the cache on the device
+    assert main(["simulate", "-m", "llama-3.1-8b", "-ctk", "q4_0", "-ctv", "f16", "-d", "4096..8192/4096", "-nkvo", "0,1",
+                 "--depth", "0,1", "--hardware", "h200-gen5x16", "--tokens", "2", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {(r["cache_type"], r["cache_type_v"]) for r in rows} == {("q4_0", "f16")}
+    assert sorted((r["context"], r["arm"], r["depth"]) for r in rows) == [
+        (4096, "resident", 0), (4096, "transport", 0), (4096, "transport", 1),
+        (8192, "resident", 0), (8192, "transport", 0), (8192, "transport", 1)]
+    resident = next(r for r in rows if r["arm"] == "resident" and r["context"] == 4096)
+    assert resident["ordered_mib"] < 1 and resident["early_mib"] == 0  # the one-time load is not a token's cost
+    assert main(["bench", "-m", "llama-3.1-8b", "-d", "4096", "-kvpd", "2", "--tokens", "2", "--repeats", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["machine_events"] > 0
+    assert main(["simulate", "-nkvo", "2"]) == 2
+    assert "--no-kv-offload '2'" in capsys.readouterr().err
