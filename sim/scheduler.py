@@ -196,7 +196,7 @@ class TransportScheduler(OrderedPath):
             if not self._grow_graph_mem(dev, need):
                 ring = self.rings.get(dev)
                 if ring is None or ring.buffer is None:
-                    raise OutOfDeviceMemory(f"the graph does not fit device {dev} even on the ordered path")
+                    raise self._does_not_fit(dev, need)
                 ring.free(self.be)
                 ring.frozen_ordered = True
                 if plan is not None:
@@ -205,11 +205,16 @@ class TransportScheduler(OrderedPath):
                 stats.decline_reason = f"graph reservation failed next to the ring on device {dev}; retried ordered"
                 need = self.graph_base[dev] + (plan.slot_need if plan else 0)
                 if not self._grow_graph_mem(dev, need):
-                    raise OutOfDeviceMemory(f"the graph does not fit device {dev} even on the ordered path")
+                    raise self._does_not_fit(dev, need)
             if dev not in self.io_dev:
                 self.io_dev[dev] = self.be.alloc(dev, self.io_bytes, f"io{dev}")
         if self.cfg.arm == "resident":
             yield from self._make_resident(sorted(devices), stats)
+
+    def _does_not_fit(self, dev: int, need: int) -> OutOfDeviceMemory:
+        free = self.be.free_bytes(dev) + (self.graph_mem[dev].nbytes if dev in self.graph_mem else 0)
+        return OutOfDeviceMemory(f"the graph does not fit device {dev} even on the ordered path: its windows and buffers need "
+                                 f"{need / MIB:,.1f} MiB, the device has {free / MIB:,.1f} MiB free beside the model")
 
     def _grow_graph_mem(self, dev: int, need: int) -> bool:
         cur = self.graph_mem.get(dev)

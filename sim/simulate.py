@@ -219,6 +219,9 @@ def row(result: RunResult, model: str = "", hardware: str = "", cache_type: str 
         "declined": declined,
         "decline_reason": next((s.decline_reason for s in g if s.decline_reason), ""),
         "calibrated_entry": calibrated,  # a calibrated profile's workload entry used ("" for a preset)
+        "weights_gib": p.workload.model.weight_bytes / 2**30,
+        "devices_gib": sum(d.memory_total_bytes for d in p.hardware.devices) / 2**30,
+        "weights_fit": p.workload.model.weight_bytes <= sum(d.memory_total_bytes for d in p.hardware.devices),
         "early_mib": mean([s.early_bytes for s in g]) / MIB,
         "late_mib": mean([s.late_bytes for s in g]) / MIB,
         "ordered_mib": mean([s.ordered_bytes for s in g]) / MIB,

@@ -16,6 +16,7 @@ so ``from sim.workload import ModelShape, load_model`` keeps working.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from sim.model_files import ModelShape, load_model, model_preset_names
@@ -115,7 +116,7 @@ class Workload:
             raise ValueError(f"context has {len(self.context)} values; allowed: one, or one per sequence ({self.n_parallel})")
         if self.split_mode not in SPLIT_MODES:
             raise ValueError(f"split-mode {self.split_mode!r} unknown; allowed: {', '.join(SPLIT_MODES)}")
-        if any(p < 0 for p in self.tensor_split) or (self.tensor_split and sum(self.tensor_split) <= 0):
+        if any(not math.isfinite(p) or p < 0 for p in self.tensor_split) or (self.tensor_split and sum(self.tensor_split) <= 0):
             raise ValueError(f"tensor-split {list(self.tensor_split)} must be non-negative proportions with a positive sum")
         if self.ctx_size and self.ctx_size < self._cells_needed():
             raise ValueError(f"ctx-size {self.ctx_size} cannot hold context {max(self.context)} + {self.tokens} tokens "

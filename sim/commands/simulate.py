@@ -15,7 +15,9 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+from backends.base import OutOfDeviceMemory
 from sim.commands.args import add_grid_args, points_from_args
+from sim.scheduler import GraphStats
 from sim.simulate import Point, RunResult, row
 from sim.telemetry import chrome_trace, rows_to_csv, table, write_atomic
 
@@ -36,12 +38,15 @@ def run_points(points: list[Point], trace: bool = False, functional: bool = Fals
 
     out = []
     for p in points:
-        if p.transport.arm == "resident" and not functional:  # its first graph loads the cache onto the device, once
-            p = replace(p, workload=replace(p.workload, tokens=p.workload.tokens + 1))
-            result = checks.run_checked(p, trace=trace)
-            result.graphs = result.graphs[1:]
-        else:
-            result = checks.run_checked(p, trace=trace, functional=functional)
+        try:
+            if p.transport.arm == "resident" and not functional:  # its first graph loads the cache onto the device, once
+                p = replace(p, workload=replace(p.workload, tokens=p.workload.tokens + 1))
+                result = checks.run_checked(p, trace=trace)
+                result.graphs = result.graphs[1:]
+            else:
+                result = checks.run_checked(p, trace=trace, functional=functional)
+        except OutOfDeviceMemory as exc:  # a point that does not fit is a row that says so; the rest of the grid runs
+            result = RunResult(p, [GraphStats()], extra={"fits": False, "fit_reason": str(exc)})
         out.append((result, row(result)))
     return out
 

@@ -106,3 +106,19 @@ def test_llama_cpp_flag_names_are_aliases(capsys: pytest.CaptureFixture[str]) ->
     assert json.loads(capsys.readouterr().out)["machine_events"] > 0
     assert main(["simulate", "-nkvo", "2"]) == 2
     assert "--no-kv-offload '2'" in capsys.readouterr().err
+
+
+def test_a_point_that_does_not_fit_is_a_row_that_says_so_and_the_grid_goes_on(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--context", "4096,16777216", "--depth", "0", "--tokens", "1", "--json"]) == 0
+    small, huge = json.loads(capsys.readouterr().out)
+    assert small["tokens_per_s"] > 0 and small.get("fits", True)
+    assert huge["fits"] is False and huge["tokens_per_s"] == 0.0
+    assert "MiB free" in huge["fit_reason"] and "need 34,832.5 MiB" in huge["fit_reason"]
+
+
+def test_weights_that_do_not_fit_the_card_are_reported(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "-m", "llama-3.1-70b", "--context", "4096", "--depth", "0", "--tokens", "1"]) == 0
+    assert "weights 39.6 GiB do not fit the devices' 11.6 GiB" in capsys.readouterr().out
+    assert main(["simulate", "--split-mode", "layer", "--hardware", "rtx4070-gen4x16+rtx3060-gen3x4", "-ts", "nan,1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nan" in err
