@@ -76,7 +76,7 @@ def points(spec: GridSpec) -> list[Point]:
     models = [model(m) for m in spec.models]
     hws = [hardware(h) for h in spec.hardware]
     caches = [cache(c) for c in spec.cache_types]
-    caches_v = [cache(c) for c in spec.cache_types_v] or [None]
+    caches_v: list[CacheType | None] = [cache(c) for c in spec.cache_types_v] or [None]
     out = []
     try:
         for m, h, c, cv, ctx, npar, off, d, b in itertools.product(models, hws, caches, caches_v, spec.contexts, spec.parallels,
