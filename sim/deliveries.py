@@ -29,12 +29,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from dataclasses import replace as _replace
 
 from backends.base import CopyRange
 from sim.graph import DecodeGraph, Split, StagedInput, WindowPiece
 
-SpanFn = Callable[[WindowPiece], int]
+SpanFn = Callable[[int, int], int]  # (window bytes, the stream's reserved stride) -> bytes in a slot
 PrefixFn = Callable[[StagedInput, int, int, int], int]
 
 
@@ -76,10 +75,11 @@ def piece_range(p: WindowPiece, dst_offset: int, start: int, end: int) -> CopyRa
 
 
 def span_fn(pack_streams: bool, alignment: int) -> SpanFn:
-    """Bytes a piece takes in a slot: its window padded (packed) or the stream's whole stride (unpacked)."""
+    """Bytes a piece takes in a slot, from its window bytes and its stream's stride: the window padded (packed) or
+    the stream's whole stride (unpacked). Called as ``span(p.nbytes, p.reserve_bytes)``."""
     if pack_streams:
-        return lambda p: align_up(p.nbytes, alignment)
-    return lambda p: align_up(max(p.nbytes, p.reserve_bytes), alignment)
+        return lambda nbytes, reserve: align_up(nbytes, alignment)
+    return lambda nbytes, reserve: align_up(max(nbytes, reserve), alignment)
 
 
 def slot_entries(splits: Sequence[Split], span: SpanFn) -> tuple[int, dict[int, list[tuple[StagedInput, int]]]]:
@@ -91,7 +91,7 @@ def slot_entries(splits: Sequence[Split], span: SpanFn) -> tuple[int, dict[int, 
         lst = []
         for inp in s.staged:
             lst.append((inp, off))
-            off += sum(span(p) for p in inp.pieces)
+            off += sum(span(p.nbytes, p.reserve_bytes) for p in inp.pieces)
         entries[s.index] = lst
         need = max(need, off)
     return need, entries
@@ -100,7 +100,7 @@ def slot_entries(splits: Sequence[Split], span: SpanFn) -> tuple[int, dict[int, 
 def full_need(split: Split, graph: DecodeGraph, span: SpanFn) -> int:
     """What the split's slot would need with every window at the full context."""
     scale = graph.full_window_rows / max(1, graph.window_rows)
-    return sum(span(_replace(p, nbytes=int(p.nbytes * scale), prefix_bytes=0, rows=1)) for inp in split.staged for p in inp.pieces)
+    return sum(span(int(p.nbytes * scale), p.reserve_bytes) for inp in split.staged for p in inp.pieces)
 
 
 def window_bindings(inp: StagedInput, start: int, span: SpanFn) -> tuple[tuple[str, int, int], ...]:
@@ -111,7 +111,7 @@ def window_bindings(inp: StagedInput, start: int, span: SpanFn) -> tuple[tuple[s
     for i, p in enumerate(inp.pieces):
         out.append((f"window:{inp.name}#{i}", off, p.nbytes))
         end = off + p.nbytes
-        off += span(p)
+        off += span(p.nbytes, p.reserve_bytes)
     return ((f"window:{inp.name}", start, end - start), *out)
 
 
@@ -144,7 +144,7 @@ def plan_deliveries(order: Sequence[Split], entries: dict[int, list[tuple[Staged
                     e = min(e, p.cell_bytes or p.width)
                 if e:
                     early.append(piece_range(p, off, 0, e))
-                off += span(p)
+                off += span(p.nbytes, p.reserve_bytes)
             windows += window_bindings(inp, base + entry_off, span)
         out.append(Delivery(o, split.index, slot, base, tuple(early), tuple(late), tuple(windows)))
     return out

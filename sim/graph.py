@@ -27,6 +27,7 @@ cells within them.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -105,9 +106,9 @@ class SmallInput:
     src_device: int = -1
     row_offsets: tuple[int, ...] = ()
 
-    @property
+    @functools.cached_property
     def rows(self) -> tuple[tuple[int, int], ...]:
-        """(host offset, bytes) of each cache row a D2H input lands in (several sequences: one row each)."""
+        """(host offset, bytes) of each cache row a D2H input lands in (several sequences: one row each). Computed once."""
         offs = self.row_offsets or (self.host_offset,)
         return tuple((o, self.nbytes // len(offs)) for o in offs)
 

@@ -95,8 +95,9 @@ class OrderedPath:
             yield from self._blocking_copy(self.consumer[producers[0]], self.io_host, io, row, stats, inp.name)
             bindings[inp.name] = (self.io_host, off, inp.nbytes)
             accesses.append(Access(self.io_host, off, inp.nbytes, False))
-            for t, (row_off, row_bytes) in enumerate(inp.rows):
-                key = f"cache:{inp.name}" if len(inp.rows) == 1 else f"cache:{inp.name}#{t}"
+            rows = inp.rows
+            for t, (row_off, row_bytes) in enumerate(rows):
+                key = f"cache:{inp.name}" if len(rows) == 1 else f"cache:{inp.name}#{t}"
                 bindings[key] = (self.host_cache, row_off, row_bytes)
                 accesses.append(Access(self.host_cache, row_off, row_bytes, True))
             off += inp.nbytes
@@ -130,7 +131,7 @@ class OrderedPath:
             ranges = []
             for p in inp.pieces:
                 ranges.append(piece_range(p, off, 0, p.nbytes))
-                off += span(p)
+                off += span(p.nbytes, p.reserve_bytes)
             yield from self._blocking_copy(self.consumer[dev], gm, self.host_cache, ranges, stats, inp.name)
 
     def _make_resident(self, devices: list[int], stats: GraphStats) -> HostOp:
