@@ -43,12 +43,14 @@ class LinkCurve:
     def __post_init__(self) -> None:
         if not self.sizes_bytes or len(self.sizes_bytes) != len(self.bytes_per_s):
             raise ValueError("LinkCurve needs one bandwidth per size and at least one point")
-        if any(b <= 0 for b in self.bytes_per_s) or any(s <= 0 for s in self.sizes_bytes):
-            raise ValueError("LinkCurve sizes and bandwidths must be > 0")
+        if any(not math.isfinite(b) or b <= 0 for b in self.bytes_per_s) or any(not math.isfinite(s) or s <= 0 for s in self.sizes_bytes):
+            bad = next(x for x in (*self.sizes_bytes, *self.bytes_per_s) if not math.isfinite(x) or x <= 0)
+            raise ValueError(f"link curve point {bad / 1e9 if bad in self.bytes_per_s else bad / MIB:g}: sizes (MiB) and "
+                             "bandwidths (GB/s) must be finite numbers > 0")
         if list(self.sizes_bytes) != sorted(self.sizes_bytes):
             raise ValueError("LinkCurve sizes must be ascending")
-        if self.latency_s < 0:
-            raise ValueError(f"LinkCurve latency_s must be >= 0, got {self.latency_s}")
+        if not math.isfinite(self.latency_s) or self.latency_s < 0:
+            raise ValueError(f"link latency_us {self.latency_s * 1e6:g}; allowed: a finite number >= 0")
 
     def bandwidth(self, nbytes: float) -> float:
         """Effective bytes per second of a copy of ``nbytes`` (excluding latency)."""
@@ -96,8 +98,8 @@ class HostCosts:
 
     def __post_init__(self) -> None:
         for name, value in self.__dict__.items():
-            if value < 0:
-                raise ValueError(f"HostCosts.{name} must be >= 0, got {value}")
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"host.{name[:-2]}_us {value * 1e6:g}; allowed: a finite number >= 0")
 
     def zero(self) -> HostCosts:
         """Every cost 0 (a host that issues for free)."""
@@ -126,8 +128,8 @@ class ComputeModel:
 
     def __post_init__(self) -> None:
         for name, value in self.__dict__.items():
-            if value < 0:
-                raise ValueError(f"ComputeModel.{name} must be >= 0, got {value}")
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"compute.{name} {value:g}; allowed: a finite number >= 0")
 
     def layer_seconds(self, weight_bytes: float) -> float:
         w = weight_bytes / self.weight_bytes_per_s if self.weight_bytes_per_s > 0 else 0.0
@@ -179,7 +181,7 @@ class DeviceProfile:
             raise ValueError(f"{self.name}: copy engines per direction must be >= 1")
         if self.duplex_slowdown < 1.0:
             raise ValueError(f"{self.name}: duplex_slowdown must be >= 1, got {self.duplex_slowdown}")
-        if self.dram_bytes_per_s < 0:
+        if not math.isfinite(self.dram_bytes_per_s) or self.dram_bytes_per_s < 0:
             raise ValueError(f"{self.name}: dram_GBps must be >= 0 (0 = no contention), got {self.dram_bytes_per_s / 1e9:g}")
         if self.alignment_bytes < 1 or self.alignment_bytes & (self.alignment_bytes - 1):
             raise ValueError(f"{self.name}: alignment_bytes must be a power of two, got {self.alignment_bytes}")
@@ -319,7 +321,7 @@ def profile_from_dict(data: dict[str, Any], where: str = "profile") -> HardwareP
     ``host.graph_us``, which older files carry, is read by nothing and ignored.
     """
     try:
-        h = data.get("host", {})
+        h = data["host"]
         host = HostCosts(
             launch_s=float(h.get("launch_us", 4.0)) * 1e-6,
             copy_issue_s=float(h.get("copy_issue_us", 3.0)) * 1e-6,
@@ -340,6 +342,12 @@ def profile_from_dict(data: dict[str, Any], where: str = "profile") -> HardwareP
         raise ValueError(f"{where}: missing field {exc}") from exc
     except (TypeError, AttributeError) as exc:
         raise ValueError(f"{where}: malformed ({exc})") from exc
+    except ValueError as exc:
+        raise ValueError(str(exc) if str(exc).startswith(where) else f"{where}: {exc}") from None
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
 
 
 def preset_names() -> list[str]:
@@ -363,11 +371,13 @@ def load_profile(name_or_path: str) -> HardwareProfile:
         if not path.exists():
             raise ValueError(f"unknown hardware {name_or_path!r}; presets: {', '.join(preset_names())} or a .json file")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(), parse_constant=_no_constant)
     except OSError as exc:
         raise ValueError(f"cannot read hardware profile {str(path)!r}: {exc.strerror}") from exc
     except json.JSONDecodeError as exc:
         raise ValueError(f"hardware profile {str(path)!r} is not valid JSON: {exc.msg} at line {exc.lineno}") from exc
+    except ValueError as exc:  # NaN / Infinity: accepted by Python's json, not by JSON
+        raise ValueError(f"hardware profile {str(path)!r} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ValueError(f"hardware profile {str(path)!r} must hold a JSON object")
     return profile_from_dict(data, where=str(path))

@@ -14,6 +14,7 @@ names the bad value. ``sim.workload`` re-exports what is public here.
 from __future__ import annotations
 
 import json
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,9 +82,24 @@ class ModelShape:
 # ------------------------------------------------------------------ loading
 
 
+
+#: Upper bounds of a model's counts (a value past them is a typo or a hostile file, not a model).
+COUNT_BOUNDS = {"layers": 4096, "heads": 4096, "head_dim": 65536, "hidden": 1 << 20, "ffn": 1 << 23, "vocab": 1 << 24}
+
+
+def count(value: Any, key: str, where: str, bound: str) -> int:
+    """``value`` as a count of ``key`` in ``where``: an integer in 1..COUNT_BOUNDS[bound]; a bool, a fraction,
+    text or anything out of range is refused with one line naming the file, the key and the range."""
+    hi = COUNT_BOUNDS[bound]
+    boolean = type(value).__name__ in ("bool", "bool_")
+    ok = not boolean and (isinstance(value, numbers.Integral) or isinstance(value, float) and value.is_integer())
+    if not ok or not 1 <= int(value) <= hi:
+        raise ValueError(f"{where}: {key} = {value!r}; allowed: a whole number 1..{hi:,}")
+    return int(value)
+
 def _shape_from_dict(d: dict[str, Any], where: str) -> ModelShape:
     try:
-        n_layers = int(d["n_layers"])
+        n_layers = count(d["n_layers"], "n_layers", where, "layers")
         if "attn_layers" in d:
             attn = tuple(int(a) for a in d["attn_layers"])
         else:
@@ -153,15 +169,15 @@ def _from_hf_config(cfg: dict[str, Any], where: str) -> ModelShape:
     if "text_config" in cfg and isinstance(cfg["text_config"], dict):
         cfg = {**cfg, **cfg["text_config"]}
     try:
-        n_layers = int(cfg["num_hidden_layers"])
-        hidden = int(cfg["hidden_size"])
-        n_head = int(cfg["num_attention_heads"])
-        n_head_kv = int(cfg.get("num_key_value_heads", n_head))
-        head_dim = int(cfg.get("head_dim") or hidden // n_head)
-        ffn = int(cfg["intermediate_size"])
-        vocab = int(cfg.get("vocab_size", 32000))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"config {where!r}: missing or bad field {exc}") from exc
+        n_layers = count(cfg["num_hidden_layers"], "num_hidden_layers", where, "layers")
+        hidden = count(cfg["hidden_size"], "hidden_size", where, "hidden")
+        n_head = count(cfg["num_attention_heads"], "num_attention_heads", where, "heads")
+        n_head_kv = count(cfg.get("num_key_value_heads", n_head), "num_key_value_heads", where, "heads")
+        head_dim = count(cfg.get("head_dim") or hidden // n_head, "head_dim", where, "head_dim")
+        ffn = count(cfg["intermediate_size"], "intermediate_size", where, "ffn")
+        vocab = count(cfg.get("vocab_size", 32000), "vocab_size", where, "vocab")
+    except KeyError as exc:
+        raise ValueError(f"config {where!r}: missing field {exc}") from exc
     attn = _hf_attn_layers(cfg, n_layers)
     per_layer = hidden * (n_head * head_dim) * 2 + hidden * (n_head_kv * head_dim) * 2 + 3 * hidden * ffn
     params = n_layers * per_layer + 2 * vocab * hidden
@@ -212,8 +228,8 @@ def _from_gguf(path: Path) -> ModelShape:
             raise ValueError(f"GGUF file {str(path)!r} lacks {arch}.{key}")
         return v
 
-    n_layers = int(need("block_count"))
-    n_head = int(need("attention.head_count"))
+    n_layers = count(need("block_count"), f"{arch}.block_count", str(path), "layers")
+    n_head = count(need("attention.head_count"), f"{arch}.attention.head_count", str(path), "heads")
     kv = need("attention.head_count_kv")
     if isinstance(kv, list):
         attn = tuple(i for i, h in enumerate(kv) if int(h) > 0)
@@ -222,7 +238,7 @@ def _from_gguf(path: Path) -> ModelShape:
         n_head_kv = int(kv)
         every = field_value(f"{arch}.full_attention_interval")
         attn = tuple(i for i in range(n_layers) if i % int(every or 1) == int(every or 1) - 1)
-    hidden = int(need("embedding_length"))
+    hidden = count(need("embedding_length"), f"{arch}.embedding_length", str(path), "hidden")
     head_k = int(field_value(f"{arch}.attention.key_length") or hidden // n_head)
     head_v = int(field_value(f"{arch}.attention.value_length") or head_k)
     ffn_v = field_value(f"{arch}.feed_forward_length") or 0
@@ -232,6 +248,9 @@ def _from_gguf(path: Path) -> ModelShape:
         tokens = reader.fields.get("tokenizer.ggml.tokens")
         vocab = len(tokens.data) if tokens is not None else 32000
     weight_bytes = int(sum(int(t.n_bytes) for t in reader.tensors))
+    if weight_bytes <= 0:
+        raise ValueError(f"GGUF file {str(path)!r} holds no tensors, so its weights' size is unknown; "
+                         "give the whole file, or the model's config.json")
     name = field_value("general.name") or path.stem
     return ModelShape(
         name=str(name),

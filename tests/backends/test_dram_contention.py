@@ -53,7 +53,7 @@ def test_a_copy_longer_than_the_kernel_counts_pro_rata_and_the_stretch_charges_a
 
 
 def test_profile_files_read_dram_gbps_and_refuse_a_negative_one() -> None:
-    data = {"name": "x", "devices": [{"name": "d", "memory_total_mib": 1024, "dram_GBps": 504.2,
+    data = {"name": "x", "host": {}, "devices": [{"name": "d", "memory_total_mib": 1024, "dram_GBps": 504.2,
                                        "links": {"h2d_pinned": {"latency_us": 1, "points": [[1, 10]]},
                                                  "h2d_pageable": {"latency_us": 1, "points": [[1, 5]]},
                                                  "d2h_pinned": {"latency_us": 1, "points": [[1, 10]]}}}]}

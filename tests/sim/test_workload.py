@@ -70,7 +70,15 @@ def test_bad_config_json_is_one_clear_error(tmp_path):  # type: ignore[no-untype
     with pytest.raises(ValueError, match="not valid JSON"):
         load_model(str(p))
     p.write_text(json.dumps({"num_hidden_layers": 4}))
-    with pytest.raises(ValueError, match="missing or bad field"):
+    with pytest.raises(ValueError, match="missing field 'hidden_size'"):  # the key as the file names it
+        load_model(str(p))
+
+
+@pytest.mark.parametrize("value", [True, 32.7, 0, -3, 10**7, "32"])
+def test_a_count_must_be_a_whole_number_in_range(tmp_path, value):  # type: ignore[no-untyped-def]
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"num_hidden_layers": value, "hidden_size": 4096, "num_attention_heads": 32, "intermediate_size": 14336}))
+    with pytest.raises(ValueError, match=r"num_hidden_layers = .*; allowed: a whole number 1..4,096"):
         load_model(str(p))
 
 
@@ -95,6 +103,21 @@ def test_gguf_header_is_read_with_the_gguf_package(tmp_path):  # type: ignore[no
     assert m.attn_layers == (0, 1, 2, 3)
     assert m.weight_bytes == 512 * 256 * 2
     assert m.name == "tiny-llama"
+
+
+def test_a_gguf_with_no_tensors_is_refused(tmp_path):  # type: ignore[no-untyped-def]
+    gguf = pytest.importorskip("gguf", reason="the gguf package is a declared dependency")
+    path = tmp_path / "header-only.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    for add, v in ((w.add_block_count, 4), (w.add_head_count, 8), (w.add_head_count_kv, 2), (w.add_embedding_length, 256),
+                   (w.add_feed_forward_length, 512)):
+        add(v)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="holds no tensors"):  # counted as 0 bytes of weights it ran at 67 t/s, not 19
+        load_model(str(path))
 
 
 def test_workload_validates_its_inputs(qwen):  # type: ignore[no-untyped-def]
