@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+from typing import Any
 
 from sim.errors import InputError as UsageError
 
@@ -37,8 +40,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so every cleanup path (worker pools, partial reports) runs."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         parser = build_parser()
         if not argv:
@@ -51,6 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"kvpipe: error: {exc}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("kvpipe: terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("kvpipe: interrupted", file=sys.stderr)
         return 130

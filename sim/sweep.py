@@ -145,15 +145,20 @@ def executor_for(jobs: int | None = None, dask_address: str | None = None) -> It
     pool = ProcessPoolExecutor(max_workers=n, initializer=_ignore_sigint)
     try:
         yield pool
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    except BaseException:  # interrupted (Ctrl-C, SIGTERM) or failed: the workers end now, not after their chunks
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _ignore_sigint() -> None:
-    """Workers leave Ctrl-C to the parent, which keeps finished rows and shuts the pool down."""
+    """Workers leave Ctrl-C to the parent, which keeps finished rows and ends the pool; SIGTERM ends a worker."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def chunks(points: Sequence[Point], workers: int) -> list[list[Point]]:
