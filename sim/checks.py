@@ -84,5 +84,7 @@ def run_checked(point: Point, trace: bool = False, functional: bool = False) -> 
         from sim import functional as fn
 
         fpoint = fn.functional_point(point)
-        return check(fpoint, trace=trace, functional=True, graphs=fn.functional_graphs).result
+        result = check(fpoint, trace=trace, functional=True, graphs=fn.functional_graphs).result
+        result.extra["scaled_from"] = {"model": point.workload.model.name, "contexts": list(point.workload.contexts)}
+        return result
     return check(point, trace=trace).result

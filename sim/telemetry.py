@@ -118,6 +118,12 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
             note = (note + "; " if note else "") + f"V cache {r['cache_type_v']}"
         if r.get("calibrated_entry", "").startswith("none"):
             note = (note + "; " if note else "") + "no calibrated entry for this model and cache type: the device's compute"
+        if r.get("scaled_from"):
+            src = r["scaled_from"]
+            where = ", ".join(f"{c:,}" for c in src["contexts"])
+            note = (note + "; " if note else "") + f"functional: scaled from {src['model']} at {where}"
+        if r.get("mutation_note"):
+            note = (note + "; " if note else "") + r["mutation_note"]
         if r.get("hazards"):
             note = (note + "; " if note else "") + f"{r['hazards']} hazards"
         lines.append([

@@ -28,7 +28,12 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON array of result rows")
     p.add_argument("--csv", metavar="FILE", help="also write the rows as CSV")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome trace (Perfetto) of each point")
-    p.add_argument("--functional", action="store_true", help="move real bytes and compute real outputs (functional simulation)")
+    p.add_argument("--functional", action="store_true",
+                   help="move real bytes and compute real outputs (functional simulation) on a scaled point: each context "
+                        "/ 32 clipped to 64..1,024 rows, the model's first 6 attention layers, small weights; every row "
+                        "says what it was scaled from")
+    p.add_argument("--fail-on-hazard", action=argparse.BooleanOptionalAction, default=True,
+                   help="exit 1 when the race checker (on in every run) finds a hazard (default: on)")
     p.set_defaults(func=run)
 
 
@@ -60,9 +65,16 @@ def run(args: argparse.Namespace) -> int:
         write_atomic(args.trace, json.dumps(chrome_trace((label(r), res.spans) for res, r in results)))
     if args.csv:
         write_atomic(args.csv, rows_to_csv(rows))
+    if points and points[0].transport.mutations and not args.functional:
+        for r in rows:
+            r["mutation_note"] = "timing only: --functional shows what the mutation does to the bytes"
     if args.json:
         json.dump(rows, sys.stdout, indent=1)
         print()
     else:
         print(table(rows))
+    found = sum(r.get("hazards", 0) for r in rows)
+    if found and args.fail_on_hazard:
+        print(f"kvpipe simulate: the race checker found {found} hazards (rows above); --no-fail-on-hazard exits 0", file=sys.stderr)
+        return 1
     return 0

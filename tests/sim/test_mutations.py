@@ -139,8 +139,20 @@ def test_no_release_wait_overwrites_a_running_slot_once_the_margin_is_gone(depth
 
 
 def test_cli_names_the_hazard_of_a_mutation(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["simulate", "--functional", "--context", "4096", "--depth", "0,1", "--mutate", "stale-prefix", "--json"]) == 0
+    assert main(["simulate", "--functional", "--context", "4096", "--depth", "0,1", "--mutate", "stale-prefix", "--json"]) == 1
     ordered, piped = json.loads(capsys.readouterr().out)
     assert ordered["hazards"] == 0 and piped["hazards"] > 0
     assert piped["output_hash"] != ordered["output_hash"]
     assert 0 < len(piped["hazard_examples"]) <= 5 and "host_kv_cache[" in piped["hazard_examples"][0]
+
+
+def test_hazards_fail_the_run_unless_asked_not_to_and_a_timing_only_mutation_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["simulate", "--context", "4096", "--depth", "1", "--tokens", "2", "--json"]
+    assert main([*args, "--mutate", "margin0,no-release-wait"]) == 1  # timing-only runs are checked too
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["hazards"] > 0 and "--functional" in rows[0]["mutation_note"]
+    assert main([*args, "--mutate", "margin0,no-release-wait", "--no-fail-on-hazard"]) == 0
+    capsys.readouterr()
+    assert main(["simulate", "--functional", "--context", "16384", "--depth", "0", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)[0]
+    assert row["scaled_from"] == {"model": "qwen3.8-27b", "contexts": [16384]} and row["context"] == 512
