@@ -138,7 +138,7 @@ def executor_for(jobs: int | None = None, dask_address: str | None = None) -> It
         return
     n = jobs or os.cpu_count() or 1
     if n < 1:
-        raise InputError(f"--jobs {n} out of range; allowed: >= 1")
+        raise InputError(f"--jobs {jobs} out of range; allowed: 0 (every core) or a positive number of workers")
     if n == 1:
         yield _Serial()
         return
