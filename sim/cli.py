@@ -3,7 +3,8 @@
 Each command lives in its own module under ``sim/commands`` with
 ``register(subparsers)`` and ``run(args) -> int``; this file only dispatches.
 Bad input anywhere becomes one line on stderr and exit code 2, never a
-traceback.
+traceback; a bug is one line and exit code 1, its traceback behind
+``--debug``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)
     try:
@@ -70,6 +73,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kvpipe: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug, not bad input: one line, the traceback behind --debug
+        if debug:
+            raise
+        print(f"kvpipe: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

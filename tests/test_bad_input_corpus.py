@@ -51,6 +51,9 @@ OTHER_CASES = [
     ("simulate", ["--split-mode", "layer", "--hardware", "rtx4070-gen4x16+rtx3060-gen3x4", "-ts", "-1,1"]),
     ("simulate", ["--functional", "--cache-type", "q5_0"]), ("plot", ["nope-kind"]), ("nope-command", []),
     ("simulate", ["--no-such-flag"]), ("sweep", ["--jobs", "-3", "--out", "{tmp}/out"]),
+    ("calibrate", ["--reps", "0"]), ("calibrate", ["--scale", "2"]), ("calibrate", ["--windows", "0"]),
+    ("calibrate", ["--machine", "nope"]), ("calibrate", ["--model", "nope"]), ("calibrate", ["--cache-type", "q9"]),
+    ("calibrate", ["--machine", "simpy", "--hardware", "h200-gen5x16", "--windows", "4000000", "--out", "{tmp}/c.json"]),
 ]
 
 

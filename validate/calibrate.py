@@ -378,7 +378,7 @@ def calibrate(
     eng["two_d_over_one_d"] = micro.run_on(be, micro.two_d_ratio(be))
     say("drain rule and DRAM contention")
     eng["drain"] = micro.run_on(be, contention.drain_rule(be))
-    big = max(sizes)  # the contention copy is 4x the largest link-curve copy, the kernel's buffers that size
+    big = min(max(sizes), be.free_bytes(0) // 8)  # the contention copy is 4x the kernel's buffers: half the free memory at most
     eng["dram"] = micro.run_on(be, contention.dram_contention(be, **(contention_sizes or {"kernel_bytes": big, "copy_bytes": 4 * big})))
     data = build_profile(info, host, links, eng, command, waits)
     store = WeightStore()

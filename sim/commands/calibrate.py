@@ -12,6 +12,7 @@ read it. Without CuPy or a CUDA device it prints one line and exits 2;
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from typing import Any
@@ -48,6 +49,11 @@ def run(args: argparse.Namespace) -> int:
     if args.reps < 1 or args.rounds < 1 or not 0 < args.scale <= 1 or args.max_copy_mib <= 0 or min(windows) < 1:
         raise UsageError("--reps and --rounds must be >= 1, --scale in (0, 1], --max-copy-mib > 0, --windows >= 1")
     sizes = [n for n in micro.LINK_SIZES if n <= args.max_copy_mib * 2**20] or [micro.LINK_SIZES[0]]
+    if args.machine == "simpy":
+        need, have = simulated_memory_need(models, ctype, windows, args.scale), available_host_bytes()
+        if have and need > have:
+            raise UsageError(f"--machine simpy at --scale {args.scale:g} needs about {need / 2**30:.1f} GiB of host memory for the "
+                             f"simulated device's arrays, and {have / 2**30:.1f} GiB are available; give a smaller --scale or --windows")
     try:
         hw = hardware(args.hardware) if args.machine == "simpy" else None
         be, xp, info = driver.machine(args.machine, hw)
@@ -63,3 +69,29 @@ def run(args: argparse.Namespace) -> int:
           f"launch {h['launch_us']:.1f} us, copy issue {h['copy_issue_us']:.1f} us, event {h['event_us']:.2f} us, "
           f"host wait {h['host_wait_us']:.1f} us")
     return 0
+
+
+def available_host_bytes() -> int:
+    """Host memory available now (bytes; 0 where the system does not say). Does not block."""
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def simulated_memory_need(models: list[Any], ctypes: list[Any], windows: list[int], scale: float) -> int:
+    """Bytes the functional SimPy machine holds for the largest calibration run: the program's stored weights and
+    their float32 copies (the NumPy executor's), and the host cache with the device's copies of its windows."""
+    from sim.graph import layout_of
+    from sim.program.shape import full_size, shape_of
+    from sim.program.weights import row_bytes
+    from sim.workload import Workload
+
+    need = 0
+    for m in models:
+        for c in ctypes:
+            wl = Workload(m, c, c, (max(windows),), tokens=3)
+            shape = shape_of(wl, full_size(0, scale, m.hidden, m.ffn, m.vocab))
+            weights = sum(r * (row_bytes(cols, shape.weight_type) + 4 * cols) for r, cols in shape.weight_shapes().values())
+            need = max(need, weights + 3 * layout_of(wl).nbytes)
+    return need

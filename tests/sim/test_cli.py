@@ -122,3 +122,18 @@ def test_weights_that_do_not_fit_the_card_are_reported(capsys: pytest.CaptureFix
     assert main(["simulate", "--split-mode", "layer", "--hardware", "rtx4070-gen4x16+rtx3060-gen3x4", "-ts", "nan,1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nan" in err
+
+
+def test_a_bug_is_one_line_and_exit_1_with_its_traceback_behind_debug(capsys: pytest.CaptureFixture[str],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import sim.commands.simulate as cmd
+
+    def broken(*_a, **_k):  # type: ignore[no-untyped-def]
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(cmd, "run_points", broken)
+    assert main(["simulate", "--context", "4096", "--depth", "0"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "internal error: RuntimeError: a bug" in err and "--debug" in err
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["simulate", "--context", "4096", "--depth", "0", "--debug"])
