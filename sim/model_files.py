@@ -239,10 +239,12 @@ def _from_gguf(path: Path) -> ModelShape:
         every = field_value(f"{arch}.full_attention_interval")
         attn = tuple(i for i in range(n_layers) if i % int(every or 1) == int(every or 1) - 1)
     hidden = count(need("embedding_length"), f"{arch}.embedding_length", str(path), "hidden")
-    head_k = int(field_value(f"{arch}.attention.key_length") or hidden // n_head)
-    head_v = int(field_value(f"{arch}.attention.value_length") or head_k)
+    head_k = count(field_value(f"{arch}.attention.key_length") or hidden // n_head, f"{arch}.attention.key_length", str(path),
+                   "head_dim")
+    head_v = count(field_value(f"{arch}.attention.value_length") or head_k, f"{arch}.attention.value_length", str(path),
+                   "head_dim")
     ffn_v = field_value(f"{arch}.feed_forward_length") or 0
-    ffn = int(max(ffn_v) if isinstance(ffn_v, list) else ffn_v)
+    ffn = count(max(ffn_v) if isinstance(ffn_v, list) else ffn_v, f"{arch}.feed_forward_length", str(path), "ffn")
     vocab = field_value(f"{arch}.vocab_size")
     if vocab is None:
         tokens = reader.fields.get("tokenizer.ggml.tokens")

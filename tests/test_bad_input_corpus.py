@@ -112,6 +112,44 @@ def test_a_bad_hf_config_field_is_one_line_naming_the_key(capsys: pytest.Capture
     assert key in err
 
 
+def _gguf(path: Path, drop: str = "", tensors: bool = True) -> Path:
+    gguf = pytest.importorskip("gguf", reason="the gguf package is a declared dependency")
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, add, v in (("block_count", w.add_block_count, 4), ("head_count", w.add_head_count, 8),
+                        ("head_count_kv", w.add_head_count_kv, 2), ("embedding_length", w.add_embedding_length, 256),
+                        ("feed_forward_length", w.add_feed_forward_length, 512)):
+        if key != drop:
+            add(v)
+    if tensors:
+        w.add_tensor("blk.0.ffn_up.weight", np.zeros((512, 256), dtype=np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+GGUF_CASES = ["truncated", "empty", "garbage", "no-block_count", "no-embedding_length", "no-tensors"]
+
+
+@pytest.mark.parametrize("case", GGUF_CASES)
+def test_a_bad_gguf_is_one_line_naming_the_file(capsys: pytest.CaptureFixture[str], tmp_path: Path, case: str) -> None:
+    path = tmp_path / "model.gguf"
+    if case == "truncated":
+        full = _gguf(tmp_path / "full.gguf").read_bytes()
+        path.write_bytes(full[: len(full) // 3])
+    elif case == "empty":
+        path.write_bytes(b"")
+    elif case == "garbage":
+        path.write_bytes(b"GGUF" + bytes(range(256)) * 4)
+    else:
+        _gguf(path, drop=case[3:] if case.startswith("no-") and case != "no-tensors" else "", tensors=case != "no-tensors")
+    err = _run(capsys, tmp_path, ["simulate", "--model", str(path), "--context", "512", "--depth", "0", "--tokens", "1"])
+    assert "model.gguf" in err
+
+
 @pytest.mark.parametrize("target", ["folder", "under-a-file"])
 def test_an_output_that_cannot_be_written_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path, target: str) -> None:
     (tmp_path / "file").write_text("x")
