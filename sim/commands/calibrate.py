@@ -22,8 +22,9 @@ from sim.commands.args import UsageError, _int, parse_list
 
 def register(sub: Any) -> None:
     p = sub.add_parser("calibrate", help="measure the GPU (CuPy) and write a hardware profile JSON")
-    p.add_argument("--model", default="llama-3.1-8b,qwen3.8-27b", help="model(s) whose decode program is timed (comma list)")
-    p.add_argument("--cache-type", default="q8_0", help="KV cache type(s) of the timed program (comma list)")
+    p.add_argument("--model", "-m", default="llama-3.1-8b,qwen3.8-27b", help="model(s) whose decode program is timed (comma list)")
+    p.add_argument("--cache-type", "--cache-type-k", "-ctk", dest="cache_type", default="q8_0",
+                   help="KV cache type(s) of the timed program (comma list)")
     p.add_argument("--out", default="calibrated.json", help="profile file to write (default calibrated.json)")
     p.add_argument("--windows", default="2048,12288,32768,98304", help="calibration contexts of the compute fit (comma list)")
     p.add_argument("--reps", type=int, default=5, help="repetitions per copy size (default 5)")
