@@ -293,13 +293,24 @@ def for_workload(profile: HardwareProfile, model: str, cache: str) -> HardwarePr
     return replace(profile, devices=tuple(replace(d, compute=compute) for d in profile.devices), host=host)
 
 
+MAX_MEMORY_MIB = float(1 << 30)  # 1 PiB: past it a memory size is a typo, not a device
+
+
+def _mib(d: dict[str, Any], key: str, where: str, default: float | None = None) -> int:
+    """Bytes of the MiB field ``key``: a finite number in 0..MAX_MEMORY_MIB, else one line naming it."""
+    value = float(d[key] if default is None else d.get(key, default))
+    if not math.isfinite(value) or not 0 <= value <= MAX_MEMORY_MIB:
+        raise ValueError(f"{where}.{key} {value:g}; allowed: MiB 0..{MAX_MEMORY_MIB:.0f}")
+    return int(value * MIB)
+
+
 def _device(d: dict[str, Any], where: str) -> DeviceProfile:
     compute = compute_model_of(d.get("compute", {}))
     links = d["links"]
     return DeviceProfile(
         name=str(d["name"]),
-        memory_total_bytes=int(float(d["memory_total_mib"]) * MIB),
-        memory_used_bytes=int(float(d.get("memory_used_mib", 0.0)) * MIB),
+        memory_total_bytes=_mib(d, "memory_total_mib", where),
+        memory_used_bytes=_mib(d, "memory_used_mib", where, 0.0),
         h2d_pinned=_curve(links["h2d_pinned"], f"{where}.h2d_pinned"),
         h2d_pageable=_curve(links["h2d_pageable"], f"{where}.h2d_pageable"),
         d2h_pinned=_curve(links["d2h_pinned"], f"{where}.d2h_pinned"),
@@ -309,7 +320,7 @@ def _device(d: dict[str, Any], where: str) -> DeviceProfile:
         duplex_slowdown=float(d.get("duplex_slowdown", 1.0)),
         alignment_bytes=int(d.get("alignment_bytes", 256)),
         compute=compute,
-        memory_reserved_bytes=int(float(d.get("memory_reserved_mib", 600)) * MIB),
+        memory_reserved_bytes=_mib(d, "memory_reserved_mib", where, 600.0),
         copy_engine_drains_stream=bool(d.get("copy_engine_drains_stream", False)),
         dram_bytes_per_s=float(d.get("dram_GBps", 0.0)) * 1e9,
     )
