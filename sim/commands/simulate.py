@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from typing import Any
 
 from backends.base import OutOfDeviceMemory
@@ -44,12 +43,7 @@ def run_points(points: list[Point], trace: bool = False, functional: bool = Fals
     out = []
     for p in points:
         try:
-            if p.transport.arm == "resident" and not functional:  # its first graph loads the cache onto the device, once
-                p = replace(p, workload=replace(p.workload, tokens=p.workload.tokens + 1))
-                result = checks.run_checked(p, trace=trace)
-                result.graphs = result.graphs[1:]
-            else:
-                result = checks.run_checked(p, trace=trace, functional=functional)
+            result = checks.run_checked(p, trace=trace, functional=functional)
         except OutOfDeviceMemory as exc:  # a point that does not fit is a row that says so; the rest of the grid runs
             result = RunResult(p, [GraphStats()], extra={"fits": False, "fit_reason": str(exc)})
         out.append((result, row(result)))

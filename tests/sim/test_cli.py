@@ -102,6 +102,14 @@ def test_llama_cpp_flag_names_are_aliases(capsys: pytest.CaptureFixture[str]) ->
         (8192, "resident", 0), (8192, "transport", 0), (8192, "transport", 1)]
     resident = next(r for r in rows if r["arm"] == "resident" and r["context"] == 4096)
     assert resident["ordered_mib"] < 1 and resident["early_mib"] == 0  # the one-time load is not a token's cost
+    assert resident["tokens"] == 2
+    from sim.cli import build_parser
+    from sim.commands.args import points_from_args  # a sweep's rows leave the load out too (shared: checks.run_checked)
+    from sim.sweep import run_chunk
+
+    ns = build_parser().parse_args(["sweep", "-d", "4096", "-nkvo", "0", "--tokens", "2"])
+    (row,) = run_chunk(points_from_args(ns))
+    assert isinstance(row, dict) and row["arm"] == "resident" and row["ordered_mib"] < 1 and row["tokens"] == 2
     assert main(["bench", "-m", "llama-3.1-8b", "-d", "4096", "-kvpd", "2", "--tokens", "2", "--repeats", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["machine_events"] > 0
     assert main(["simulate", "-nkvo", "2"]) == 2
