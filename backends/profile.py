@@ -376,6 +376,12 @@ def load_profile(name_or_path: str) -> HardwareProfile:
         for p in parts[1:]:
             out = out.combined(p)
         return out
+    data, where = read_profile_dict(name_or_path)
+    return profile_from_dict(data, where=where)
+
+
+def read_profile_dict(name_or_path: str) -> tuple[dict[str, Any], str]:
+    """The JSON object of one preset (by name) or profile file (by path), and where it came from. Raises ValueError."""
     path = Path(name_or_path)
     if not path.suffix:
         path = PRESET_DIR / f"{name_or_path}.json"
@@ -391,4 +397,4 @@ def load_profile(name_or_path: str) -> HardwareProfile:
         raise ValueError(f"hardware profile {str(path)!r} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ValueError(f"hardware profile {str(path)!r} must hold a JSON object")
-    return profile_from_dict(data, where=str(path))
+    return data, str(path)

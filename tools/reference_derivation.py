@@ -40,11 +40,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from backends.profile import PRESET_DIR, profile_from_dict
+from backends.profile import PRESET_DIR
 from sim.graph import decode_graph
 from sim.scheduler import TransportConfig
-from sim.simulate import GRAPH_BASE_BYTES, Point, row, simulate
+from sim.simulate import GRAPH_BASE_BYTES
 from sim.workload import Workload, cache_type, load_model, pad_rows
+from validate.token_fit import TokenRun, fit_compute
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -288,44 +289,33 @@ def _preset(link: dict[str, Any], host: dict[str, float], mem: dict[str, float],
     }
 
 
-def _non_compute_ms(preset: dict[str, Any], context: int) -> float:
-    """Simulated ordered ms/token of ``context`` with every kernel made free: the host and copy part."""
-    zero = json.loads(json.dumps(preset))
-    c = zero["devices"][0]["compute"]
-    c["weight_GBps"], c["attn_GBps"] = 0.0, 0.0  # 0 = ignored: kernels cost nothing
-    hw = profile_from_dict(zero, "zero-compute")
-    r = row(simulate(Point(workload_at(context, tokens=2), hw, TransportConfig(depth=0))))
-    return float(r["ms_per_token"])
-
-
 def derive_compute(preset: dict[str, Any], source: str = "ordered") -> dict[str, Any]:
     """GPU time per token as weights / weight_GBps + window bytes / attn_GBps.
 
-    ``ordered`` (the default): the GPU time of each ordered row is its ms/token
-    minus what the simulated ordered path spends outside kernels with the link
-    and host costs above (the same machine, kernels made free); a least-squares
-    line over the window bytes gives both bandwidths. ``device``: the
-    cache-on-device ms/token of the same runs as the GPU time (no copies, one
-    split), for the sensitivity study.
+    ``ordered`` (the default): ``validate.token_fit.fit_compute`` on the ordered
+    rows -- each row's ms/token minus what the simulated ordered path spends
+    outside kernels with the link and host costs above (the same machine,
+    kernels made free), a least-squares line over the window bytes -- the one
+    code path ``kvpipe calibrate --from-llama-bench`` fits llama-bench runs
+    with. ``device``: the cache-on-device ms/token of the same runs as the GPU
+    time (no copies, one split), for the sensitivity study.
     """
     wl = workload_at(ORDERED_TABLE[0][0])
-    xs, ys, rest = [], [], []
-    for ctx, _tps, ms, _blk, _mb, dev_ms in ORDERED_TABLE:
-        counts = graph_counts(ctx)
-        xs.append(float(counts["window_bytes"]))
-        if source == "device":
-            ys.append(dev_ms * 1e-3)
-            rest.append(0.0)
-        else:
-            r = _non_compute_ms(preset, ctx)
-            rest.append(r)
-            ys.append((ms - r) * 1e-3)
+    if source != "device":
+        runs = [TokenRun(ctx, ms * 1e-3, "ordered", f"published ordered {ctx}") for ctx, _tps, ms, _b, _mb, _dev in ORDERED_TABLE]
+        fit = fit_compute(preset, wl.model, wl.cache_k, wl.cache_v, runs)
+        return {"source": source, "window_bytes": fit["window_bytes"], "gpu_s": fit["gpu_s"],
+                "non_compute_ms": fit["non_compute_ms"], "weights_s": fit["weights_s"],
+                "s_per_window_byte": fit["s_per_window_byte"], "weight_GBps": fit["weight_GBps"],
+                "attn_GBps": fit["attn_GBps"], "device_resident_ms": [r[5] for r in ORDERED_TABLE]}
+    xs = [float(graph_counts(ctx)["window_bytes"]) for ctx, *_ in ORDERED_TABLE]
+    ys = [r[5] * 1e-3 for r in ORDERED_TABLE]
     a, b = _lstsq_line(xs, ys)
     return {
         "source": source,
         "window_bytes": xs,
         "gpu_s": ys,
-        "non_compute_ms": rest,
+        "non_compute_ms": [0.0] * len(xs),
         "weights_s": a,
         "s_per_window_byte": b,
         "weight_GBps": wl.model.weight_bytes / a / 1e9,

@@ -19,10 +19,13 @@ from typing import Any
 
 from sim.commands.args import UsageError, _int, parse_list
 
+DEFAULT_MODELS = "llama-3.1-8b,qwen3.8-27b"
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser("calibrate", help="measure the GPU (CuPy) and write a hardware profile JSON")
-    p.add_argument("--model", "-m", default="llama-3.1-8b,qwen3.8-27b", help="model(s) whose decode program is timed (comma list)")
+    p.add_argument("--model", "-m", default="", help="model(s) whose decode program is timed (comma list; default "
+                   f"{DEFAULT_MODELS}); with --from-llama-bench: the one model llama-bench ran (default: its model_filename)")
     p.add_argument("--cache-type", "--cache-type-k", "-ctk", dest="cache_type", default="q8_0",
                    help="KV cache type(s) of the timed program (comma list)")
     p.add_argument("--out", default="calibrated.json", help="profile file to write (default calibrated.json)")
@@ -33,16 +36,24 @@ def register(sub: Any) -> None:
     p.add_argument("--max-copy-mib", type=float, default=1024, help="largest copy of the link curves in MiB (default 1024)")
     p.add_argument("--scale", type=float, default=1.0, help="hidden/FFN/vocab of the program as a fraction of the model's (default 1.0)")
     p.add_argument("--machine", default="cupy", help="cupy (the GPU) or simpy (the simulated --hardware, for checks)")
-    p.add_argument("--hardware", default="h200-gen5x16", help="profile of the simpy machine (ignored on cupy)")
+    p.add_argument("--hardware", default="", help="profile of the simpy machine (default h200-gen5x16; ignored on cupy); with "
+                   "--from-llama-bench: the base profile for host and link costs (default: the preset gpu_info names)")
+    p.add_argument("--from-llama-bench", metavar="FILE", default="",
+                   help="fit the profile to llama-bench output (-o json or jsonl: -nkvo 1 at several -d, -nkvo 0 too if present); "
+                        "no GPU needed")
+    p.add_argument("--compute-from", choices=("auto", "ordered", "resident"), default="auto",
+                   help="with --from-llama-bench: the arm the compute is fitted to (auto: resident when it has two depths)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_llama_bench:
+        return run_from_llama_bench(args)
     from backends.base import BackendUnavailable
     from sim.points import cache, hardware, model
     from validate import driver, micro
 
-    models = [model(m) for m in parse_list(args.model, str, "--model", "presets, .gguf or config.json")]
+    models = [model(m) for m in parse_list(args.model or DEFAULT_MODELS, str, "--model", "presets, .gguf or config.json")]
     from sim.workload import CACHE_TYPES
 
     ctype = [cache(c) for c in parse_list(args.cache_type, str, "--cache-type", ", ".join(CACHE_TYPES))]
@@ -56,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--machine simpy at --scale {args.scale:g} needs about {need / 2**30:.1f} GiB of host memory for the "
                              f"simulated device's arrays, and {have / 2**30:.1f} GiB are available; give a smaller --scale or --windows")
     try:
-        hw = hardware(args.hardware) if args.machine == "simpy" else None
+        hw = hardware(args.hardware or "h200-gen5x16") if args.machine == "simpy" else None
         be, xp, info = driver.machine(args.machine, hw)
     except BackendUnavailable as exc:
         raise UsageError(driver.unavailable_message(exc)) from None
@@ -69,6 +80,43 @@ def run(args: argparse.Namespace) -> int:
           f"{max(p[1] for p in data['devices'][0]['links']['h2d_pinned']['points']):.1f} GB/s, "
           f"launch {h['launch_us']:.1f} us, copy issue {h['copy_issue_us']:.1f} us, event {h['event_us']:.2f} us, "
           f"host wait {h['host_wait_us']:.1f} us")
+    return 0
+
+
+def run_from_llama_bench(args: argparse.Namespace) -> int:
+    """Fit a profile to a llama-bench file and write it (``--out``). Blocks for the fit's simulations (seconds)."""
+    import json
+    from pathlib import Path
+
+    from sim.points import model
+    from sim.safe_write import write_output
+    from validate import from_llama_bench, llama_bench
+
+    bench = llama_bench.load(args.from_llama_bench)
+    spec = args.model
+    if not spec:
+        if not bench.model_filename or not Path(bench.model_filename).is_file():
+            raise UsageError(f"--from-llama-bench: model_filename {bench.model_filename!r} is not a file here; "
+                             "allowed: give --model (the GGUF or preset llama-bench ran)")
+        spec = bench.model_filename
+    if "," in spec:
+        raise UsageError(f"--model {spec!r}: --from-llama-bench fits one model; allowed: the one model llama-bench ran")
+    m = model(spec)
+    base, where = from_llama_bench.base_for(bench, args.hardware)
+    command = "kvpipe " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
+    fitted = from_llama_bench.fit_bench(bench, m, base, where, args.compute_from, command)
+    write_output(args.out, json.dumps(fitted.profile, indent=1) + "\n")
+    print(f"wrote {args.out}: {m.name} on {bench.gpu_info or fitted.profile['name']}, llama.cpp {bench.build_commit}")
+    print("| cache | compute from | weight GB/s | attn GB/s | H2D GB/s | arm | -d | measured t/s | fitted t/s | error | held out |")
+    print("|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+    for key, fit in fitted.fits.items():
+        held = {(h["arm"], h["context"]): h["error"] for h in fit.held_out}
+        for r in fit.residuals:
+            h = held.get((r["arm"], r["context"]))
+            h2d = f"{fit.h2d_GBps:.2f}" if fit.h2d_GBps else "base"
+            print(f"| {key.split('@', 1)[1]} | {fit.compute_from} | {fit.compute['weight_GBps']:.1f} | {fit.compute['attn_GBps']:.1f} "
+                  f"| {h2d} | {r['arm']} | {r['label'].rsplit(' ', 1)[1]} | {r['measured_tps']:.2f} | {r['fitted_tps']:.2f} "
+                  f"| {r['error']:+.2%} | {'' if h is None else f'{h:+.2%}'} |")
     return 0
 
 

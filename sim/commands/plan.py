@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from sim.commands.args import REFERENCE_CONTEXTS, UsageError, expand_ranges, parse_list
-from sim.plan import DEFAULT_BUDGET_MIB, PlanRequest, plan, render
+from sim.plan import DEFAULT_BUDGET_MIB, PlanRequest, plan, render, render_llama_cpp
 from sim.transport_config import MAX_BUDGET_MIB
 from sim.workload import MAX_CONTEXT
 
@@ -32,6 +32,8 @@ def register(sub: Any) -> None:
     p.add_argument("--tokens", type=int, default=4, help="decode tokens simulated per point (default 4)")
     p.add_argument("--pageable", action="store_true", help="host cache in pageable memory (default pinned)")
     p.add_argument("--jobs", type=int, default=0, help="local worker processes (default: all cores)")
+    p.add_argument("--llama-cpp", action="store_true",
+                   help="also print llama.cpp's flags per context and the verdict against a cache on the device")
     p.add_argument("--json", action="store_true", help="print one JSON object per context")
     p.set_defaults(func=run)
 
@@ -47,10 +49,14 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("plan takes one model, one hardware and one cache type")
     req = PlanRequest(model=args.model, hardware=args.hardware, cache_type=args.cache_type, contexts=tuple(contexts),
                       max_depth=args.max_depth, tokens=args.tokens, default_budget_mib=args.default_budget,
-                      budget_for_gain=args.budget_for_gain, pinned=not args.pageable, jobs=args.jobs or None)
+                      budget_for_gain=args.budget_for_gain, pinned=not args.pageable, jobs=args.jobs or None,
+                      llama_cpp=args.llama_cpp)
     plans = plan(req)
     if args.json:
         print(json.dumps([p.to_json() for p in plans], indent=1))
     else:
         print(render(plans))
+        if args.llama_cpp:
+            print()
+            print(render_llama_cpp(plans))
     return 0

@@ -1,0 +1,171 @@
+"""``kvpipe calibrate --from-llama-bench FILE``: a hardware profile fitted to llama-bench runs, no GPU needed here.
+
+Every llama.cpp user has ``llama-bench``. Given its output for one model on
+one card -- ordered runs (``-nkvo 1``) at several ``-d``, and resident runs
+(``-nkvo 0``) when present -- this fits the profile's compute (and, with both
+arms, the pinned H2D link) by ``validate.token_fit``, on a *base* profile that
+supplies what llama-bench cannot measure (host call costs, copy latency,
+device memory): ``--hardware``, or the preset whose device name llama-bench's
+``gpu_info`` names. The result is a profile file like any other, with
+
+* ``workloads["model@cache"]``: the fitted compute of each cache type the file
+  ran (``backends.profile.for_workload`` picks it per point);
+* ``calibration``: the file, its build, every run with its fitted t/s and
+  relative error, and the leave-one-out errors (the error band);
+* ``provenance``: where every group of fields came from.
+
+Refuses, with one line: a file that is not llama-bench output, mixed builds,
+models or GPUs, weights not all on the GPU, a model whose size differs from the
+one llama-bench ran, fewer than two depths for the arm the compute comes from.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+from dataclasses import dataclass
+from typing import Any
+
+from backends.profile import PRESET_DIR, preset_names, read_profile_dict, workload_key
+from sim.errors import InputError
+from sim.workload import ModelShape, cache_type
+from validate.llama_bench import BenchFile, BenchRun
+from validate.token_fit import Fit, TokenRun, fit_runs, relative_band
+
+#: How far llama-bench's ``model_size`` may lie from the model's weight bytes (presets round their sizes).
+MODEL_SIZE_TOLERANCE = 0.05
+SCHEMA = "kvpipe.profile/1"
+
+
+def base_for(bench: BenchFile, hardware: str) -> tuple[dict[str, Any], str]:
+    """The base profile dict and its name: ``hardware`` if given, else the preset whose device ``gpu_info`` names."""
+    if hardware:
+        try:
+            return read_profile_dict(hardware)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+    gpu = bench.gpu_info.strip()
+    matches = []
+    for name in preset_names():
+        data, where = read_profile_dict(str(PRESET_DIR / f"{name}.json"))
+        if gpu and not data.get("estimate") and all(d.get("name", "") and d["name"] in gpu for d in data["devices"]):
+            matches.append((len(data["devices"][0]["name"]), name, data, where))
+    if not matches:
+        raise InputError(f"--from-llama-bench: gpu_info {gpu!r} names no preset's device; allowed: give --hardware "
+                         f"(a preset: {', '.join(preset_names())}, or a profile .json) for the host and link costs")
+    matches.sort(reverse=True)
+    return matches[0][2], matches[0][3]
+
+
+def check_model(bench: BenchFile, model: ModelShape) -> None:
+    """Refuse a model whose weights differ from what llama-bench loaded, or weights partly on the CPU."""
+    have, want = model.weight_bytes, bench.model_size_bytes
+    if want > 0 and abs(have / want - 1) > MODEL_SIZE_TOLERANCE:
+        raise InputError(f"--model {model.name}: {have / 2**30:.2f} GiB of weights, but llama-bench ran {bench.model_type!r} "
+                         f"of {want / 2**30:.2f} GiB; allowed: the model llama-bench ran (its GGUF, or a preset within "
+                         f"{MODEL_SIZE_TOLERANCE:.0%})")
+    if bench.n_gpu_layers < model.n_layers:
+        raise InputError(f"--from-llama-bench {bench.path!r}: n_gpu_layers {bench.n_gpu_layers} of {model.n_layers} layers; "
+                         "allowed: every layer on the GPU (llama-bench -ngl 99)")
+
+
+def token_runs(runs: list[BenchRun]) -> list[TokenRun]:
+    """llama-bench runs as fit points: the context is the depth plus half the generated tokens (the run's mean)."""
+    return [TokenRun(r.depth + r.n_gen // 2, r.seconds_per_token, r.arm, f"-nkvo {int(r.kv_offload_host)} -d {r.depth}")
+            for r in runs]
+
+
+@dataclass(frozen=True)
+class BenchFit:
+    """The fitted profile dict and the per-cache-type fits behind it."""
+
+    profile: dict[str, Any]
+    fits: dict[str, Fit]
+
+
+def _compute_fields(fit: Fit) -> dict[str, float]:
+    return {"layer_us": 0.0, "weight_GBps": round(fit.compute["weight_GBps"], 3), "attn_us": 0.0,
+            "attn_GBps": round(fit.compute["attn_GBps"], 3), "head_us": 0.0,
+            "cpu_split_us": float(fit.profile["devices"][0]["compute"].get("cpu_split_us", 0.0))}
+
+
+def _entry(fit: Fit, ck: str, cv: str) -> dict[str, Any]:
+    band = relative_band(fit)
+    return {
+        "compute": _compute_fields(fit), "cache_type": ck, "cache_type_v": cv, "compute_from": fit.compute_from,
+        "h2d_GBps": round(fit.h2d_GBps, 3) if fit.h2d_GBps else None,
+        "residuals": [_round(r) for r in fit.residuals], "held_out": [_round(r) for r in fit.held_out],
+        "band": round(band, 5) if band is not None else None,
+    }
+
+
+def _round(r: dict[str, Any]) -> dict[str, Any]:
+    return {k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()}
+
+
+def fit_bench(bench: BenchFile, model: ModelShape, base: dict[str, Any], base_where: str, compute_from: str = "auto",
+              command: str = "") -> BenchFit:
+    """The profile fitted to ``bench`` for ``model`` on ``base``. Raises InputError. Blocks (simulations)."""
+    check_model(bench, model)
+    fits: dict[str, Fit] = {}
+    entries: dict[str, Any] = {}
+    for ck_name, cv_name in bench.cache_types():
+        ck, cv = cache_type(ck_name), cache_type(cv_name)
+        runs = token_runs([r for r in bench.runs if (r.type_k, r.type_v) == (ck_name, cv_name)])
+        try:
+            fit = fit_runs(base, model, ck, cv, runs, compute_from)
+        except InputError as exc:
+            raise InputError(f"--from-llama-bench {bench.path!r}, -ctk {ck_name} -ctv {cv_name}: {exc}") from None
+        key = workload_key(model.name, ck_name) if ck_name == cv_name else f"{model.name}@{ck_name}/{cv_name}"
+        fits[key] = fit
+        entries[key] = _entry(fit, ck_name, cv_name)
+    first = next(iter(fits.values()))
+    linked = next((f for f in fits.values() if f.h2d_GBps), None)
+    out = copy.deepcopy(base)
+    out.pop("derivation", None)
+    base_name = str(base.get("name", base_where))
+    out["name"] = f"{base_name}-llama-bench"
+    out["schema"] = SCHEMA
+    out["estimate"] = False
+    for dev in out["devices"]:
+        dev["compute"] = _compute_fields(first)
+        if linked is not None:
+            dev["links"]["h2d_pinned"]["points"] = [[1.0, round(linked.h2d_GBps or 0.0, 3)]]
+    out["workloads"] = entries
+    runs_text = ", ".join(f"-nkvo {int(r.kv_offload_host)} -d {r.depth}" for r in bench.runs)
+    out["source"] = (f"Fitted by kvpipe calibrate --from-llama-bench to {bench.path} (llama.cpp build {bench.build_commit}, "
+                     f"{bench.gpu_info or 'no gpu_info'}, {bench.model_type}); host costs, copy latency and memory from "
+                     f"{base_where}.")
+    out["calibration"] = {
+        "from": "llama-bench", "file": bench.path, "build_commit": bench.build_commit, "build_number": bench.build_number,
+        "gpu_info": bench.gpu_info, "model_type": bench.model_type, "model": model.name, "runs": runs_text,
+        "command": command, "date": datetime.date.today().isoformat(),
+    }
+    fitted = f"fitted from llama-bench ({bench.path})"
+    out["provenance"] = {
+        "host": f"base profile {base_name} ({base_where}): {_base_kind(base)}",
+        "devices.memory": f"base profile {base_name}: {_base_kind(base)}",
+        "devices.compute": f"{fitted}: the {first.compute_from} runs, a line over the window bytes",
+        "devices.links.h2d_pinned": (f"{fitted}: the ordered runs, given the compute of the resident runs" if linked is not None
+                                     else f"base profile {base_name}: {_base_kind(base)}"),
+        "devices.links (other)": f"base profile {base_name}: {_base_kind(base)}",
+        "workloads": f"{fitted}: one entry per cache type",
+    }
+    return BenchFit(out, fits)
+
+
+def _base_kind(base: dict[str, Any]) -> str:
+    """What a base profile's numbers are: measured, fitted from published numbers, or an estimate."""
+    if base.get("estimate"):
+        return "a specification estimate"
+    prov = base.get("provenance")
+    if isinstance(prov, dict) and prov.get("kind"):
+        return str(prov["kind"])
+    if "measurements" in base or "cupy_version" in base:
+        return "measured on a device (kvpipe calibrate)"
+    src = str(base.get("source", ""))
+    if "published" in src:
+        return "fitted from published numbers"
+    if "probe" in src:
+        return "measured on a device (the H200 probe)"
+    return "as the base profile says"

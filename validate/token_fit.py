@@ -1,0 +1,263 @@
+"""Fit a profile's compute and link to measured seconds per token: one code path for published tables and llama-bench.
+
+What a user can measure without kvpipe's GPU program is the whole token:
+``llama-bench -p 0 -n N -d D`` gives t/s behind D cached tokens, with the cache
+on the device (``-nkvo 0``, kvpipe's *resident* arm) or in host memory
+(``-nkvo 1``, the *ordered* path). This module turns such runs into the
+numbers a profile needs, by the method ``tools/reference_derivation.py``
+introduced for the reference's published ordered table:
+
+* **compute.** The GPU time of a token is ``weights / weight_GBps + window /
+  attn_GBps``, where ``window`` is the K+V bytes every attention layer reads.
+  Simulate each run's point with every kernel made free: what is left is the
+  host and copy part the profile already models. The measured time minus that
+  part, against the window bytes, is a straight line whose intercept and slope
+  are the two bandwidths (least squares; at least two depths).
+* **link.** With the compute known from resident runs, the ordered runs fix the
+  pinned H2D bandwidth: the one value whose simulated ordered times best match
+  the measured ones (least squares of the relative error, golden-section search
+  on a log scale; the simulation is monotone in it).
+
+:func:`fit_runs` chooses: compute from the resident runs when they span two
+depths, else from the ordered runs (the base profile's link kept, as the
+reference derivation does); then the link from the ordered runs when the
+compute came from resident ones. Every fitted point's residual is kept, and
+with three depths or more, the leave-one-out residuals: what the fit predicts
+for a depth it did not see. The error bars of a prediction come from those.
+
+Units: seconds and bytes inside; the profile file's units (GB/s, us) only where
+a profile dict is written. Blocks for the simulations it runs (tens of ms each).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from backends.profile import ComputeModel, profile_from_dict
+from sim.checks import run_checked
+from sim.errors import InputError
+from sim.graph import decode_graph
+from sim.simulate import Point
+from sim.transport_config import TransportConfig
+from sim.workload import CacheType, ModelShape, Workload
+
+#: Decode tokens simulated per fitted point (the window grows in 256-row blocks, so two tokens are steady).
+FIT_TOKENS = 2
+
+
+@dataclass(frozen=True)
+class TokenRun:
+    """One measured point: seconds per token behind ``context`` cached tokens, on one arm."""
+
+    context: int
+    seconds_per_token: float
+    arm: str  # "ordered" (-nkvo 1) or "resident" (-nkvo 0)
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if self.arm not in ("ordered", "resident"):
+            raise ValueError(f"arm {self.arm!r}; allowed: ordered, resident")
+        if not self.seconds_per_token > 0 or not math.isfinite(self.seconds_per_token):
+            raise ValueError(f"seconds per token {self.seconds_per_token!r}; allowed: > 0")
+
+
+def workload_at(model: ModelShape, cache_k: CacheType, cache_v: CacheType, context: int, tokens: int = FIT_TOKENS) -> Workload:
+    """One sequence of ``model`` decoding ``tokens`` tokens behind ``context`` cached ones (pinned host cache)."""
+    return Workload(model, cache_k, cache_v, (context,), tokens=tokens)
+
+
+def window_bytes(wl: Workload) -> int:
+    """K+V bytes every attention layer of a token reads at the workload's context, over all attention layers."""
+    g = decode_graph(wl, ComputeModel(), position=max(wl.contexts))
+    return g.window_rows * wl.row_bytes * wl.model.n_attn
+
+
+def _transport(arm: str) -> TransportConfig:
+    return TransportConfig(depth=0, budget_mib=0.0, arm="transport" if arm == "ordered" else "resident")
+
+
+def simulated_s(profile: dict[str, Any], wl: Workload, arm: str) -> float:
+    """Simulated seconds per token of ``wl`` on ``arm`` under the profile dict (its device compute). Blocks (simulation)."""
+    hw = profile_from_dict(profile, str(profile.get("name", "profile")))
+    result = run_checked(Point(wl, hw, _transport(arm)))
+    return sum(s.total_s for s in result.graphs) / len(result.graphs)
+
+
+def free_kernels(profile: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the profile dict whose kernels cost nothing (0 = ignored), and without per-program entries."""
+    d = copy.deepcopy(profile)
+    d.pop("workloads", None)
+    for dev in d["devices"]:
+        c = dev["compute"]
+        for key in ("weight_GBps", "attn_GBps", "layer_us", "attn_us", "head_us", "attn_floor_us"):
+            if key in c:
+                c[key] = 0.0
+    return d
+
+
+def with_compute(profile: dict[str, Any], weight_GBps: float, attn_GBps: float) -> dict[str, Any]:
+    """A copy of the profile dict with every device's compute the two bandwidths (fixed terms 0), no per-program entries."""
+    d = free_kernels(profile)
+    for dev in d["devices"]:
+        dev["compute"]["weight_GBps"] = weight_GBps
+        dev["compute"]["attn_GBps"] = attn_GBps
+    return d
+
+
+def with_h2d(profile: dict[str, Any], h2d_GBps: float) -> dict[str, Any]:
+    """A copy of the profile dict whose pinned H2D link is flat at ``h2d_GBps`` (its latency kept)."""
+    d = copy.deepcopy(profile)
+    for dev in d["devices"]:
+        link = dev["links"]["h2d_pinned"]
+        link["points"] = [[1.0, h2d_GBps]]
+    return d
+
+
+def line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of y = a + b x. Needs two distinct x."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
+
+
+def fit_compute(profile: dict[str, Any], model: ModelShape, cache_k: CacheType, cache_v: CacheType,
+                runs: Sequence[TokenRun], tokens: int = FIT_TOKENS) -> dict[str, Any]:
+    """weight_GBps and attn_GBps from runs of one arm, the profile's host and link kept.
+
+    Returns the line and its inputs: ``window_bytes``, ``gpu_s`` (measured less
+    the simulated non-kernel part), ``non_compute_ms``, ``weights_s``,
+    ``s_per_window_byte``, ``weight_GBps``, ``attn_GBps``. Raises InputError
+    when the runs span fewer than two windows or give a non-positive term.
+    """
+    arms = {r.arm for r in runs}
+    if len(arms) != 1:
+        raise ValueError(f"fit_compute takes one arm, got {sorted(arms)}")
+    free = free_kernels(profile)
+    xs, ys, rest = [], [], []
+    for r in runs:
+        wl = workload_at(model, cache_k, cache_v, r.context, tokens)
+        xs.append(float(window_bytes(wl)))
+        non = simulated_s(free, wl, r.arm)
+        rest.append(non * 1e3)
+        ys.append(r.seconds_per_token - non)
+    if len(set(xs)) < 2:
+        raise InputError(f"the {runs[0].arm} runs span one window ({', '.join(str(r.context) for r in runs)}); "
+                         "allowed: runs at two depths or more whose windows differ (llama-bench -d A,B)")
+    a, b = line(xs, ys)
+    if not (a > 0 and b > 0):
+        raise InputError(f"the {runs[0].arm} runs do not fit a GPU time of weights + window: intercept {a * 1e3:.3f} ms, "
+                         f"{b * 1e12:.3f} ms per GB of window; allowed: runs where a token takes longer behind a longer "
+                         "context, on a profile whose host and link costs leave time for the kernels")
+    return {
+        "arm": runs[0].arm, "contexts": [r.context for r in runs], "window_bytes": xs, "gpu_s": ys, "non_compute_ms": rest,
+        "weights_s": a, "s_per_window_byte": b, "weight_GBps": model.weight_bytes / a / 1e9, "attn_GBps": 1.0 / b / 1e9,
+    }
+
+
+def fit_h2d(profile: dict[str, Any], model: ModelShape, cache_k: CacheType, cache_v: CacheType,
+            runs: Sequence[TokenRun], lo_GBps: float = 0.05, hi_GBps: float = 2000.0, iterations: int = 48) -> float:
+    """The pinned H2D bandwidth (GB/s) whose simulated ordered times best fit ``runs`` (least squares, relative)."""
+    wls = [workload_at(model, cache_k, cache_v, r.context) for r in runs]
+
+    def cost(log_bw: float) -> float:
+        d = with_h2d(profile, math.exp(log_bw))
+        return sum((simulated_s(d, wl, "ordered") / r.seconds_per_token - 1.0) ** 2 for wl, r in zip(wls, runs, strict=True))
+
+    a, b = math.log(lo_GBps), math.log(hi_GBps)
+    g = (math.sqrt(5) - 1) / 2
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = cost(c), cost(d)
+    for _ in range(iterations):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = cost(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = cost(d)
+    return math.exp((a + b) / 2)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What :func:`fit_runs` chose and found, for one (model, cache type)."""
+
+    profile: dict[str, Any]  # the base profile with the fitted compute (and link)
+    compute: dict[str, Any]  # fit_compute's record
+    compute_from: str  # the arm the compute came from
+    h2d_GBps: float | None  # fitted pinned H2D bandwidth, None when the base's was kept
+    residuals: tuple[dict[str, Any], ...]  # every run: measured and fitted t/s, relative error
+    held_out: tuple[dict[str, Any], ...]  # leave-one-out: the fit without a depth, predicting it
+
+
+def _residuals(profile: dict[str, Any], model: ModelShape, ck: CacheType, cv: CacheType,
+               runs: Sequence[TokenRun]) -> list[dict[str, Any]]:
+    out = []
+    for r in runs:
+        s = simulated_s(profile, workload_at(model, ck, cv, r.context), r.arm)
+        out.append({"context": r.context, "arm": r.arm, "label": r.label, "measured_tps": 1.0 / r.seconds_per_token,
+                    "fitted_tps": 1.0 / s, "error": r.seconds_per_token / s - 1.0})
+    return out
+
+
+def _fit(base: dict[str, Any], model: ModelShape, ck: CacheType, cv: CacheType, ordered: Sequence[TokenRun],
+         resident: Sequence[TokenRun], compute_from: str) -> tuple[dict[str, Any], dict[str, Any], float | None]:
+    source = resident if compute_from == "resident" else ordered
+    comp = fit_compute(base, model, ck, cv, source)
+    prof = with_compute(base, comp["weight_GBps"], comp["attn_GBps"])
+    bw = None
+    if compute_from == "resident" and ordered:
+        bw = fit_h2d(prof, model, ck, cv, ordered)
+        prof = with_h2d(prof, bw)
+    return prof, comp, bw
+
+
+def choose_compute_source(ordered: Sequence[TokenRun], resident: Sequence[TokenRun], want: str = "auto") -> str:
+    """``resident`` when its runs span two contexts (or asked), else ``ordered``. Raises InputError when neither can."""
+    spans = {arm: len({r.context for r in runs}) for arm, runs in (("ordered", ordered), ("resident", resident))}
+    if want == "auto":
+        want = "resident" if spans["resident"] >= 2 else "ordered"
+    if spans[want] < 2:
+        have = ", ".join(f"{a}: {n} depth(s)" for a, n in spans.items())
+        raise InputError(f"compute from the {want} runs needs two depths or more ({have}); allowed: llama-bench -d A,B "
+                         f"with -nkvo {'0' if want == 'resident' else '1'}")
+    return want
+
+
+def fit_runs(base: dict[str, Any], model: ModelShape, cache_k: CacheType, cache_v: CacheType, runs: Sequence[TokenRun],
+             compute_from: str = "auto") -> Fit:
+    """Fit compute (and the link) of ``base`` to ``runs`` of one model and cache type; see the module doc. Blocks."""
+    ordered = [r for r in runs if r.arm == "ordered"]
+    resident = [r for r in runs if r.arm == "resident"]
+    src = choose_compute_source(ordered, resident, compute_from)
+    prof, comp, bw = _fit(base, model, cache_k, cache_v, ordered, resident, src)
+    held: list[dict[str, Any]] = []
+    for r in runs:  # leave one depth out where the remaining runs still determine the fit
+        rest_o = [x for x in ordered if x is not r]
+        rest_r = [x for x in resident if x is not r]
+        pool = rest_r if src == "resident" else rest_o
+        if len({x.context for x in pool}) < 2:
+            continue  # the line needs two depths of its arm besides the one left out
+        if src == "resident" and r.arm == "ordered" and not rest_o:
+            continue  # the link would have no ordered run left
+        try:
+            p, _, _ = _fit(base, model, cache_k, cache_v, rest_o, rest_r, src)
+        except InputError:
+            continue
+        held.extend(_residuals(p, model, cache_k, cache_v, [r]))
+    return Fit(profile=prof, compute=comp, compute_from=src, h2d_GBps=bw,
+               residuals=tuple(_residuals(prof, model, cache_k, cache_v, runs)), held_out=tuple(held))
+
+
+def relative_band(fit_or_entry: Fit | dict[str, Any]) -> float | None:
+    """The error band of predictions from a fit: the largest held-out |error|, None when no depth was held out."""
+    held = fit_or_entry.held_out if isinstance(fit_or_entry, Fit) else fit_or_entry.get("held_out", ())
+    errs = [abs(float(h["error"])) for h in held]
+    return max(errs) if errs else None
+
