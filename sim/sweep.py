@@ -42,7 +42,9 @@ from sim.telemetry import rows_to_csv, write_atomic
 
 #: Row fields that identify a point (its grid coordinates).
 KEY_FIELDS = ("model", "hardware", "cache_type", "context", "contexts", "parallel", "unified", "split_mode", "depth",
-              "budget_mib", "tokens")
+              "budget_mib", "tokens", "arm", "cache_type_v")
+#: Key fields rows written before they existed lack, and the value those rows meant.
+KEY_DEFAULTS = {"arm": "transport"}
 SNAPSHOT_EVERY_S = 2.0
 ROWS_JSON, ROWS_CSV, JOURNAL, MANIFEST = "rows.json", "rows.csv", "rows.jsonl", "sweep.json"
 
@@ -51,7 +53,8 @@ Key = tuple[Any, ...]
 
 def key_of_row(r: dict[str, Any]) -> Key:
     """The grid coordinates of a result row (lists as tuples, budget as float)."""
-    return tuple(_norm(k, r[k]) for k in KEY_FIELDS)
+    return tuple(_norm(k, r.get(k, KEY_DEFAULTS.get(k, r.get("cache_type"))) if k in ("arm", "cache_type_v") else r[k])
+                 for k in KEY_FIELDS)
 
 
 def _norm(field: str, value: Any) -> Any:
@@ -71,7 +74,8 @@ def key_of_point(p: Point) -> Key:
     wl = p.workload
     fields = {"model": wl.model.name, "hardware": p.hardware.name, "cache_type": wl.cache_k.name, "context": p.context,
               "contexts": list(wl.contexts), "parallel": wl.n_parallel, "unified": wl.unified, "split_mode": wl.split_mode,
-              "depth": p.transport.depth, "budget_mib": p.transport.budget_mib, "tokens": wl.tokens}
+              "depth": p.transport.depth, "budget_mib": p.transport.budget_mib, "tokens": wl.tokens, "arm": p.transport.arm,
+              "cache_type_v": wl.cache_v.name}
     return tuple(_norm(k, fields[k]) for k in KEY_FIELDS)
 
 

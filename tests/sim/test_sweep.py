@@ -211,3 +211,20 @@ def test_thousand_point_sweep_benchmark(tmp_path: Path) -> None:
         cpu.user + cpu.children_user + cpu.system + cpu.children_system)
     print(f"{len(points):,} points ({res.ran:,} ran, {len(res.failed)} failed), 8 tokens each, --jobs 2: wall {wall:.1f} s, "
           f"CPU {used:.1f} s (target <= 60 s, goal <= 30 s)")
+
+
+def test_resident_and_ordered_rows_of_one_context_are_two_rows(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import argparse
+
+    from sim.commands.args import add_grid_args, points_from_args
+    from sim.sweep import gain_rows, run_sweep
+
+    p = argparse.ArgumentParser()
+    add_grid_args(p)
+    args = p.parse_args(["--context", "4096", "-nkvo", "0,1", "--depth", "0,1", "--budget", "0", "--tokens", "2"])
+    res = run_sweep(points_from_args(args), tmp_path / "sw", jobs=1, progress=False)
+    rows = gain_rows(res.rows)
+    assert sorted((r["arm"], r["depth"]) for r in rows) == [("resident", 0), ("transport", 0), ("transport", 1)]
+    ordered = next(r for r in rows if (r["arm"], r["depth"]) == ("transport", 0))
+    piped = next(r for r in rows if r["depth"] == 1)
+    assert piped["gain"] == pytest.approx(piped["tokens_per_s"] / ordered["tokens_per_s"] - 1)  # against ordered, not resident
