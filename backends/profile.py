@@ -293,6 +293,35 @@ def for_workload(profile: HardwareProfile, model: str, cache: str) -> HardwarePr
     return replace(profile, devices=tuple(replace(d, compute=compute) for d in profile.devices), host=host)
 
 
+@dataclass(frozen=True)
+class Band:
+    """The error band of a profile's predictions: +- ``relative`` of the t/s, and where that number comes from."""
+
+    relative: float
+    source: str
+
+
+def prediction_band(profile: HardwareProfile, model: str, cache: str) -> Band | None:
+    """The band of predictions of (model, cache type) on ``profile``, or None where the profile is uncalibrated for it.
+
+    From the calibrated workload entry's ``band`` (``calibrate --from-llama-bench``:
+    the largest leave-one-out error of its fit), else the profile's
+    ``calibration`` block when it was fitted on this model and cache type (the
+    reference preset: its ordered table). A band is a calibration residual: it
+    says how well the fitted terms predict runs of the arm they were fitted on
+    that the fit did not see, not how well the pipelined mechanism is modelled
+    (docs/validation.md measures that). Pure.
+    """
+    found = workload_entry(profile, model, cache)
+    if found is not None and found[1].get("band") is not None:
+        n = len(found[1].get("held_out") or ())
+        return Band(float(found[1]["band"]), f"largest held-out error of the fit to {n} runs ({found[0]})")
+    cal = profile.meta.get("calibration") or {}
+    if cal.get("band") is not None and cal.get("model") == model and cal.get("cache_type") == cache:
+        return Band(float(cal["band"]), str(cal.get("band_source", "calibration residuals")))
+    return None
+
+
 MAX_MEMORY_MIB = float(1 << 30)  # 1 PiB: past it a memory size is a typo, not a device
 
 

@@ -10,6 +10,7 @@ writes it as PNG and/or SVG. The kinds answer the capacity questions:
   budget declines is marked)
 * ``gain-per-mib``: what each MiB of ring buys, per context
 * ``ring-vs-context``: the ring each depth needs against the budget lines
+* ``tps-vs-context``: predicted t/s per arm and depth, with the calibration band
 * ``timeline``: one token, ordered above pipelined, on the same time axis:
   host thread, consumer stream, transfer stream and each copy engine, so the
   overlap, and the small blocking copy queued FIFO behind the deliveries, show
@@ -207,6 +208,39 @@ def gain_vs_context(rows: Sequence[dict[str, Any]], marks: Sequence[tuple[str, f
     return fig
 
 
+def tps_vs_context(rows: Sequence[dict[str, Any]]) -> Figure:
+    """Predicted t/s against context, one line per arm, depth and budget, with each row's error band shaded.
+
+    The band is ``tokens_per_s_interval`` (the profile's calibration residuals);
+    lines of an uncalibrated profile carry none and say so in the legend.
+    """
+    fig = _figure()
+    ax = fig.add_subplot()
+    key = lambda r: (r.get("arm", "transport"), r["depth"], r["budget_mib"])  # noqa: E731
+    for i, (k, grp) in enumerate(sorted(_groups(rows, key).items())):
+        grp.sort(key=lambda r: r["context"])
+        arm, d, b = k
+        what = "resident (-nkvo 0)" if arm == "resident" else ("ordered" if d == 0 else f"depth {d}, {_budget_label(b)}")
+        xs = [r["context"] for r in grp]
+        bands = [r.get("tokens_per_s_interval") for r in grp]
+        color = f"C{i % 10}"
+        if all(bands):
+            ax.fill_between(xs, [bd[0] for bd in bands], [bd[1] for bd in bands], color=color, alpha=0.2, linewidth=0)
+            rel = max((bd[1] - r["tokens_per_s"]) / r["tokens_per_s"] for bd, r in zip(bands, grp, strict=True) if r["tokens_per_s"])
+            what += f" (band +-{rel:.1%})"
+        else:
+            what += " (uncalibrated: no band)"
+        ax.plot(xs, [r["tokens_per_s"] for r in grp], color=color, marker="o", markersize=3, label=what)
+    ax.set_xlabel("context (tokens already cached)")
+    _thousands(ax)
+    ax.set_ylabel("predicted tokens/s")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(_title(rows, "predicted t/s vs context, with the calibration band"), fontsize=10)
+    return fig
+
+
 def gain_per_mib(rows: Sequence[dict[str, Any]]) -> Figure:
     """Gain (% points) per MiB of ring against context, one line per depth (rows whose ring engaged)."""
     rows = [r for r in _need_gain(rows) if not r["declined"] and r["ring_mib"] > 0]
@@ -377,6 +411,7 @@ KINDS: dict[str, Callable[..., Figure]] = {
     "gain-vs-context": gain_vs_context,
     "gain-per-mib": gain_per_mib,
     "ring-vs-context": ring_vs_context,
+    "tps-vs-context": tps_vs_context,
     "xy": xy,
     "timeline": timeline,
 }

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from backends.base import Backend, Buffer, HostOp, Span
-from backends.profile import HardwareProfile, workload_entry
+from backends.profile import HardwareProfile, prediction_band, workload_entry
 from sim.graph import DecodeGraph, decode_graph, head_ranges
 from sim.scheduler import MIB, GraphStats, Program, TransportConfig, TransportScheduler
 from sim.workload import Workload
@@ -187,6 +187,16 @@ def mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+def interval_fields(point: Point, tokens_per_s: float) -> dict[str, Any]:
+    """``tokens_per_s_interval`` ([low, high] t/s, or None) and ``interval``: the band's size and source, or why none."""
+    band = prediction_band(point.hardware, point.workload.model.name, point.workload.cache_k.name)
+    if band is None:
+        return {"tokens_per_s_interval": None, "interval": "uncalibrated: the profile has no calibration residuals for this "
+                f"model and cache type ({point.workload.model.name}, {point.workload.cache_k.name})"}
+    return {"tokens_per_s_interval": [tokens_per_s * (1 - band.relative), tokens_per_s * (1 + band.relative)],
+            "interval": f"+-{band.relative:.1%}: {band.source}"}
+
+
 def row(result: RunResult, model: str = "", hardware: str = "", cache_type: str = "") -> dict[str, Any]:
     """The result row (schema shared by simulate --json, sweep and validate)."""
     g = result.graphs
@@ -219,6 +229,7 @@ def row(result: RunResult, model: str = "", hardware: str = "", cache_type: str 
         "declined": declined,
         "decline_reason": next((s.decline_reason for s in g if s.decline_reason), ""),
         "calibrated_entry": calibrated,  # a calibrated profile's workload entry used ("" for a preset)
+        **interval_fields(p, p.workload.n_parallel * 1e3 / ms if ms > 0 else 0.0),
         "weights_gib": p.workload.model.weight_bytes / 2**30,
         "devices_gib": sum(d.memory_total_bytes for d in p.hardware.devices) / 2**30,
         "weights_fit": p.workload.model.weight_bytes <= sum(d.memory_total_bytes for d in p.hardware.devices),

@@ -99,9 +99,17 @@ def gains(rows: Sequence[dict[str, Any]]) -> list[float | None]:
     return out
 
 
+def _band_cell(r: dict[str, Any]) -> str:
+    """The +- column: the relative half-width of the row's interval, or ``uncal.`` where the profile has none."""
+    iv = r.get("tokens_per_s_interval")
+    if not iv or not r.get("tokens_per_s"):
+        return "uncal."
+    return f"{(iv[1] - r['tokens_per_s']) / r['tokens_per_s']:.1%}"
+
+
 def table(rows: Sequence[dict[str, Any]]) -> str:
     """A readable fixed-width table of result rows, with the gain over depth 0."""
-    head = ["model", "hw", "cache", "context", "window", "depth", "budget", "t/s", "ms/tok", "gain", "ring MiB",
+    head = ["model", "hw", "cache", "context", "window", "depth", "budget", "t/s", "+-", "ms/tok", "gain", "ring MiB",
             "early", "late", "ordered", "blocked ms", "consumer ms", "note"]
     lines = [head]
     for r, g in zip(rows, gains(rows), strict=True):
@@ -129,7 +137,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
         lines.append([
             r["model"], r["hardware"], r["cache_type"], f"{r['context']:,}", f"{r['window_rows']:,}", str(r["depth"]),
             "none" if not r["budget_mib"] else f"{r['budget_mib']:g}",
-            f"{r['tokens_per_s']:.2f}", f"{r['ms_per_token']:.2f}", "" if g is None else f"{g:+.1%}",
+            f"{r['tokens_per_s']:.2f}", _band_cell(r), f"{r['ms_per_token']:.2f}", "" if g is None else f"{g:+.1%}",
             f"{r['ring_mib']:.1f}", f"{r['early_mib']:.1f}", f"{r['late_mib']:.2f}", f"{r['ordered_mib']:.2f}",
             f"{b['blocked_in_ordered_copies']:.2f}", f"{b['waiting_for_consumer']:.2f}", note,
         ])
@@ -137,7 +145,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     out = []
     for n, line in enumerate(lines):
         cells = enumerate(zip(line, widths, strict=True))
-        out.append("  ".join(str(c).rjust(w) if 3 <= i < 16 else str(c).ljust(w) for i, (c, w) in cells).rstrip())
+        out.append("  ".join(str(c).rjust(w) if 3 <= i < 17 else str(c).ljust(w) for i, (c, w) in cells).rstrip())
         if n == 0:
             out.append("  ".join("-" * w for w in widths))
     return "\n".join(out)

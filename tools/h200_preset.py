@@ -198,6 +198,16 @@ def derive() -> dict[str, Any]:
             "memory_used is the profile's default reservation (no model weights), cpu_split_us an estimate (no probe)."
         ),
         "estimate": False,
+        "schema": "kvpipe.profile/1",
+        "provenance": {
+            "kind": "measured on a device (the H200 probe)",
+            "host": "measured on a device (the H200 probe: CuPy issue, launch and event timings)",
+            "devices.links": "measured on a device (the H200 probe's copy sizes, pinned and pageable)",
+            "devices.compute": "measured on a device (the probe's own matvec and attention kernels); cpu_split_us a "
+                               "specification estimate (no probe)",
+            "devices.memory": "specification estimate: the card's memory less the profile's default reservation",
+            "devices.dram_GBps": "specification estimate: HBM3e at 4.8 TB/s",
+        },
         "host": host(),
         "devices": [
             {
@@ -262,6 +272,8 @@ def derive_gh200(h200: dict[str, Any]) -> dict[str, Any]:
     dev["memory_total_mib"] = GH200["memory_mib"]
     d["name"] = "gh200-c2c"
     d["estimate"] = True
+    d["provenance"] = {"kind": "a specification estimate",
+                       "all": "specification estimate: NVIDIA's GH200 datasheet, scaled from the h200-gen5x16 preset (see source)"}
     d["source"] = (
         "ESTIMATE, not measured: NVIDIA GH200 96 GB (HBM3, 4.0 TB/s) with the Grace host on NVLink-C2C (900 GB/s "
         "bidirectional, 450 per direction, from NVIDIA's GH200 datasheet). tools/h200_preset.py derives it from the "

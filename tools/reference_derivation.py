@@ -45,7 +45,7 @@ from sim.graph import decode_graph
 from sim.scheduler import TransportConfig
 from sim.simulate import GRAPH_BASE_BYTES
 from sim.workload import Workload, cache_type, load_model, pad_rows
-from validate.token_fit import TokenRun, fit_compute
+from validate.token_fit import TokenRun, fit_compute, fit_runs
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -333,10 +333,48 @@ def derive(compute_source: str = "ordered") -> dict[str, Any]:
     compute = derive_compute(seed, compute_source)
     note = "Regenerate: python tools/calibrate_reference.py" + (" --compute-source device" if compute_source == "device" else "")
     preset = _preset(link, host, mem, compute, note)
+    preset["schema"] = "kvpipe.profile/1"
+    preset["calibration"] = calibration_band(seed)
+    preset["provenance"] = PROVENANCE
     if compute_source != "ordered":
         preset["name"] = f"rtx4070-gen4x16-{compute_source}-compute"
     preset["derivation"] = _rounded({"link": link, "host": host, "memory": mem, "compute": compute, "inputs_source": SOURCE})
     return preset
+
+
+#: Where each group of the preset's fields comes from (``kvpipe.profile/1`` provenance).
+PROVENANCE = {
+    "kind": "fitted from published numbers",
+    "host": "fitted from published numbers: the 4,096 host split (launch, CPU split) and the D2H row copies (copy issue, "
+            "host wait); event_us borrowed from the H200 probe (measured on another device)",
+    "devices.links.h2d_pinned": "fitted from published numbers: blocking H2D ms against H2D bytes per token",
+    "devices.links (pageable)": "borrowed from the H200 probe (measured on another device): an estimate",
+    "devices.compute": "fitted from published numbers: the ordered table, a line over the window bytes",
+    "devices.memory": "fitted from published numbers: 11,902 MiB usable, the 32,768 ring ran, the 262,144 ring did not",
+    "devices.dram_GBps": "specification estimate: 192-bit GDDR6X at 21 Gbps",
+    "devices.copy_engine_drains_stream": "borrowed: measured on an H200",
+}
+
+
+def calibration_band(seed: dict[str, Any]) -> dict[str, Any]:
+    """The preset's error band: the compute fit redone with each published ordered row left out, predicting it.
+
+    ``validate.token_fit.fit_runs`` on the ordered table, the link and host of
+    the derivation kept: each row's held-out error is how far the fit of the
+    other two rows misses it. The largest is the band a prediction carries
+    (``backends.profile.prediction_band``) for the reference model and cache type.
+    """
+    wl = workload_at(ORDERED_TABLE[0][0])
+    runs = [TokenRun(ctx, ms * 1e-3, "ordered", f"published ordered {ctx}") for ctx, _tps, ms, _b, _mb, _dev in ORDERED_TABLE]
+    fit = fit_runs(seed, wl.model, wl.cache_k, wl.cache_v, runs, "ordered")
+    held = [{"context": h["context"], "measured_tps": h["measured_tps"], "held_out_tps": h["fitted_tps"], "error": h["error"]}
+            for h in fit.held_out]
+    return _rounded({
+        "model": str(PHYSICAL["model"]), "cache_type": str(PHYSICAL["cache_type"]),
+        "band": max(abs(h["error"]) for h in held),
+        "band_source": f"largest held-out error of the compute fit to the published ordered table ({len(held)} rows, each left out once)",
+        "held_out": held,
+    })
 
 
 def _rounded(value: Any) -> Any:

@@ -298,6 +298,9 @@ def build_profile(info: dict[str, Any], host: dict[str, float], links: dict[tupl
         "source": f"kvpipe calibrate on {name} (driver {info.get('driver_version')}, CuPy {info.get('cupy_version')}), "
                   f"{info.get('date', '')}: every number measured through the CuPy backend",
         "estimate": False,
+        "schema": "kvpipe.profile/1",
+        "provenance": {"kind": "measured on a device (kvpipe calibrate)",
+                       "all": "measured on a device by kvpipe calibrate (see command and measurements)"},
         "device": name,
         "driver_version": info.get("driver_version"),
         "runtime_version": info.get("runtime_version"),

@@ -18,7 +18,7 @@ from typing import Any
 from sim.commands.args import UsageError, add_grid_args, parse_list
 from sim.sweep import gain_rows, run_sweep
 
-ROW_KINDS = ("gain-vs-depth", "gain-vs-context", "gain-per-mib", "ring-vs-context")
+ROW_KINDS = ("gain-vs-depth", "gain-vs-context", "gain-per-mib", "ring-vs-context", "tps-vs-context")
 ROW_FIELDS = ("model", "hardware", "cache_type", "context", "depth", "budget_mib", "tokens", "tokens_per_s", "window_rows",
               "ring_mib", "declined", "decline_reason")
 
