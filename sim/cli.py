@@ -19,7 +19,7 @@ from typing import Any
 
 from sim.errors import InputError as UsageError
 
-COMMANDS = ("simulate", "bench", "sweep", "plan", "plot", "calibrate", "validate")
+COMMANDS = ("simulate", "bench", "sweep", "plan", "plot", "calibrate", "validate", "run", "report")
 
 
 class _Parser(argparse.ArgumentParser):
