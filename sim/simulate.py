@@ -32,6 +32,7 @@ from sim.scheduler import MIB, GraphStats, Program, TransportConfig, TransportSc
 from sim.workload import Workload
 
 GRAPH_BASE_BYTES = 16 * MIB
+ROW_SCHEMA = "kvpipe.row/1"  # the result row's version (docs/schema.md)
 GRAPH_CACHE_POINTS = 4  # points whose graphs are kept (per thread)
 GRAPH_CACHE_SIZE = 4096  # the largest point kept: tokens x sequences x attention layers (the reference at 64 tokens: 1,024)
 
@@ -207,6 +208,7 @@ def row(result: RunResult, model: str = "", hardware: str = "", cache_type: str 
     found = workload_entry(p.hardware, p.workload.model.name, p.workload.cache_k.name)
     calibrated = "" if not p.hardware.meta.get("workloads") else found[0] if found else "none for this model and cache type"
     return {
+        "schema": ROW_SCHEMA,
         "model": model or p.workload.model.name,
         "hardware": hardware or p.hardware.name,
         "cache_type": cache_type or p.workload.cache_k.name,
