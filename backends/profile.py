@@ -115,7 +115,9 @@ class ComputeModel:
     ``window_bytes`` is the K+V window its attention reads, but no less than
     ``attn_floor_s`` (a split whose launches take longer than its kernels: the
     host-bound floor; 0 = none). A CPU split costs ``cpu_split_s`` of host
-    time. ``weight_bytes_per_s`` of 0 ignores weights.
+    time; on the ``host-attention`` arm (upstream llama.cpp's ``-nkvo``, which
+    runs attention on the CPU) it adds ``host_attn_s + window_bytes /
+    host_attn_bytes_per_s``. ``weight_bytes_per_s`` of 0 ignores weights.
     """
 
     layer_s: float = 0.0
@@ -125,6 +127,8 @@ class ComputeModel:
     head_s: float = 0.0
     cpu_split_s: float = 0.0
     attn_floor_s: float = 0.0
+    host_attn_s: float = 0.0
+    host_attn_bytes_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name, value in self.__dict__.items():
@@ -134,6 +138,11 @@ class ComputeModel:
     def layer_seconds(self, weight_bytes: float) -> float:
         w = weight_bytes / self.weight_bytes_per_s if self.weight_bytes_per_s > 0 else 0.0
         return self.layer_s + w
+
+    def host_attention_seconds(self, window_bytes: float) -> float:
+        """Host time of one attention layer run on the CPU over ``window_bytes`` of host cache (upstream llama.cpp's -nkvo)."""
+        a = window_bytes / self.host_attn_bytes_per_s if self.host_attn_bytes_per_s > 0 else 0.0
+        return self.host_attn_s + a
 
     def attention_seconds(self, window_bytes: float) -> float:
         a = window_bytes / self.attn_bytes_per_s if self.attn_bytes_per_s > 0 else 0.0
@@ -247,6 +256,8 @@ def compute_model_of(c: dict[str, Any]) -> ComputeModel:
         head_s=float(c.get("head_us", 0.0)) * 1e-6,
         cpu_split_s=float(c.get("cpu_split_us", 0.0)) * 1e-6,
         attn_floor_s=float(c.get("attn_floor_us", 0.0)) * 1e-6,
+        host_attn_s=float(c.get("host_attn_us", 0.0)) * 1e-6,
+        host_attn_bytes_per_s=float(c.get("host_attn_GBps", 0.0)) * 1e9,
     )
 
 

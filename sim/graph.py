@@ -230,6 +230,7 @@ def decode_graph(
     step: int | None = None,
     n_devices: int = 1,
     writes: tuple[tuple[int, int], ...] = (),
+    host_attention: bool = False,
 ) -> DecodeGraph:
     """The graph of one decode step.
 
@@ -241,6 +242,11 @@ def decode_graph(
     ``wl.devices_of_layers(n_devices)``); under ``split_mode tensor`` every
     GPU split runs on each of ``n_devices`` devices with its share of the KV
     heads. ``compute`` is one model for all devices or one per device.
+    ``host_attention`` builds upstream llama.cpp's ``-nkvo`` graph: each
+    attention layer's CPU split also runs the attention over the host cache
+    (its window bytes at ``host_attention_seconds``), the GPU splits carry no
+    window and no attention, the CPU split takes Q as well as the new K/V rows
+    (D2H) and the next GPU split takes the attention output (H2D).
     """
     model = wl.model
     layout = layout_of(wl)
@@ -276,7 +282,7 @@ def decode_graph(
                 if frac == 0:
                     continue
                 staged: tuple[StagedInput, ...] = ()
-                if attn_j >= 0:
+                if attn_j >= 0 and not host_attention:
                     hr = heads[d]
                     staged = (
                         StagedInput(f"cache_k_l{model.attn_layers[attn_j]}@{d}", model.attn_layers[attn_j],
@@ -305,7 +311,7 @@ def decode_graph(
             c = comp(d)
             secs = len(run) * c.layer_seconds(model.layer_weight_bytes)
             staged = ()
-            if i == 0 and attn_j >= 0:
+            if i == 0 and attn_j >= 0 and not host_attention:
                 a = model.attn_layers[attn_j]
                 staged = (
                     StagedInput(f"cache_k_l{a}", a, _pieces(wl, layout, attn_j, "k", rows, writes, prefix_row, None)),
@@ -328,13 +334,20 @@ def decode_graph(
     for j, a in enumerate(model.attn_layers):
         k_offs = tuple(layout.k_offset(j, st, r) for st, r in writes)
         v_offs = tuple(layout.v_offset(j, st, r) for st, r in writes)
-        row_ins = (
+        row_ins: tuple[SmallInput, ...] = (
             SmallInput(f"k_cur_l{a}", kb * n_tok, False, k_offs[0], row_offsets=k_offs if n_tok > 1 else ()),
             SmallInput(f"v_cur_l{a}", vb * n_tok, False, v_offs[0], row_offsets=v_offs if n_tok > 1 else ()),
         )
-        add(kind="cpu", device=-1, name=f"cpu_rows_l{a}", compute_s=comp(0).cpu_split_s, layers=(a,),
+        cpu_s = comp(0).cpu_split_s
+        after: tuple[SmallInput, ...] = ()
+        if host_attention:  # the attention itself on the CPU: Q comes down too (f32), the output goes back up
+            window = sum(p.nbytes for x in ("k", "v") for p in _pieces(wl, layout, j, x, rows, writes, prefix_row, None))
+            cpu_s += comp(0).host_attention_seconds(window)
+            row_ins = (SmallInput(f"q_cur_l{a}", model.n_head * model.head_dim_k * 4 * n_tok, False, k_offs[0]), *row_ins)
+            after = (SmallInput(f"attn_out_l{a}", model.n_head * model.head_dim_v * 4 * n_tok, True),)
+        add(kind="cpu", device=-1, name=f"cpu_rows_l{a}", compute_s=cpu_s, layers=(a,),
             ordered=row_ins, row_writes=tuple((j, o) for o in k_offs + v_offs))
-        gpu(f"gpu_attn_l{a}", list(range(a, bounds[j + 1])), attn_j=j, head=j == model.n_attn - 1)
+        gpu(f"gpu_attn_l{a}", list(range(a, bounds[j + 1])), attn_j=j, head=j == model.n_attn - 1, ordered=after)
     return DecodeGraph(
         token=token,
         splits=tuple(splits),

@@ -69,6 +69,12 @@ def cache(name: str) -> CacheType:
         raise InputError(str(exc)) from None
 
 
+def nkvo_attention(profile: HardwareProfile) -> str:
+    """Where the llama.cpp a profile describes runs attention under ``-nkvo``: ``device`` (the fork: the windows are
+    delivered to the GPU, kvpipe's transport) or ``host`` (upstream: on the CPU over the host cache). Pure."""
+    return str(profile.meta.get("nkvo_attention", "device"))
+
+
 def points(spec: GridSpec) -> list[Point]:
     """Every point of the grid, in product order. Raises InputError on any bad value. Does not block."""
     if spec.tokens < 1:
@@ -88,8 +94,13 @@ def points(spec: GridSpec) -> list[Point]:
                           flat_prefix=spec.flat_prefix)
             if wl.split_mode != "none" and len(h.devices) < 2:
                 raise InputError(f"--split-mode {wl.split_mode} needs several devices; give --hardware A+B (got {h.name})")
+            host_attn = off and nkvo_attention(h) == "host"
+            if host_attn and d:
+                raise InputError(f"--depth {d} on {h.name}: its llama.cpp runs -nkvo attention on the CPU (upstream, no "
+                                 "pipelined path); allowed: --depth 0")
+            arm = ("host-attention" if host_attn else "transport") if off else "resident"
             tc = TransportConfig(depth=d if off else 0, budget_mib=b if off else 0.0, mutations=spec.mutations if off else frozenset(),
-                                 pack_streams=spec.pack_streams, arm="transport" if off else "resident")
+                                 pack_streams=spec.pack_streams, arm=arm)
             out.append(Point(wl, for_workload(h, m.name, c.name), tc))  # a calibrated file's entry for this program
     except InputError:
         raise

@@ -264,7 +264,7 @@ class TransportScheduler(OrderedPath):
         for split in graph.splits:
             if split.kind == "gpu":
                 yield from self._gpu_split(split, plans.get(split.device), stats)
-            elif self.cfg.arm == "transport":  # resident: the kernels write the device cache; copy-only: no kernels
+            elif self.cfg.arm in ("transport", "host-attention"):  # resident: the kernels write the device cache; copy-only: none
                 yield from self._cpu_split(split, stats)
         # The decode loop reads the logits: the host waits for every device still running
         # (not after an intermediate ubatch, whose output nobody reads: the boundary wait covers it).

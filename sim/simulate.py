@@ -75,10 +75,12 @@ def graphs_for(point: Point, start_token: int = 0) -> Iterator[DecodeGraph]:
     computes = tuple(d.compute for d in point.hardware.devices)
     n_dev = len(point.hardware.devices) if wl.split_mode != "none" else 1
 
-    def build(i: int) -> DecodeGraph:
-        return decode_graph(wl, computes, step=i, token=start_token + i, n_devices=n_dev)
+    host_attention = point.transport.arm == "host-attention"
 
-    key = (wl, computes, n_dev, start_token)
+    def build(i: int) -> DecodeGraph:
+        return decode_graph(wl, computes, step=i, token=start_token + i, n_devices=n_dev, host_attention=host_attention)
+
+    key = (wl, computes, n_dev, start_token, host_attention)
     if wl.tokens * wl.n_parallel * len(wl.model.attn_layers) > GRAPH_CACHE_SIZE or not _hashable(key):
         yield from map(build, range(wl.tokens))
         return

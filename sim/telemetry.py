@@ -120,8 +120,9 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
         elif r.get("weights_fit") is False:
             note = (note + "; " if note else "") + f"weights {r['weights_gib']:.1f} GiB do not fit the devices' {r['devices_gib']:.1f} GiB"
         if r.get("arm", "transport") != "transport":
-            note = (note + "; " if note else "") + ("resident: the cache on the device (-nkvo 0)" if r["arm"] == "resident"
-                                                    else "copy-only: deliveries, no kernels")
+            note = (note + "; " if note else "") + {"resident": "resident: the cache on the device (-nkvo 0)",
+                                                    "host-attention": "host attention: upstream llama.cpp's -nkvo, attention on the CPU",
+                                                    }.get(r["arm"], "copy-only: deliveries, no kernels")
         if r.get("cache_type_v", r["cache_type"]) != r["cache_type"]:
             note = (note + "; " if note else "") + f"V cache {r['cache_type_v']}"
         if r.get("calibrated_entry", "").startswith("none"):

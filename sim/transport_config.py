@@ -30,7 +30,9 @@ MUTATIONS = (
 #: What a run measures: ``transport`` (the decode loop, ordered or pipelined), ``resident`` (the windows already in
 #: device memory: no transport, the kernels alone -- what ``-nkvo 0`` runs) and ``copy-only`` (the same deliveries,
 #: no kernels and no CPU splits). The last two bound a token from below: ceiling t/s = 1 / max(resident, copy-only).
-ARMS = ("transport", "resident", "copy-only")
+#: ``host-attention`` is upstream llama.cpp's ``-nkvo``: attention runs on the CPU over the host cache (each attention
+#: layer's Q/K/V rows go D2H, its output H2D), no window crosses the link, and there is no pipelined path (depth 0).
+ARMS = ("transport", "resident", "copy-only", "host-attention")
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,9 @@ class TransportConfig:
             raise ValueError(f"headroom {self.headroom_mib:g} MiB out of range; allowed: >= 0")
         if self.arm not in ARMS:
             raise ValueError(f"arm {self.arm!r} unknown; allowed: {', '.join(ARMS)}")
+        if self.arm == "host-attention" and self.depth:
+            raise ValueError(f"depth {self.depth} on the host-attention arm (upstream llama.cpp's -nkvo, attention on the "
+                             "CPU); allowed: depth 0 (it has no pipelined path)")
         bad = set(self.mutations) - set(MUTATIONS)
         if bad:
             raise ValueError(f"unknown mutation {sorted(bad)[0]!r}; allowed: {', '.join(MUTATIONS)}")

@@ -84,9 +84,13 @@ class BenchFit:
 
 
 def _compute_fields(fit: Fit) -> dict[str, float]:
-    return {"layer_us": 0.0, "weight_GBps": round(fit.compute["weight_GBps"], 3), "attn_us": 0.0,
-            "attn_GBps": round(fit.compute["attn_GBps"], 3), "head_us": 0.0,
-            "cpu_split_us": float(fit.profile["devices"][0]["compute"].get("cpu_split_us", 0.0))}
+    out = {"layer_us": 0.0, "weight_GBps": round(fit.compute["weight_GBps"], 3), "attn_us": 0.0,
+           "attn_GBps": round(fit.compute["attn_GBps"], 3), "head_us": 0.0,
+           "cpu_split_us": float(fit.profile["devices"][0]["compute"].get("cpu_split_us", 0.0))}
+    if fit.host_attention:
+        out["host_attn_us"] = round(fit.host_attention["host_attn_us"], 3)
+        out["host_attn_GBps"] = round(fit.host_attention["host_attn_GBps"], 3)
+    return out
 
 
 def _entry(fit: Fit, ck: str, cv: str) -> dict[str, Any]:
@@ -104,9 +108,14 @@ def _round(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def fit_bench(bench: BenchFile, model: ModelShape, base: dict[str, Any], base_where: str, compute_from: str = "auto",
-              command: str = "") -> BenchFit:
-    """The profile fitted to ``bench`` for ``model`` on ``base``. Raises InputError. Blocks (simulations)."""
+              command: str = "", nkvo_attention: str = "device") -> BenchFit:
+    """The profile fitted to ``bench`` for ``model`` on ``base``. Raises InputError. Blocks (simulations).
+
+    ``nkvo_attention`` says what the llama.cpp build does under ``-nkvo``: ``device`` (the fork this project models:
+    windows delivered to the GPU) or ``host`` (upstream llama.cpp: attention on the CPU over the host cache).
+    """
     check_model(bench, model)
+    base = dict(base, nkvo_attention=nkvo_attention)
     fits: dict[str, Fit] = {}
     entries: dict[str, Any] = {}
     for ck_name, cv_name in bench.cache_types():
@@ -148,6 +157,9 @@ def fit_bench(bench: BenchFile, model: ModelShape, base: dict[str, Any], base_wh
         "devices.compute": f"{fitted}: the {first.compute_from} runs, a line over the window bytes",
         "devices.links.h2d_pinned": (f"{fitted}: the ordered runs, given the compute of the resident runs" if linked is not None
                                      else f"base profile {base_name}: {_base_kind(base)}"),
+        "nkvo_attention": (f"given (--nkvo-attention {nkvo_attention}): " + ("upstream llama.cpp, -nkvo runs attention on the "
+                           "CPU; devices.compute.host_attn_* fitted from the ordered runs" if nkvo_attention == "host" else
+                           "the fork's -nkvo delivers each attention layer's window to the GPU")),
         "devices.links (other)": f"base profile {base_name}: {_base_kind(base)}",
         "workloads": f"{fitted}: one entry per cache type",
     }

@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from backends.profile import ComputeModel, profile_from_dict
 from sim.checks import run_checked
@@ -76,25 +78,35 @@ def window_bytes(wl: Workload) -> int:
     return g.window_rows * wl.row_bytes * wl.model.n_attn
 
 
-def _transport(arm: str) -> TransportConfig:
-    return TransportConfig(depth=0, budget_mib=0.0, arm="transport" if arm == "ordered" else "resident")
+def _transport(arm: str, profile: dict[str, Any]) -> TransportConfig:
+    """The run of a measured arm: ``resident``, or ``ordered`` as the profile's llama.cpp runs it (-nkvo 1: the windows
+    delivered to the GPU, or upstream's attention on the CPU)."""
+    if arm == "resident":
+        return TransportConfig(depth=0, budget_mib=0.0, arm="resident")
+    host = profile.get("nkvo_attention") == "host"
+    return TransportConfig(depth=0, budget_mib=0.0, arm="host-attention" if host else "transport")
 
 
 def simulated_s(profile: dict[str, Any], wl: Workload, arm: str) -> float:
     """Simulated seconds per token of ``wl`` on ``arm`` under the profile dict (its device compute). Blocks (simulation)."""
     hw = profile_from_dict(profile, str(profile.get("name", "profile")))
-    result = run_checked(Point(wl, hw, _transport(arm)))
+    result = run_checked(Point(wl, hw, _transport(arm, profile)))
     return sum(s.total_s for s in result.graphs) / len(result.graphs)
 
 
-def free_kernels(profile: dict[str, Any]) -> dict[str, Any]:
-    """A copy of the profile dict whose kernels cost nothing (0 = ignored), and without per-program entries."""
+KERNEL_KEYS = ("weight_GBps", "attn_GBps", "layer_us", "attn_us", "head_us", "attn_floor_us")
+HOST_ATTENTION_KEYS = ("host_attn_GBps", "host_attn_us")
+
+
+def free_kernels(profile: dict[str, Any], keys: Sequence[str] = KERNEL_KEYS) -> dict[str, Any]:
+    """A copy of the profile dict whose kernels (``keys`` of compute) cost nothing (0 = ignored), without per-program
+    entries."""
     d = copy.deepcopy(profile)
     d.pop("workloads", None)
     for dev in d["devices"]:
         c = dev["compute"]
-        for key in ("weight_GBps", "attn_GBps", "layer_us", "attn_us", "head_us", "attn_floor_us"):
-            if key in c:
+        for key in keys:
+            if key in c or key in HOST_ATTENTION_KEYS:
                 c[key] = 0.0
     return d
 
@@ -106,6 +118,52 @@ def with_compute(profile: dict[str, Any], weight_GBps: float, attn_GBps: float) 
         dev["compute"]["weight_GBps"] = weight_GBps
         dev["compute"]["attn_GBps"] = attn_GBps
     return d
+
+
+def with_host_attention(profile: dict[str, Any], host_attn_us: float, host_attn_GBps: float) -> dict[str, Any]:
+    """A copy of the profile dict whose CPU attention (upstream -nkvo) costs ``host_attn_us`` + window / ``host_attn_GBps``."""
+    d = copy.deepcopy(profile)
+    for dev in d["devices"]:
+        dev["compute"]["host_attn_us"] = host_attn_us
+        dev["compute"]["host_attn_GBps"] = host_attn_GBps
+    return d
+
+
+def fit_host_attention(profile: dict[str, Any], model: ModelShape, cache_k: CacheType, cache_v: CacheType,
+                       runs: Sequence[TokenRun], tokens: int = FIT_TOKENS) -> dict[str, Any]:
+    """Upstream llama.cpp's CPU attention from its ``-nkvo 1`` runs, the GPU compute of ``profile`` kept.
+
+    Each run simulated with the CPU attention free leaves the rest of the token;
+    the measured time less that, against the window bytes, is a line:
+    intercept = n_attn x ``host_attn_us``, slope = 1 / ``host_attn_GBps``.
+    Raises InputError on fewer than two windows or a non-positive term.
+    """
+    free = free_kernels(profile, HOST_ATTENTION_KEYS)
+    free["workloads"] = profile.get("workloads", {})
+    xs, ys, rest = [], [], []
+    for r in runs:
+        wl = workload_at(model, cache_k, cache_v, r.context, tokens)
+        xs.append(float(window_bytes(wl)))
+        non = simulated_s(free, wl, "ordered")
+        rest.append(non * 1e3)
+        ys.append(r.seconds_per_token - non)
+    if len(set(xs)) < 2:
+        raise InputError(f"the ordered runs span one window ({', '.join(str(r.context) for r in runs)}); "
+                         "allowed: -nkvo 1 runs at two depths or more (llama-bench -d A,B)")
+    a, b = line(xs, ys)
+    if not (a >= 0 and b > 0):
+        raise InputError(f"the -nkvo 1 runs do not fit attention on the CPU: {a * 1e3:.3f} ms a token beside it, "
+                         f"{b * 1e12:.3f} ms per GB of window; allowed: runs where a token takes longer behind a longer context")
+    out: dict[str, Any] = {"contexts": [r.context for r in runs], "window_bytes": xs, "host_s": ys, "non_host_attention_ms": rest,
+           "host_attn_us": a / model.n_attn * 1e6, "host_attn_GBps": 1.0 / b / 1e9, "refined": False}
+    line_prof = with_host_attention(profile, out["host_attn_us"], out["host_attn_GBps"])
+    worst = max(abs(simulated_s(line_prof, workload_at(model, cache_k, cache_v, r.context, tokens), r.arm) / r.seconds_per_token - 1)
+                for r in runs)
+    if worst > REFINE_ABOVE:
+        us, gbps = refine(lambda p: with_host_attention(profile, p[0], p[1]), [max(out["host_attn_us"], 1.0), out["host_attn_GBps"]],
+                          model, cache_k, cache_v, runs)
+        out.update({"host_attn_us": us, "host_attn_GBps": gbps, "refined": True, "line_worst_error": worst})
+    return out
 
 
 def with_h2d(profile: dict[str, Any], h2d_GBps: float) -> dict[str, Any]:
@@ -153,10 +211,64 @@ def fit_compute(profile: dict[str, Any], model: ModelShape, cache_k: CacheType, 
         raise InputError(f"the {runs[0].arm} runs do not fit a GPU time of weights + window: intercept {a * 1e3:.3f} ms, "
                          f"{b * 1e12:.3f} ms per GB of window; allowed: runs where a token takes longer behind a longer "
                          "context, on a profile whose host and link costs leave time for the kernels")
-    return {
+    out: dict[str, Any] = {
         "arm": runs[0].arm, "contexts": [r.context for r in runs], "window_bytes": xs, "gpu_s": ys, "non_compute_ms": rest,
         "weights_s": a, "s_per_window_byte": b, "weight_GBps": model.weight_bytes / a / 1e9, "attn_GBps": 1.0 / b / 1e9,
+        "refined": False,
     }
+    line_prof = with_compute(profile, out["weight_GBps"], out["attn_GBps"])
+    worst = max(abs(simulated_s(line_prof, workload_at(model, cache_k, cache_v, r.context, tokens), r.arm) / r.seconds_per_token - 1)
+                for r in runs)
+    if worst > REFINE_ABOVE:
+        w, at = refine(lambda p: with_compute(profile, p[0], p[1]), [out["weight_GBps"], out["attn_GBps"]],
+                       model, cache_k, cache_v, runs)
+        out.update({"weight_GBps": w, "attn_GBps": at, "refined": True, "line_worst_error": worst})
+    return out
+
+
+#: A line whose worst fitted point is off by more than this is refined by a search on the simulation itself.
+REFINE_ABOVE = 0.005
+
+
+def refine(make: Callable[[Sequence[float]], dict[str, Any]], start: Sequence[float], model: ModelShape, cache_k: CacheType,
+           cache_v: CacheType, runs: Sequence[TokenRun], iterations: int = 12) -> list[float]:
+    """Positive parameters whose profile ``make(params)`` best fits ``runs`` (least squares of the relative error).
+
+    The straight-line fits assume a token is the sum of its parts, which holds
+    while the host waits on every copy (the ordered path). Where the host's
+    launches overlap the GPU (a resident run on a launch-heavy profile) the
+    simulated time is not additive and the line misses; Gauss-Newton on the
+    logarithms of the parameters, with a numerical Jacobian and a halving line
+    search, finishes the fit from the line's values. Blocks (simulations).
+    """
+    wls = [workload_at(model, cache_k, cache_v, r.context) for r in runs]
+
+    def residuals(logp: np.ndarray) -> np.ndarray:
+        prof = make([float(math.exp(v)) for v in logp])
+        return np.array([simulated_s(prof, wl, r.arm) / r.seconds_per_token - 1.0 for wl, r in zip(wls, runs, strict=True)])
+
+    x = np.log(np.maximum(np.asarray(start, dtype=float), 1e-12))
+    res = residuals(x)
+    for _ in range(iterations):
+        jac = np.empty((len(runs), len(x)))
+        for k in range(len(x)):
+            step = np.zeros_like(x)
+            step[k] = 1e-3
+            jac[:, k] = (residuals(x + step) - res) / 1e-3
+        delta, *_ = np.linalg.lstsq(jac, -res, rcond=None)
+        cost, t = float(res @ res), 1.0
+        while t > 1e-3:
+            trial = x + t * np.clip(delta, -3.0, 3.0)
+            rt = residuals(trial)
+            if float(rt @ rt) < cost:
+                x, res = trial, rt
+                break
+            t /= 2
+        else:
+            break
+        if float(np.max(np.abs(t * delta))) < 1e-6:
+            break
+    return [float(math.exp(v)) for v in x]
 
 
 def fit_h2d(profile: dict[str, Any], model: ModelShape, cache_k: CacheType, cache_v: CacheType,
@@ -192,8 +304,9 @@ class Fit:
     compute: dict[str, Any]  # fit_compute's record
     compute_from: str  # the arm the compute came from
     h2d_GBps: float | None  # fitted pinned H2D bandwidth, None when the base's was kept
-    residuals: tuple[dict[str, Any], ...]  # every run: measured and fitted t/s, relative error
-    held_out: tuple[dict[str, Any], ...]  # leave-one-out: the fit without a depth, predicting it
+    host_attention: dict[str, Any] | None = None  # fit_host_attention's record (upstream -nkvo), else None
+    residuals: tuple[dict[str, Any], ...] = ()  # every run: measured and fitted t/s, relative error
+    held_out: tuple[dict[str, Any], ...] = ()  # leave-one-out: the fit without a depth, predicting it
 
 
 def _residuals(profile: dict[str, Any], model: ModelShape, ck: CacheType, cv: CacheType,
@@ -207,15 +320,19 @@ def _residuals(profile: dict[str, Any], model: ModelShape, ck: CacheType, cv: Ca
 
 
 def _fit(base: dict[str, Any], model: ModelShape, ck: CacheType, cv: CacheType, ordered: Sequence[TokenRun],
-         resident: Sequence[TokenRun], compute_from: str) -> tuple[dict[str, Any], dict[str, Any], float | None]:
+         resident: Sequence[TokenRun], compute_from: str) -> tuple[dict[str, Any], dict[str, Any], float | None, dict[str, Any] | None]:
     source = resident if compute_from == "resident" else ordered
     comp = fit_compute(base, model, ck, cv, source)
     prof = with_compute(base, comp["weight_GBps"], comp["attn_GBps"])
-    bw = None
-    if compute_from == "resident" and ordered:
+    bw, host = None, None
+    if base.get("nkvo_attention") == "host":  # upstream: -nkvo 1 is attention on the CPU, no window crosses the link
+        if ordered:
+            host = fit_host_attention(prof, model, ck, cv, ordered)
+            prof = with_host_attention(prof, host["host_attn_us"], host["host_attn_GBps"])
+    elif compute_from == "resident" and ordered:
         bw = fit_h2d(prof, model, ck, cv, ordered)
         prof = with_h2d(prof, bw)
-    return prof, comp, bw
+    return prof, comp, bw, host
 
 
 def choose_compute_source(ordered: Sequence[TokenRun], resident: Sequence[TokenRun], want: str = "auto") -> str:
@@ -235,8 +352,11 @@ def fit_runs(base: dict[str, Any], model: ModelShape, cache_k: CacheType, cache_
     """Fit compute (and the link) of ``base`` to ``runs`` of one model and cache type; see the module doc. Blocks."""
     ordered = [r for r in runs if r.arm == "ordered"]
     resident = [r for r in runs if r.arm == "resident"]
-    src = choose_compute_source(ordered, resident, compute_from)
-    prof, comp, bw = _fit(base, model, cache_k, cache_v, ordered, resident, src)
+    if base.get("nkvo_attention") == "host" and compute_from == "ordered":
+        raise InputError("--compute-from ordered with -nkvo attention on the CPU: the ordered runs hold no GPU attention; "
+                         "allowed: the resident runs (-nkvo 0 at two depths or more)")
+    src = choose_compute_source(ordered, resident, "resident" if base.get("nkvo_attention") == "host" else compute_from)
+    prof, comp, bw, host = _fit(base, model, cache_k, cache_v, ordered, resident, src)
     held: list[dict[str, Any]] = []
     for r in runs:  # leave one depth out where the remaining runs still determine the fit
         rest_o = [x for x in ordered if x is not r]
@@ -244,14 +364,14 @@ def fit_runs(base: dict[str, Any], model: ModelShape, cache_k: CacheType, cache_
         pool = rest_r if src == "resident" else rest_o
         if len({x.context for x in pool}) < 2:
             continue  # the line needs two depths of its arm besides the one left out
-        if src == "resident" and r.arm == "ordered" and not rest_o:
-            continue  # the link would have no ordered run left
+        if src == "resident" and r.arm == "ordered" and len({x.context for x in rest_o}) < (2 if host else 1):
+            continue  # the link (one run) or the CPU attention line (two depths) would have too few ordered runs left
         try:
-            p, _, _ = _fit(base, model, cache_k, cache_v, rest_o, rest_r, src)
+            p, _, _, _ = _fit(base, model, cache_k, cache_v, rest_o, rest_r, src)
         except InputError:
             continue
         held.extend(_residuals(p, model, cache_k, cache_v, [r]))
-    return Fit(profile=prof, compute=comp, compute_from=src, h2d_GBps=bw,
+    return Fit(profile=prof, compute=comp, compute_from=src, h2d_GBps=bw, host_attention=host,
                residuals=tuple(_residuals(prof, model, cache_k, cache_v, runs)), held_out=tuple(held))
 
 

@@ -41,6 +41,9 @@ def register(sub: Any) -> None:
     p.add_argument("--from-llama-bench", metavar="FILE", default="",
                    help="fit the profile to llama-bench output (-o json or jsonl: -nkvo 1 at several -d, -nkvo 0 too if present); "
                         "no GPU needed")
+    p.add_argument("--nkvo-attention", choices=("device", "host"), default="device",
+                   help="with --from-llama-bench: where the build runs attention under -nkvo: device (the fork's delivered "
+                        "windows, default) or host (upstream llama.cpp: on the CPU)")
     p.add_argument("--compute-from", choices=("auto", "ordered", "resident"), default="auto",
                    help="with --from-llama-bench: the arm the compute is fitted to (auto: resident when it has two depths)")
     p.set_defaults(func=run)
@@ -104,7 +107,7 @@ def run_from_llama_bench(args: argparse.Namespace) -> int:
     m = model(spec)
     base, where = from_llama_bench.base_for(bench, args.hardware)
     command = "kvpipe " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
-    fitted = from_llama_bench.fit_bench(bench, m, base, where, args.compute_from, command)
+    fitted = from_llama_bench.fit_bench(bench, m, base, where, args.compute_from, command, args.nkvo_attention)
     write_output(args.out, json.dumps(fitted.profile, indent=1) + "\n")
     print(f"wrote {args.out}: {m.name} on {bench.gpu_info or fitted.profile['name']}, llama.cpp {bench.build_commit}")
     print("| cache | compute from | weight GB/s | attn GB/s | H2D GB/s | arm | -d | measured t/s | fitted t/s | error | held out |")
@@ -114,6 +117,8 @@ def run_from_llama_bench(args: argparse.Namespace) -> int:
         for r in fit.residuals:
             h = held.get((r["arm"], r["context"]))
             h2d = f"{fit.h2d_GBps:.2f}" if fit.h2d_GBps else "base"
+            if fit.host_attention:
+                h2d = f"CPU attn {fit.host_attention['host_attn_GBps']:.1f} GB/s + {fit.host_attention['host_attn_us']:.1f} us"
             print(f"| {key.split('@', 1)[1]} | {fit.compute_from} | {fit.compute['weight_GBps']:.1f} | {fit.compute['attn_GBps']:.1f} "
                   f"| {h2d} | {r['arm']} | {r['label'].rsplit(' ', 1)[1]} | {r['measured_tps']:.2f} | {r['fitted_tps']:.2f} "
                   f"| {r['error']:+.2%} | {'' if h is None else f'{h:+.2%}'} |")

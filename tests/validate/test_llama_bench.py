@@ -125,3 +125,10 @@ def test_the_model_and_the_card_are_found_or_asked_for(tmp_path: Path, capsys: A
     assert main(["calibrate", "--from-llama-bench", str(unknown), "-m", "qwen3.8-27b", "--hardware", "rtx4070-gen4x16",
                  "--out", str(out)]) == 0
     assert json.loads(out.read_text())["calibration"]["gpu_info"] == "Some Card 9000"
+
+
+def test_real_llama_bench_output_is_read() -> None:
+    bench = llama_bench.load(FIXTURES / "llama-bench-sample.json")  # a CPU build's -o json, as llama-bench wrote it
+    assert bench.build_commit == "0c1e570" and bench.model_type == "llama ?B F16"
+    assert sorted((r.arm, r.depth) for r in bench.runs) == [("ordered", 0), ("ordered", 2048), ("resident", 0), ("resident", 2048)]
+    assert all(r.samples_tps and r.seconds_per_token > 0 for r in bench.runs)
