@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# Build upstream llama.cpp's llama-bench with CUDA on the lent H200 and run the -nkvo 0/1 decode grid of issue 19 on a
+# random-weight GGUF shaped like sim/presets/llama-3.1-8b.json. Run on the device from the repo root:
+#   run(command="bash tools/llamacpp/h200_bench.sh all", carry=[".lcp"])        # build, then as many benches as fit
+#   run(command="bash tools/llamacpp/h200_bench.sh bench", carry=[".lcp"])      # next call, while the machine is warm
+# .lcp/llama.cpp-src.tar.xz is the stripped llama.cpp tree from the llama-cpp-python 0.3.36 sdist (see its
+# KVPIPE-SOURCE.txt). Every step is idempotent: the tree, the build (ninja resumes), the GGUF and each finished bench set
+# live under $LCP (/tmp, so only while the machine stays warm: 30 s after a call) and are reused by the next call.
+# Outputs: $OUT/<phase>.tar.gz (bench JSON, stderr, logs, machine info, commands) and $OUT/summary-<phase>.txt;
+# the device returns at most 8 files, hence the tarball.
+# Knobs for a dry run on a CPU machine: LCP_CUDA=OFF LCP_LAYERS=2 LCP_JOBS=2 LCP_REPS=1 LCP_NGEN=8 and the LCP_D_* lists.
+set -u -o pipefail
+export PYTHONUNBUFFERED=1
+PHASE=${1:-all}
+case $PHASE in all|build|bench) ;; *) echo "h200_bench.sh: phase '$PHASE'; expected all, build or bench" >&2; exit 2;; esac
+ROOT=$(pwd)
+T0=$(date +%s)
+DEADLINE=${LCP_DEADLINE:-570}             # seconds into this call: the device kills a call at 600 s
+LCP=${LCP:-/tmp/lcp}
+SRC=$LCP/llama.cpp
+BUILD=${LCP_BUILD:-$LCP/build}
+CUDA=${LCP_CUDA:-ON}
+JOBS=${LCP_JOBS:-16}
+LAYERS=${LCP_LAYERS:-}                   # empty: the preset's 32
+REPS=${LCP_REPS:-5}
+NGEN=${LCP_NGEN:-64}
+D_RESIDENT=${LCP_D_RESIDENT:-1024,2048,4096,8192,16384,32768,65536}
+D_ORDERED_FIRST=${LCP_D_ORDERED_FIRST:-512}          # alone first: its time sizes the rest of the ordered arm
+D_ORDERED=${LCP_D_ORDERED:-1024,2048,4096,8192}
+D_F16=${LCP_D_F16:-2048,8192}
+D_SCHED=${LCP_D_SCHED:-512}
+MODEL=$LCP/llama-3.1-8b-q8_0${LAYERS:+-${LAYERS}l}.gguf
+BENCH=$BUILD/bin/llama-bench
+RUN=$LCP/out-$PHASE-$T0                  # this call's files, tarred into $OUT at the end
+OUT=${OUT:-$LCP/out}
+mkdir -p "$RUN" "$OUT" "$LCP/done"
+el() { echo $(( $(date +%s) - T0 )); }
+left() { echo $(( DEADLINE - $(el) )); }
+log() { echo "[$(el) s] $*" | tee -a "$RUN/summary.txt"; }
+
+finish() {
+  log "phase $PHASE ends"
+  cp "$RUN/summary.txt" "$OUT/summary-$PHASE.txt"
+  tar czf "$OUT/$PHASE.tar.gz" -C "$(dirname "$RUN")" "$(basename "$RUN")"
+}
+trap finish EXIT
+
+machine_info() {
+  { echo "## date"; date -u +%FT%TZ; echo "## nproc"; nproc; echo "## lscpu"; lscpu 2>&1 | grep -E "^(Model name|Socket|Core|Thread|CPU\(s\)|NUMA|L3|Flags)" | cut -c1-300
+    echo "## free -g"; free -g; echo "## df /tmp"; df -h /tmp; echo "## uname"; uname -a
+    echo "## nvidia-smi"; nvidia-smi 2>&1; echo "## nvidia-smi -q (clocks, pcie)"; nvidia-smi -q 2>&1 | grep -A3 -E "PCI$|Link Width|Link Gen|Max Clocks|Clocks$" | head -60
+    echo "## nvcc"; nvcc --version 2>&1 | tail -2; echo "## cmake"; cmake --version | head -1; echo "## ninja"; ninja --version
+    echo "## python"; python3 -c "import sys, numpy; print(sys.version.split()[0], 'numpy', numpy.__version__)"; } > "$RUN/machine.txt" 2>&1
+}
+
+build() {
+  if [ -x "$BENCH" ]; then log "llama-bench already built at $BENCH (warm machine)"; return 0; fi
+  if [ ! -f "$SRC/CMakeLists.txt" ]; then
+    mkdir -p "$LCP" && tar xJf "$ROOT/.lcp/llama.cpp-src.tar.xz" -C "$LCP" || { log "cannot unpack $ROOT/.lcp/llama.cpp-src.tar.xz"; exit 3; }
+    log "unpacked $(cat "$SRC/KVPIPE-SOURCE.txt" | sed -n 3p)"
+  fi
+  # The tree has no .git: the build number and commit are given (they end up in llama-bench's build_commit/build_number).
+  local cfg=(-S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=$CUDA -DCMAKE_CUDA_ARCHITECTURES=90
+             -DLLAMA_BUILD_COMMIT=0c1e570 -DLLAMA_BUILD_NUMBER=11312 -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
+             -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DGGML_CCACHE=OFF)
+  if [ ! -f "$BUILD/build.ninja" ]; then
+    echo "cmake ${cfg[*]}" >> "$RUN/commands.txt"
+    cmake "${cfg[@]}" > "$RUN/cmake.log" 2>&1 || { log "cmake failed (cmake.log)"; tail -20 "$RUN/cmake.log"; exit 4; }
+    log "configured"
+  fi
+  local budget=$(( $(left) - 15 )) b0=$(date +%s)
+  echo "cmake --build $BUILD --target llama-bench -j $JOBS   # timeout $budget s" >> "$RUN/commands.txt"
+  timeout "$budget" cmake --build "$BUILD" --target llama-bench -j "$JOBS" > "$RUN/build.log" 2>&1; local rc=$?
+  local dt=$(( $(date +%s) - b0 ))
+  echo "$dt" >> "$LCP/build_seconds"   # summed over calls if the build spans two
+  log "build rc=$rc in $dt s (this call); build seconds over calls: $(paste -sd+ "$LCP/build_seconds") = $(( $(paste -sd+ "$LCP/build_seconds") )); $(grep -o '^\[[0-9]*/[0-9]*\]' "$RUN/build.log" | tail -1) steps"
+  [ $rc -eq 0 ] || { log "build stopped (rc=$rc: 124 = out of time; run the phase again while warm to resume)"; return 1; }
+  "$BENCH" --help > "$RUN/llama-bench-help.txt" 2>&1
+}
+
+write_model() {  # run in the background beside the build: it needs only numpy and the vendored gguf-py
+  [ -f "$MODEL" ] && return 0
+  [ -f "$SRC/gguf-py/gguf/__init__.py" ] || { mkdir -p "$LCP" && tar xJf "$ROOT/.lcp/llama.cpp-src.tar.xz" -C "$LCP"; }
+  local cmd=(python3 "$ROOT/tools/llamacpp/write_gguf.py" --preset "$ROOT/sim/presets/llama-3.1-8b.json" --out "$MODEL.part"
+             --weights q8_0 --vocab-from "$SRC/models/ggml-vocab-llama-bpe.gguf" --gguf-py "$SRC/gguf-py" ${LAYERS:+--layers $LAYERS})
+  echo "${cmd[*]}" >> "$RUN/commands.txt"
+  "${cmd[@]}" > "$RUN/write_gguf.log" 2>&1 && mv "$MODEL.part" "$MODEL"
+}
+
+# One llama-bench call: its JSON (as llama-bench wrote it) and its stderr with a time stamp per line, killed at the
+# call's deadline (the JSON printer flushes each test, so finished tests survive a kill).
+bench() {
+  local name=$1; shift
+  if [ -f "$LCP/done/$name" ]; then log "$name: done in an earlier call"; return 0; fi
+  local budget=$(( $(left) - 10 ))
+  if [ $budget -lt 20 ]; then log "$name: skipped, $budget s left"; return 1; fi
+  local cmd=("$BENCH" -m "$MODEL" -ngl 99 -fa 1 -p 0 -n "$NGEN" -r "$REPS" -o json --progress "$@")
+  echo "$name: ${cmd[*]}" >> "$RUN/commands.txt"
+  local b0=$(date +%s)
+  timeout "$budget" "${cmd[@]}" > "$RUN/$name.json" 2> >(while IFS= read -r l; do echo "$(( $(date +%s) - b0 )) $l"; done > "$RUN/$name.err")
+  local rc=$?
+  log "$name: rc=$rc in $(( $(date +%s) - b0 )) s: $(python3 - "$RUN/$name.json" <<'PY'
+import json, sys
+t = open(sys.argv[1]).read().rstrip().rstrip(",")
+try:
+    rows = json.loads(t if t.endswith("]") else t + "]")
+except ValueError:
+    rows = []
+print("; ".join(f"{r['type_k']} nkvo={int(r['no_kv_offload'])} d={r['n_depth']}: {r['avg_ts']:.2f} t/s" for r in rows) or "no result")
+PY
+)"
+  [ $rc -eq 0 ] && touch "$LCP/done/$name"
+  return $rc
+}
+
+# The scheduler's split listing of short runs (GGML_SCHED_DEBUG=2 prints every split with the inputs it copies in;
+# -v lets llama-bench pass ggml's debug log through), then a per-graph count of splits, copied inputs and their bytes.
+sched_listing() {
+  local nkvo=$1 name=sched-nkvo$1
+  if [ -f "$LCP/done/$name" ]; then log "$name: done in an earlier call"; return 0; fi
+  [ $(left) -lt 40 ] && { log "$name: skipped, $(left) s left"; return 1; }
+  local cmd=("$BENCH" -m "$MODEL" -ngl 99 -fa 1 -p 0 -n 2 -r 1 --no-warmup -d "$D_SCHED" -ctk q8_0 -ctv q8_0 -nkvo "$nkvo" -o json -v)
+  echo "$name: GGML_SCHED_DEBUG=2 ${cmd[*]}" >> "$RUN/commands.txt"
+  GGML_SCHED_DEBUG=2 timeout $(( $(left) - 10 )) "${cmd[@]}" > "$RUN/$name.json" 2> "$RUN/$name.log"
+  log "$name: rc=$?"
+  python3 - "$RUN/$name.log" > "$RUN/$name-splits.txt" <<'PY'
+import re, sys
+# "## SPLIT #k: BACKEND # n inputs: [name (size)] ..." starts each split; "## SPLIT #0" starts a new graph.
+units = {"K": 1 << 10, "M": 1 << 20}
+graphs = []
+for line in open(sys.argv[1], errors="replace"):
+    m = re.match(r"## SPLIT #(\d+): (\S+) # (\d+) inputs", line)
+    if not m:
+        continue
+    if m.group(1) == "0":
+        graphs.append([])
+    # an input's name can hold spaces ("cache_k_l0 (view) (permuted)"); its size is the last "( nK)" before "]"
+    ins = re.findall(r"\[([^\]]*?) \(\s*(\d+)([KM])\)\]", line)
+    graphs[-1].append((m.group(2), int(m.group(3)), sum(int(s) * units[u] for _, s, u in ins),
+                       [f"{n.strip() or '(unnamed)'}={s}{u}" for n, s, u in ins]))
+for i, g in enumerate(graphs):
+    n_in = sum(s[1] for s in g)
+    print(f"graph {i}: {len(g)} splits, {n_in} inputs copied, {sum(s[2] for s in g) / 2**20:.2f} MiB "
+          f"(sizes rounded down to K/M by ggml); backends {'>'.join(s[0] for s in g)[:200]}")
+if graphs:
+    print("last graph (a decode step), split by split:")
+    for k, (be, n, b, names) in enumerate(graphs[-1]):
+        print(f"  split {k} {be}: {n} inputs, {b / 2**10:.0f} KiB: {' '.join(names)[:400]}")
+PY
+  gzip -f "$RUN/$name.log"
+  touch "$LCP/done/$name"
+}
+
+log "phase $PHASE on $(hostname), $(nproc) cores; repo $ROOT"
+machine_info
+if [ "$PHASE" != bench ] || [ ! -x "$BENCH" ]; then
+  write_model & WPID=$!
+  build; BRC=$?
+  wait $WPID; log "GGUF: $(tail -1 "$RUN/write_gguf.log" 2>/dev/null || echo "$MODEL already there")"
+  [ $BRC -eq 0 ] || exit 5
+fi
+[ "$PHASE" = build ] && exit 0
+[ -f "$MODEL" ] || write_model || { log "GGUF write failed"; cat "$RUN/write_gguf.log"; exit 6; }
+echo "build_commit 0c1e570 (0c1e57098bba43ac29e6e3b677cdceebdd22334f) build_number 11312; $BENCH" > "$RUN/build-info.txt"
+"$BENCH" --version >> "$RUN/build-info.txt" 2>&1 || true
+# Priority order: the resident arm, the ordered arm at its smallest depth alone (its time sizes the rest), the other
+# ordered depths, the split listings, then the f16 cache. At commit 0c1e570 -nkvo 1 -fa 1 runs flash attention on the
+# GPU and copies each layer's whole K/V view host->device per ubatch (validate/results/h200-llamacpp/run1/README.md),
+# so the -nkvo 1 depth prefill is cheap; with -fa 0 upstream pins attention to the CPU and it would be quadratic there.
+bench resident-q8_0 -ctk q8_0 -ctv q8_0 -nkvo 0 -d "$D_RESIDENT"
+bench ordered-q8_0-first -ctk q8_0 -ctv q8_0 -nkvo 1 -d "$D_ORDERED_FIRST"
+bench ordered-q8_0 -ctk q8_0 -ctv q8_0 -nkvo 1 -d "$D_ORDERED"
+sched_listing 1
+sched_listing 0
+bench f16-cache -ctk f16 -ctv f16 -nkvo 0,1 -d "$D_F16"
+exit 0
