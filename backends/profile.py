@@ -176,6 +176,7 @@ class DeviceProfile:
     #: A copy engine that finishes a stream's copy serves that stream's next queued copy in the same
     #: direction before any other stream's waiting copy (observed on an H200: docs/reproduction.md).
     copy_engine_drains_stream: bool = False
+    pageable_chunk_bytes: int = 2 * MIB  # the driver's staging chunk for pageable H2D copies (an estimate: undocumented)
     #: Device memory bandwidth (bytes/s) that copies and kernels share: every byte a copy engine moves in or
     #: out of device memory while a kernel runs costs that kernel ``1 / dram_bytes_per_s`` seconds (decode
     #: kernels are memory-bound). 0 = copies never slow kernels.
@@ -362,6 +363,7 @@ def _device(d: dict[str, Any], where: str) -> DeviceProfile:
         compute=compute,
         memory_reserved_bytes=_mib(d, "memory_reserved_mib", where, 600.0),
         copy_engine_drains_stream=bool(d.get("copy_engine_drains_stream", False)),
+        pageable_chunk_bytes=_mib(d, "pageable_chunk_mib", where, 2.0) or 2 * MIB,
         dram_bytes_per_s=float(d.get("dram_GBps", 0.0)) * 1e9,
     )
 

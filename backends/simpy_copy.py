@@ -65,7 +65,8 @@ class _Seconds(Protocol):
 class _Lane:
     """One device's copy path in one direction from pinned or pageable host memory: what every copy on it reads."""
 
-    __slots__ = ("device", "to_device", "engine", "other", "link", "slowdown", "drains", "track", "_memo")
+    __slots__ = ("device", "to_device", "engine", "other", "link", "slowdown", "drains", "track", "_memo", "pinned_link",
+                 "chunk_bytes", "pinned")
 
     def __init__(self, device: int, to_device: bool, pinned: bool, h2d: simpy.Resource, d2h: simpy.Resource,
                  profile: HardwareProfile) -> None:
@@ -78,6 +79,26 @@ class _Lane:
         self.drains = dev.copy_engine_drains_stream
         self.track = f"{'h2d' if to_device else 'd2h'}{device}"
         self._memo: dict[float, float] = {}
+        self.pinned = pinned
+        self.pinned_link = dev.link(to_device, True)
+        self.chunk_bytes = dev.pageable_chunk_bytes
+
+    def staging(self, nbytes: int) -> list[tuple[float, int]]:
+        """A pageable H2D copy as the driver performs it: (host staging seconds, DMA bytes) per chunk.
+
+        The driver copies the pageable source into a pinned staging buffer chunk
+        by chunk, on the calling thread, and DMAs each staged chunk at the pinned
+        link's rate while the next is staged. A pageable copy measured whole (the
+        ``h2d_pageable`` curve: the host-blocked time of one call, which ends when
+        the last chunk is staged) is therefore the staging of every chunk plus
+        the DMA of the last one's predecessor at most; the staging time is the
+        curve's time less the pinned time of one chunk, spread evenly.
+        """
+        chunk = max(1, min(self.chunk_bytes, nbytes))
+        n = -(-nbytes // chunk)
+        stage = max(0.0, self.link.seconds(nbytes) - self.pinned_link.seconds(chunk))
+        sizes = [chunk] * (n - 1) + [nbytes - chunk * (n - 1)]
+        return [(stage / n, b) for b in sizes]
 
     def seconds(self, nbytes: float) -> float:
         """``link.seconds(nbytes)``, memoized (the same few sizes recur every token)."""

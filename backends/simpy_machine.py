@@ -190,9 +190,36 @@ class SimMachine(Machine):
         to_device = plan.to_device
         host_side, dev_side = (src, dst) if to_device else (dst, src)
         lane = self._lanes[dev_side.device, to_device, host_side.pinned]
-        k = self._enqueue(stream, ("copy", tag or f"{src.name}->{dst.name}", (dst, src, plan, lane)))
-        if not host_side.pinned:
+        name = tag or f"{src.name}->{dst.name}"
+        if not host_side.pinned and to_device:
+            yield from self._pageable_h2d(stream, name, dst, src, plan, lane)
+            return
+        k = self._enqueue(stream, ("copy", name, (dst, src, plan, lane, None)))  # (dst, src, plan, lane, pageable chunk)
+        if not host_side.pinned:  # pageable D2H: the call returns once the bytes are in the pageable buffer
             yield from self._wait_done(self._completion(stream, k), "pageable copy")
+
+    def _pageable_h2d(self, stream: Stream, name: str, dst: Buffer, src: Buffer, plan: CopyPlan, lane: _Lane) -> HostOp:
+        """A pageable H2D copy as the driver runs it: sync the stream, stage chunk by chunk on this (host) thread into
+        two staging buffers, each staged chunk DMA'd on the stream at the pinned rate; return once the last is staged.
+
+        The bytes move with the last chunk's DMA, as they were when the call returned (the staging buffers hold them:
+        the host may write its pageable buffer again at once).
+        """
+        yield from self.synchronize(stream)  # "a stream sync is performed before the copy is initiated"
+        chunks = lane.staging(plan.nbytes)
+        staged = src
+        if self.functional and src.array is not None:
+            staged = Buffer(f"{src.name}@staging", src.nbytes, src.device, True, src.array.copy())
+        done: list[int] = []
+        for i, (stage_s, nbytes) in enumerate(chunks):
+            if i >= 2:  # two staging buffers: chunk i reuses chunk i - 2's once its DMA is done
+                yield from self._wait_done(self._completion(stream, done[i - 2]), "staging buffer")
+            if stage_s > 0:
+                yield self._busy(stage_s, "stage ", name)
+            last = i == len(chunks) - 1
+            chunk = (lane.pinned_link.seconds(nbytes), nbytes)
+            done.append(self._enqueue(stream, ("copy", name if last else f"{name}[{i}]",
+                                               (dst, staged, plan if last else None, lane, chunk))))
 
     def launch(self, stream: Stream, work: Work) -> HostOp:
         seconds = self._launch_s * work.n_launches
@@ -334,7 +361,10 @@ class SimMachine(Machine):
             yield self._timeout(extra)
             t0 = t1
 
-    def _run_copy(self, stream: Stream, name: str, dst: Buffer, src: Buffer, plan: CopyPlan, lane: _Lane) -> Any:
+    def _run_copy(self, stream: Stream, name: str, dst: Buffer, src: Buffer, plan: CopyPlan | None, lane: _Lane,
+                  chunk: tuple[float, int] | None) -> Any:
+        """One copy on its lane's engine: ``plan``'s link time, or a pageable copy's DMA ``chunk`` (seconds, bytes); a
+        chunk with no plan moves no bytes: its copy's last chunk moves them all)."""
         engine = lane.engine
         st: _StreamState = stream.handle
         held, st.held = st.held, None
@@ -348,20 +378,24 @@ class SimMachine(Machine):
             req = held[1]
         try:
             t = self.env.now
-            seconds = calls_seconds(lane, plan.calls)
+            if chunk is None:
+                assert plan is not None
+                seconds, nbytes = calls_seconds(lane, plan.calls), plan.nbytes
+            else:
+                seconds, nbytes = chunk
             if lane.other.users:
                 seconds *= lane.slowdown
             if self._dram[lane.device]:
-                self._copies[lane.device].append((t, t + seconds, plan.nbytes))
+                self._copies[lane.device].append((t, t + seconds, nbytes))
             yield self._timeout(seconds)
             # The bytes move at completion: a write to the source while the copy is in flight shows.
-            if self.functional and dst.array is not None:
+            if self.functional and dst.array is not None and plan is not None:
                 s, d = src.array, dst.array
                 for so, do, n in plan.pieces():
                     d[do : do + n] = s[so : so + n]
             if self.tracing:
-                self._span(lane.track, name, t, bytes=plan.nbytes, stream=stream.name)
-                self._span(stream.name, name, t, bytes=plan.nbytes)
+                self._span(lane.track, name, t, bytes=nbytes, stream=stream.name)
+                self._span(stream.name, name, t, bytes=nbytes)
         finally:
             if lane.drains and self._next_copy_on(stream, lane.to_device, lane.device):
                 st.held = (engine, req)
@@ -376,6 +410,6 @@ class SimMachine(Machine):
                 continue
             if kind != "copy":
                 return False
-            dst, src, _, _ = payload
+            dst, src = payload[0], payload[1]
             return bool(src.on_host == to_device and (dst if to_device else src).device == device)
         return False
