@@ -69,10 +69,10 @@ def check_model(bench: BenchFile, model: ModelShape) -> None:
                          "allowed: every layer on the GPU (llama-bench -ngl 99)")
 
 
-def token_runs(runs: list[BenchRun]) -> list[TokenRun]:
+def token_runs(runs: list[BenchRun], pinned: bool = True) -> list[TokenRun]:
     """llama-bench runs as fit points: the context is the depth plus half the generated tokens (the run's mean)."""
-    return [TokenRun(r.depth + r.n_gen // 2, r.seconds_per_token, r.arm, f"-nkvo {int(r.kv_offload_host)} -d {r.depth}")
-            for r in runs]
+    return [TokenRun(r.depth + r.n_gen // 2, r.seconds_per_token, r.arm, f"-nkvo {int(r.kv_offload_host)} -d {r.depth}",
+                     pinned) for r in runs]
 
 
 @dataclass(frozen=True)
@@ -108,11 +108,13 @@ def _round(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def fit_bench(bench: BenchFile, model: ModelShape, base: dict[str, Any], base_where: str, compute_from: str = "auto",
-              command: str = "", nkvo_attention: str = "device") -> BenchFit:
+              command: str = "", nkvo_attention: str = "device", pinned: bool = True) -> BenchFit:
     """The profile fitted to ``bench`` for ``model`` on ``base``. Raises InputError. Blocks (simulations).
 
     ``nkvo_attention`` says what the llama.cpp build does under ``-nkvo``: ``device`` (the fork this project models:
     windows delivered to the GPU) or ``host`` (upstream llama.cpp: attention on the CPU over the host cache).
+    ``pinned`` says whether the run's host cache was pinned (the fork's ``--kv-cpu-pinned``); upstream's ``-nkvo``
+    cache is pageable, and the ordered runs then fit the pageable curve (the driver's staging rate).
     """
     check_model(bench, model)
     base = dict(base, nkvo_attention=nkvo_attention)
@@ -120,7 +122,7 @@ def fit_bench(bench: BenchFile, model: ModelShape, base: dict[str, Any], base_wh
     entries: dict[str, Any] = {}
     for ck_name, cv_name in bench.cache_types():
         ck, cv = cache_type(ck_name), cache_type(cv_name)
-        runs = token_runs([r for r in bench.runs if (r.type_k, r.type_v) == (ck_name, cv_name)])
+        runs = token_runs([r for r in bench.runs if (r.type_k, r.type_v) == (ck_name, cv_name)], pinned)
         try:
             fit = fit_runs(base, model, ck, cv, runs, compute_from)
         except InputError as exc:
@@ -136,10 +138,11 @@ def fit_bench(bench: BenchFile, model: ModelShape, base: dict[str, Any], base_wh
     out["name"] = f"{base_name}-llama-bench"
     out["schema"] = SCHEMA
     out["estimate"] = False
-    for dev in out["devices"]:
+    link_key = "h2d_pinned" if pinned else "h2d_pageable"
+    for dev, fitted_dev in zip(out["devices"], (linked or first).profile["devices"], strict=True):
         dev["compute"] = _compute_fields(first)
         if linked is not None:
-            dev["links"]["h2d_pinned"]["points"] = [[1.0, round(linked.h2d_GBps or 0.0, 3)]]
+            dev["links"][link_key]["points"] = [[p[0], round(p[1], 3)] for p in fitted_dev["links"][link_key]["points"]]
     out["workloads"] = entries
     runs_text = ", ".join(f"-nkvo {int(r.kv_offload_host)} -d {r.depth}" for r in bench.runs)
     out["source"] = (f"Fitted by kvpipe calibrate --from-llama-bench to {bench.path} (llama.cpp build {bench.build_commit}, "
@@ -148,15 +151,15 @@ def fit_bench(bench: BenchFile, model: ModelShape, base: dict[str, Any], base_wh
     out["calibration"] = {
         "from": "llama-bench", "file": bench.path, "build_commit": bench.build_commit, "build_number": bench.build_number,
         "gpu_info": bench.gpu_info, "model_type": bench.model_type, "model": model.name, "runs": runs_text,
-        "command": command, "date": datetime.date.today().isoformat(),
+        "command": command, "date": datetime.date.today().isoformat(), "host_cache": "pinned" if pinned else "pageable",
     }
     fitted = f"fitted from llama-bench ({bench.path})"
     out["provenance"] = {
         "host": f"base profile {base_name} ({base_where}): {_base_kind(base)}",
         "devices.memory": f"base profile {base_name}: {_base_kind(base)}",
         "devices.compute": f"{fitted}: the {first.compute_from} runs, a line over the window bytes",
-        "devices.links.h2d_pinned": (f"{fitted}: the ordered runs, given the compute of the resident runs" if linked is not None
-                                     else f"base profile {base_name}: {_base_kind(base)}"),
+        f"devices.links.{link_key}": (f"{fitted}: the ordered runs, given the compute of the resident runs" if linked is not None
+                                      else f"base profile {base_name}: {_base_kind(base)}"),
         "nkvo_attention": (f"given (--nkvo-attention {nkvo_attention}): " + ("upstream llama.cpp, -nkvo runs attention on the "
                            "CPU; devices.compute.host_attn_* fitted from the ordered runs" if nkvo_attention == "host" else
                            "the fork's -nkvo delivers each attention layer's window to the GPU")),

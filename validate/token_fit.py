@@ -59,6 +59,7 @@ class TokenRun:
     seconds_per_token: float
     arm: str  # "ordered" (-nkvo 1) or "resident" (-nkvo 0)
     label: str = ""
+    pinned: bool = True  # the host cache in pinned memory (the fork's --kv-cpu-pinned); upstream's -nkvo cache is pageable
 
     def __post_init__(self) -> None:
         if self.arm not in ("ordered", "resident"):
@@ -67,9 +68,15 @@ class TokenRun:
             raise ValueError(f"seconds per token {self.seconds_per_token!r}; allowed: > 0")
 
 
-def workload_at(model: ModelShape, cache_k: CacheType, cache_v: CacheType, context: int, tokens: int = FIT_TOKENS) -> Workload:
-    """One sequence of ``model`` decoding ``tokens`` tokens behind ``context`` cached ones (pinned host cache)."""
-    return Workload(model, cache_k, cache_v, (context,), tokens=tokens)
+def workload_at(model: ModelShape, cache_k: CacheType, cache_v: CacheType, context: int, tokens: int = FIT_TOKENS,
+                pinned: bool = True) -> Workload:
+    """One sequence of ``model`` decoding ``tokens`` tokens behind ``context`` cached ones."""
+    return Workload(model, cache_k, cache_v, (context,), tokens=tokens, pinned=pinned)
+
+
+def workload_of(model: ModelShape, cache_k: CacheType, cache_v: CacheType, run: TokenRun, tokens: int = FIT_TOKENS) -> Workload:
+    """The workload a measured run decoded."""
+    return workload_at(model, cache_k, cache_v, run.context, tokens, run.pinned)
 
 
 def window_bytes(wl: Workload) -> int:
@@ -142,7 +149,7 @@ def fit_host_attention(profile: dict[str, Any], model: ModelShape, cache_k: Cach
     free["workloads"] = profile.get("workloads", {})
     xs, ys, rest = [], [], []
     for r in runs:
-        wl = workload_at(model, cache_k, cache_v, r.context, tokens)
+        wl = workload_of(model, cache_k, cache_v, r, tokens)
         xs.append(float(window_bytes(wl)))
         non = simulated_s(free, wl, "ordered")
         rest.append(non * 1e3)
@@ -157,7 +164,7 @@ def fit_host_attention(profile: dict[str, Any], model: ModelShape, cache_k: Cach
     out: dict[str, Any] = {"contexts": [r.context for r in runs], "window_bytes": xs, "host_s": ys, "non_host_attention_ms": rest,
            "host_attn_us": a / model.n_attn * 1e6, "host_attn_GBps": 1.0 / b / 1e9, "refined": False}
     line_prof = with_host_attention(profile, out["host_attn_us"], out["host_attn_GBps"])
-    worst = max(abs(simulated_s(line_prof, workload_at(model, cache_k, cache_v, r.context, tokens), r.arm) / r.seconds_per_token - 1)
+    worst = max(abs(simulated_s(line_prof, workload_of(model, cache_k, cache_v, r, tokens), r.arm) / r.seconds_per_token - 1)
                 for r in runs)
     if worst > REFINE_ABOVE:
         us, gbps = refine(lambda p: with_host_attention(profile, p[0], p[1]), [max(out["host_attn_us"], 1.0), out["host_attn_GBps"]],
@@ -166,12 +173,11 @@ def fit_host_attention(profile: dict[str, Any], model: ModelShape, cache_k: Cach
     return out
 
 
-def with_h2d(profile: dict[str, Any], h2d_GBps: float) -> dict[str, Any]:
-    """A copy of the profile dict whose pinned H2D link is flat at ``h2d_GBps`` (its latency kept)."""
+def with_h2d(profile: dict[str, Any], h2d_GBps: float, key: str = "h2d_pinned") -> dict[str, Any]:
+    """A copy of the profile dict whose H2D link ``key`` (pinned or pageable) is flat at ``h2d_GBps`` (latency kept)."""
     d = copy.deepcopy(profile)
     for dev in d["devices"]:
-        link = dev["links"]["h2d_pinned"]
-        link["points"] = [[1.0, h2d_GBps]]
+        dev["links"][key]["points"] = [[1.0, h2d_GBps]]
     return d
 
 
@@ -198,7 +204,7 @@ def fit_compute(profile: dict[str, Any], model: ModelShape, cache_k: CacheType, 
     free = free_kernels(profile)
     xs, ys, rest = [], [], []
     for r in runs:
-        wl = workload_at(model, cache_k, cache_v, r.context, tokens)
+        wl = workload_of(model, cache_k, cache_v, r, tokens)
         xs.append(float(window_bytes(wl)))
         non = simulated_s(free, wl, r.arm)
         rest.append(non * 1e3)
@@ -217,7 +223,7 @@ def fit_compute(profile: dict[str, Any], model: ModelShape, cache_k: CacheType, 
         "refined": False,
     }
     line_prof = with_compute(profile, out["weight_GBps"], out["attn_GBps"])
-    worst = max(abs(simulated_s(line_prof, workload_at(model, cache_k, cache_v, r.context, tokens), r.arm) / r.seconds_per_token - 1)
+    worst = max(abs(simulated_s(line_prof, workload_of(model, cache_k, cache_v, r, tokens), r.arm) / r.seconds_per_token - 1)
                 for r in runs)
     if worst > REFINE_ABOVE:
         w, at = refine(lambda p: with_compute(profile, p[0], p[1]), [out["weight_GBps"], out["attn_GBps"]],
@@ -241,7 +247,7 @@ def refine(make: Callable[[Sequence[float]], dict[str, Any]], start: Sequence[fl
     logarithms of the parameters, with a numerical Jacobian and a halving line
     search, finishes the fit from the line's values. Blocks (simulations).
     """
-    wls = [workload_at(model, cache_k, cache_v, r.context) for r in runs]
+    wls = [workload_of(model, cache_k, cache_v, r) for r in runs]
 
     def residuals(logp: np.ndarray) -> np.ndarray:
         prof = make([float(math.exp(v)) for v in logp])
@@ -273,11 +279,19 @@ def refine(make: Callable[[Sequence[float]], dict[str, Any]], start: Sequence[fl
 
 def fit_h2d(profile: dict[str, Any], model: ModelShape, cache_k: CacheType, cache_v: CacheType,
             runs: Sequence[TokenRun], lo_GBps: float = 0.05, hi_GBps: float = 2000.0, iterations: int = 48) -> float:
-    """The pinned H2D bandwidth (GB/s) whose simulated ordered times best fit ``runs`` (least squares, relative)."""
-    wls = [workload_at(model, cache_k, cache_v, r.context) for r in runs]
+    """The flat H2D bandwidth (GB/s) whose simulated ordered times best fit ``runs`` (least squares, relative).
+
+    The curve is the pinned link's, or the pageable one's when the runs' cache
+    was pageable (the driver's staging rate). One number, which two ordered
+    depths determine and more over-determine. (Scaling the base curve's shape
+    instead was tried on the H200 llama-bench runs: the shape the probe measured
+    on that host did not carry over, docs/validation.md.)
+    """
+    wls = [workload_of(model, cache_k, cache_v, r) for r in runs]
+    key = h2d_key(runs)
 
     def cost(log_bw: float) -> float:
-        d = with_h2d(profile, math.exp(log_bw))
+        d = with_h2d(profile, math.exp(log_bw), key)
         return sum((simulated_s(d, wl, "ordered") / r.seconds_per_token - 1.0) ** 2 for wl, r in zip(wls, runs, strict=True))
 
     a, b = math.log(lo_GBps), math.log(hi_GBps)
@@ -296,6 +310,16 @@ def fit_h2d(profile: dict[str, Any], model: ModelShape, cache_k: CacheType, cach
     return math.exp((a + b) / 2)
 
 
+def h2d_key(runs: Sequence[TokenRun]) -> str:
+    """The link the ordered runs' deliveries used: ``h2d_pinned``, or ``h2d_pageable`` for a pageable cache."""
+    return "h2d_pinned" if all(r.pinned for r in runs) else "h2d_pageable"
+
+
+def peak_GBps(profile: dict[str, Any], key: str) -> float:
+    """The highest bandwidth of the first device's ``key`` curve, GB/s."""
+    return max(float(p[1]) for p in profile["devices"][0]["links"][key]["points"])
+
+
 @dataclass(frozen=True)
 class Fit:
     """What :func:`fit_runs` chose and found, for one (model, cache type)."""
@@ -303,7 +327,7 @@ class Fit:
     profile: dict[str, Any]  # the base profile with the fitted compute (and link)
     compute: dict[str, Any]  # fit_compute's record
     compute_from: str  # the arm the compute came from
-    h2d_GBps: float | None  # fitted pinned H2D bandwidth, None when the base's was kept
+    h2d_GBps: float | None  # the fitted H2D curve's peak (pinned, or pageable), None when the base's was kept
     host_attention: dict[str, Any] | None = None  # fit_host_attention's record (upstream -nkvo), else None
     residuals: tuple[dict[str, Any], ...] = ()  # every run: measured and fitted t/s, relative error
     held_out: tuple[dict[str, Any], ...] = ()  # leave-one-out: the fit without a depth, predicting it
@@ -313,7 +337,7 @@ def _residuals(profile: dict[str, Any], model: ModelShape, ck: CacheType, cv: Ca
                runs: Sequence[TokenRun]) -> list[dict[str, Any]]:
     out = []
     for r in runs:
-        s = simulated_s(profile, workload_at(model, ck, cv, r.context), r.arm)
+        s = simulated_s(profile, workload_of(model, ck, cv, r), r.arm)
         out.append({"context": r.context, "arm": r.arm, "label": r.label, "measured_tps": 1.0 / r.seconds_per_token,
                     "fitted_tps": 1.0 / s, "error": r.seconds_per_token / s - 1.0})
     return out
@@ -330,8 +354,9 @@ def _fit(base: dict[str, Any], model: ModelShape, ck: CacheType, cv: CacheType, 
             host = fit_host_attention(prof, model, ck, cv, ordered)
             prof = with_host_attention(prof, host["host_attn_us"], host["host_attn_GBps"])
     elif compute_from == "resident" and ordered:
-        bw = fit_h2d(prof, model, ck, cv, ordered)
-        prof = with_h2d(prof, bw)
+        key = h2d_key(ordered)
+        prof = with_h2d(prof, fit_h2d(prof, model, ck, cv, ordered), key)
+        bw = peak_GBps(prof, key)
     return prof, comp, bw, host
 
 

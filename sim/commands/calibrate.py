@@ -44,6 +44,9 @@ def register(sub: Any) -> None:
     p.add_argument("--nkvo-attention", choices=("device", "host"), default="device",
                    help="with --from-llama-bench: where the build runs attention under -nkvo: device (the fork's delivered "
                         "windows, default) or host (upstream llama.cpp: on the CPU)")
+    p.add_argument("--pageable", action="store_true",
+                   help="with --from-llama-bench: the runs' host cache was pageable (upstream llama.cpp's -nkvo; the fork "
+                        "pins it with --kv-cpu-pinned): the ordered runs fit the pageable curve")
     p.add_argument("--compute-from", choices=("auto", "ordered", "resident"), default="auto",
                    help="with --from-llama-bench: the arm the compute is fitted to (auto: resident when it has two depths)")
     p.set_defaults(func=run)
@@ -107,7 +110,8 @@ def run_from_llama_bench(args: argparse.Namespace) -> int:
     m = model(spec)
     base, where = from_llama_bench.base_for(bench, args.hardware)
     command = "kvpipe " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
-    fitted = from_llama_bench.fit_bench(bench, m, base, where, args.compute_from, command, args.nkvo_attention)
+    fitted = from_llama_bench.fit_bench(bench, m, base, where, args.compute_from, command, args.nkvo_attention,
+                                        pinned=not args.pageable)
     write_output(args.out, json.dumps(fitted.profile, indent=1) + "\n")
     print(f"wrote {args.out}: {m.name} on {bench.gpu_info or fitted.profile['name']}, llama.cpp {bench.build_commit}")
     print("| cache | compute from | weight GB/s | attn GB/s | H2D GB/s | arm | -d | measured t/s | fitted t/s | error | held out |")

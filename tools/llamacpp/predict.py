@@ -1,0 +1,124 @@
+"""Issue 19, steps 2 and 3: calibrate on part of upstream llama-bench's H200 runs, predict the rest, and say which is which.
+
+Reads the llama-bench files of ``validate/results/h200-llamacpp/run1`` (as llama-bench wrote them), splits the
+decode runs into a calibration set and a held-out set, fits a profile to the calibration set with
+``kvpipe calibrate --from-llama-bench`` (the command itself, in-process), and predicts every run with that profile:
+
+* calibration: q8_0 ``-nkvo 0`` at ``-d 1024,8192,65536`` (the compute line) and q8_0 ``-nkvo 1`` at
+  ``-d 1024,4096`` (the host->device rate: upstream's ``-nkvo`` cache is in pageable memory, so ``--pageable``);
+* held out: q8_0 ``-nkvo 0`` at 2,048 / 4,096 / 16,384 / 32,768, q8_0 ``-nkvo 1`` at 512 / 2,048 / 8,192, and the
+  second cache type, f16, at both arms (2,048 / 8,192), which no fit saw.
+
+Writes into ``--out``: ``calibration.llama-bench.json`` (the subset the fit saw), ``profile.json``, ``prediction.json``
+(every run: role, measured, predicted, error) and ``prediction.md`` (the tables). The model is the GGUF llama-bench ran
+(its header is all kvpipe reads): regenerate it with
+
+    python tools/llamacpp/write_gguf.py --preset sim/presets/llama-3.1-8b.json --weights q8_0 \\
+        --vocab-from llama.cpp/models/ggml-vocab-llama-bpe.gguf --out /tmp/llama-3.1-8b-q8_0.gguf
+    python tools/llamacpp/predict.py --gguf /tmp/llama-3.1-8b-q8_0.gguf
+
+Not installed with the package: run it from a checkout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from sim.cli import main as kvpipe  # noqa: E402
+from sim.workload import cache_type, load_model  # noqa: E402
+from validate.token_fit import simulated_s, workload_at  # noqa: E402
+
+RUN = ROOT / "validate" / "results" / "h200-llamacpp" / "run1"
+FILES = ("resident-q8_0.json", "ordered-q8_0-first.json", "ordered-q8_0.json", "f16-cache.json")
+CALIBRATION = {("q8_0", False): (1024, 8192, 65536), ("q8_0", True): (1024, 4096)}
+
+
+def records() -> list[dict[str, Any]]:
+    """Every decode record of run 1, in file order."""
+    out = []
+    for name in FILES:
+        for r in json.loads((RUN / name).read_text()):
+            if r["n_gen"] > 0 and r["n_prompt"] == 0:
+                out.append(dict(r, _file=name))
+    return out
+
+
+def role(r: dict[str, Any]) -> str:
+    return "calibration" if r["n_depth"] in CALIBRATION.get((r["type_k"], bool(r["no_kv_offload"])), ()) else "held out"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python tools/llamacpp/predict.py", description=__doc__.split("\n")[0])
+    ap.add_argument("--gguf", required=True, help="the GGUF llama-bench ran (write_gguf.py makes it)")
+    ap.add_argument("--hardware", default="h200-gen5x16", help="base profile: host and copy costs (default h200-gen5x16)")
+    ap.add_argument("--out", default=str(ROOT / "validate" / "results" / "h200-llamacpp" / "prediction"))
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    recs = records()
+    calib = [{k: v for k, v in r.items() if k != "_file"} for r in recs if role(r) == "calibration"]
+    calib_path = out / "calibration.llama-bench.json"
+    calib_path.write_text(json.dumps(calib, indent=1) + "\n")
+    profile_path = out / "profile.json"
+    fit_cmd = ["calibrate", "--from-llama-bench", str(calib_path.relative_to(ROOT)), "-m", args.gguf, "--pageable",
+               "--hardware", args.hardware, "--out", str(profile_path.relative_to(ROOT))]
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        code = kvpipe(fit_cmd)
+    if code:
+        print(log.getvalue())
+        return code
+    profile = json.loads(profile_path.read_text())
+    model = load_model(args.gguf)
+    rows = []
+    for r in recs:
+        ck, cv = cache_type(r["type_k"]), cache_type(r["type_v"])
+        nkvo = bool(r["no_kv_offload"])
+        wl = workload_at(model, ck, cv, r["n_depth"] + r["n_gen"] // 2, pinned=not nkvo)
+        entry = profile["workloads"].get(f"{model.name}@{r['type_k']}")
+        prof = dict(profile)
+        if entry is None:  # a cache type no fit saw: the device's compute (the q8_0 fit's)
+            prof = {k: v for k, v in profile.items() if k != "workloads"}
+        s = simulated_s(prof, wl, "ordered" if nkvo else "resident")
+        measured_s = r["avg_ns"] * 1e-9 / r["n_gen"]
+        rows.append({
+            "cache": r["type_k"], "nkvo": int(nkvo), "depth": r["n_depth"], "role": role(r), "file": r["_file"],
+            "measured_tps": 1 / measured_s, "stddev_tps": r["stddev_ts"], "samples_tps": r["samples_ts"],
+            "predicted_tps": 1 / s, "error": measured_s / s - 1,
+        })
+    summary = {}
+    for name, pick in (("-nkvo 1 (q8_0, held out)", lambda x: x["nkvo"] == 1 and x["cache"] == "q8_0"),
+                       ("-nkvo 0 (q8_0, held out)", lambda x: x["nkvo"] == 0 and x["cache"] == "q8_0"),
+                       ("f16, second cache type (held out)", lambda x: x["cache"] == "f16"),
+                       ("every held-out run", lambda x: True)):
+        errs = [abs(x["error"]) for x in rows if x["role"] == "held out" and pick(x)]
+        summary[name] = {"runs": len(errs), "median_abs_error": statistics.median(errs), "max_abs_error": max(errs)}
+    report = {"command": "python tools/llamacpp/predict.py --gguf " + args.gguf, "fit_command": "kvpipe " + " ".join(fit_cmd),
+              "fit_output": log.getvalue(), "calibration": {f"{k[0]} -nkvo {int(k[1])}": v for k, v in CALIBRATION.items()},
+              "rows": rows, "summary": summary}
+    (out / "prediction.json").write_text(json.dumps(report, indent=1) + "\n")
+    md = ["| cache | -nkvo | -d | role | measured t/s | predicted t/s | error |", "|---|---:|---:|---|---:|---:|---:|"]
+    for x in rows:
+        md.append(f"| {x['cache']} | {x['nkvo']} | {x['depth']:,} | {x['role']} | {x['measured_tps']:.2f} ± {x['stddev_tps']:.2f} "
+                  f"| {x['predicted_tps']:.2f} | {x['error']:+.1%} |")
+    md += ["", "| held-out runs | n | median \\|error\\| | max \\|error\\| |", "|---|---:|---:|---:|"]
+    md += [f"| {k} | {v['runs']} | {v['median_abs_error']:.1%} | {v['max_abs_error']:.1%} |" for k, v in summary.items()]
+    (out / "prediction.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    print(log.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
