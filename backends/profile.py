@@ -117,7 +117,11 @@ class ComputeModel:
     host-bound floor; 0 = none). A CPU split costs ``cpu_split_s`` of host
     time; on the ``host-attention`` arm (upstream llama.cpp's ``-nkvo``, which
     runs attention on the CPU) it adds ``host_attn_s + window_bytes /
-    host_attn_bytes_per_s``. ``weight_bytes_per_s`` of 0 ignores weights.
+    host_attn_bytes_per_s``. Several sequences (a batch of ``B``) read the
+    weights once: each sequence past the first adds ``layer_seq_s`` per layer
+    and ``attn_seq_s`` per attention layer to the GPU split (their attention
+    reads their own cells, already in ``window_bytes``), and ``cpu_row_s`` to
+    the CPU split that stores its rows. ``weight_bytes_per_s`` of 0 ignores weights.
     """
 
     layer_s: float = 0.0
@@ -129,6 +133,9 @@ class ComputeModel:
     attn_floor_s: float = 0.0
     host_attn_s: float = 0.0
     host_attn_bytes_per_s: float = 0.0
+    layer_seq_s: float = 0.0  # each sequence past the first: its share of a layer's matrix products (weights read once)
+    attn_seq_s: float = 0.0  # each sequence past the first: its attention's fixed cost in an attention split
+    cpu_row_s: float = 0.0  # each sequence past the first: host time of storing its rows in a CPU split
 
     def __post_init__(self) -> None:
         for name, value in self.__dict__.items():
@@ -138,6 +145,11 @@ class ComputeModel:
     def layer_seconds(self, weight_bytes: float) -> float:
         w = weight_bytes / self.weight_bytes_per_s if self.weight_bytes_per_s > 0 else 0.0
         return self.layer_s + w
+
+    def batch_seconds(self, n_seq: int, layers: int, attention: bool) -> float:
+        """GPU time a split of ``layers`` layers (and an attention layer) adds for sequences past the first."""
+        extra = max(0, n_seq - 1)
+        return extra * (layers * self.layer_seq_s + (self.attn_seq_s if attention else 0.0))
 
     def host_attention_seconds(self, window_bytes: float) -> float:
         """Host time of one attention layer run on the CPU over ``window_bytes`` of host cache (upstream llama.cpp's -nkvo)."""
@@ -259,6 +271,9 @@ def compute_model_of(c: dict[str, Any]) -> ComputeModel:
         attn_floor_s=float(c.get("attn_floor_us", 0.0)) * 1e-6,
         host_attn_s=float(c.get("host_attn_us", 0.0)) * 1e-6,
         host_attn_bytes_per_s=float(c.get("host_attn_GBps", 0.0)) * 1e9,
+        layer_seq_s=float(c.get("layer_seq_us", 0.0)) * 1e-6,
+        attn_seq_s=float(c.get("attn_seq_us", 0.0)) * 1e-6,
+        cpu_row_s=float(c.get("cpu_row_us", 0.0)) * 1e-6,
     )
 
 

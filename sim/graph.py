@@ -292,6 +292,7 @@ def decode_graph(
                     )
                 c = comp(d)
                 secs = len(layers) * c.layer_seconds(model.layer_weight_bytes) * frac
+                secs += c.batch_seconds(n_tok, len(layers), bool(staged)) * frac
                 if staged:
                     secs += c.attention_seconds(sum(i.nbytes for i in staged))
                 add(kind="gpu", device=d, name=f"{name}@{d}", compute_s=secs + (c.head_s * frac if head else 0.0),
@@ -318,6 +319,7 @@ def decode_graph(
                     StagedInput(f"cache_v_l{a}", a, _pieces(wl, layout, attn_j, "v", rows, writes, prefix_row, None)),
                 )
                 secs += c.attention_seconds(sum(inp.nbytes for inp in staged))
+            secs += c.batch_seconds(n_tok, len(run), i == 0 and attn_j >= 0)
             if head and i == len(runs) - 1:
                 secs += c.head_s
             extra: tuple[SmallInput, ...] = ordered if i == 0 else ()
@@ -338,7 +340,7 @@ def decode_graph(
             SmallInput(f"k_cur_l{a}", kb * n_tok, False, k_offs[0], row_offsets=k_offs if n_tok > 1 else ()),
             SmallInput(f"v_cur_l{a}", vb * n_tok, False, v_offs[0], row_offsets=v_offs if n_tok > 1 else ()),
         )
-        cpu_s = comp(0).cpu_split_s
+        cpu_s = comp(0).cpu_split_s + max(0, n_tok - 1) * comp(0).cpu_row_s
         after: tuple[SmallInput, ...] = ()
         if host_attention:  # the attention itself on the CPU: Q comes down too (f32), the output goes back up
             window = sum(p.nbytes for x in ("k", "v") for p in _pieces(wl, layout, j, x, rows, writes, prefix_row, None))

@@ -38,6 +38,9 @@ def register(sub: Any) -> None:
     p.add_argument("--machine", default="cupy", help="cupy (the GPU) or simpy (the simulated --hardware, for checks)")
     p.add_argument("--hardware", default="", help="profile of the simpy machine (default h200-gen5x16; ignored on cupy); with "
                    "--from-llama-bench: the base profile for host and link costs (default: the preset gpu_info names)")
+    p.add_argument("--batch", default="", metavar="B,B,...",
+                   help="add the per-sequence terms to --hardware's calibrated entries: run the program ordered at these "
+                        "batch sizes (e.g. 1,2,4,8) at --windows and fit what each sequence past the first costs")
     p.add_argument("--from-llama-bench", metavar="FILE", default="",
                    help="fit the profile to llama-bench output (-o json or jsonl: -nkvo 1 at several -d, -nkvo 0 too if present); "
                         "no GPU needed")
@@ -55,6 +58,8 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.from_llama_bench:
         return run_from_llama_bench(args)
+    if args.batch:
+        return run_batch(args)
     from backends.base import BackendUnavailable
     from sim.points import cache, hardware, model
     from validate import driver, micro
@@ -86,6 +91,58 @@ def run(args: argparse.Namespace) -> int:
           f"{max(p[1] for p in data['devices'][0]['links']['h2d_pinned']['points']):.1f} GB/s, "
           f"launch {h['launch_us']:.1f} us, copy issue {h['copy_issue_us']:.1f} us, event {h['event_us']:.2f} us, "
           f"host wait {h['host_wait_us']:.1f} us")
+    return 0
+
+
+def run_batch(args: argparse.Namespace) -> int:
+    """Fit the per-sequence terms of each (model, cache type) entry of ``--hardware`` on the machine, write ``--out``."""
+    import json
+
+    from backends.base import BackendUnavailable
+    from backends.profile import read_profile_dict, workload_key
+    from sim.points import cache, hardware, model
+    from sim.program import WeightStore
+    from sim.safe_write import write_output
+    from sim.workload import CACHE_TYPES
+    from validate import driver
+    from validate.calibrate import calibrate_batches
+
+    batches = parse_list(args.batch, _int, "--batch", "batch sizes 1..8 (comma list)")
+    if any(not 1 <= b <= 8 for b in batches) or len(set(batches)) < 2:
+        raise UsageError(f"--batch {args.batch!r}; allowed: at least two distinct batch sizes in 1..8")
+    if not args.hardware:
+        raise UsageError("--batch needs --hardware: the calibrated profile (kvpipe calibrate) whose entries it extends")
+    models = [model(m) for m in parse_list(args.model or DEFAULT_MODELS, str, "--model", "presets, .gguf or config.json")]
+    ctypes = [cache(c) for c in parse_list(args.cache_type, str, "--cache-type", ", ".join(CACHE_TYPES))]
+    windows = parse_list(args.windows, _int, "--windows", "integers >= 1")
+    try:
+        data, _ = read_profile_dict(args.hardware)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    base = hardware(args.hardware)
+    try:
+        be, xp, _info = driver.machine(args.machine, base)
+    except BackendUnavailable as exc:
+        raise UsageError(driver.unavailable_message(exc)) from None
+    store = WeightStore()
+    entries = data.setdefault("workloads", {})
+    for m in models:
+        for c in ctypes:
+            found = entries.get(workload_key(m.name, c.name))
+            if found is None:
+                found = entries.setdefault(workload_key(m.name, c.name),
+                                           {"compute": json.loads(json.dumps(data["devices"][0]["compute"])), "cache_type": c.name})
+            terms = calibrate_batches(be, m, c, base, xp, store, windows, batches, scale=args.scale)
+            found["compute"].update({k: terms[k] for k in ("layer_seq_us", "attn_seq_us", "cpu_row_us")})
+            found["batch"] = terms
+            print(f"{m.name}@{c.name}: per sequence past the first {terms['layer_seq_us']:.2f} us a layer, "
+                  f"{terms['attn_seq_us']:.2f} us an attention layer, {terms['cpu_row_us']:.2f} us a CPU split")
+    if "devices" in data and entries:
+        first = next(iter(entries.values()))["compute"]
+        for dev in data["devices"]:
+            dev["compute"].update({k: first.get(k, 0.0) for k in ("layer_seq_us", "attn_seq_us", "cpu_row_us")})
+    write_output(args.out, json.dumps(data, indent=1) + "\n")
+    print(f"wrote {args.out}")
     return 0
 
 
