@@ -283,6 +283,9 @@ def _preset(link: dict[str, Any], host: dict[str, float], mem: dict[str, float],
                     "attn_GBps": round(compute["attn_GBps"], 2),
                     "head_us": 0.0,
                     "cpu_split_us": round(host["cpu_split_us"], 3),
+                    # each sequence past the first stores one more K and V row in the CPU split: as much host time as
+                    # the one row of the 4,096 split (no batched figure is an input; docs/parallel-and-multi-gpu.md)
+                    "cpu_row_us": round(host["cpu_split_us"], 3),
                 },
             }
         ],
@@ -349,7 +352,9 @@ PROVENANCE = {
             "host wait); event_us borrowed from the H200 probe (measured on another device)",
     "devices.links.h2d_pinned": "fitted from published numbers: blocking H2D ms against H2D bytes per token",
     "devices.links (pageable)": "borrowed from the H200 probe (measured on another device): an estimate",
-    "devices.compute": "fitted from published numbers: the ordered table, a line over the window bytes",
+    "devices.compute": "fitted from published numbers: the ordered table, a line over the window bytes; cpu_row_us "
+                       "(each further sequence's row store) = cpu_split_us, a rule, no batched figure; layer_seq_us and "
+                       "attn_seq_us 0: no input measures them",
     "devices.memory": "fitted from published numbers: 11,902 MiB usable, the 32,768 ring ran, the 262,144 ring did not",
     "devices.dram_GBps": "specification estimate: 192-bit GDDR6X at 21 Gbps",
     "devices.copy_engine_drains_stream": "borrowed: measured on an H200",
