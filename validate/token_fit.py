@@ -147,29 +147,16 @@ def fit_host_attention(profile: dict[str, Any], model: ModelShape, cache_k: Cach
     """
     free = free_kernels(profile, HOST_ATTENTION_KEYS)
     free["workloads"] = profile.get("workloads", {})
-    xs, ys, rest = [], [], []
-    for r in runs:
-        wl = workload_of(model, cache_k, cache_v, r, tokens)
-        xs.append(float(window_bytes(wl)))
-        non = simulated_s(free, wl, "ordered")
-        rest.append(non * 1e3)
-        ys.append(r.seconds_per_token - non)
-    if len(set(xs)) < 2:
-        raise InputError(f"the ordered runs span one window ({', '.join(str(r.context) for r in runs)}); "
-                         "allowed: -nkvo 1 runs at two depths or more (llama-bench -d A,B)")
+    xs, ys, rest = _rest_against_window(free, model, cache_k, cache_v, runs, tokens)
     a, b = line(xs, ys)
     if not (a >= 0 and b > 0):
         raise InputError(f"the -nkvo 1 runs do not fit attention on the CPU: {a * 1e3:.3f} ms a token beside it, "
                          f"{b * 1e12:.3f} ms per GB of window; allowed: runs where a token takes longer behind a longer context")
     out: dict[str, Any] = {"contexts": [r.context for r in runs], "window_bytes": xs, "host_s": ys, "non_host_attention_ms": rest,
            "host_attn_us": a / model.n_attn * 1e6, "host_attn_GBps": 1.0 / b / 1e9, "refined": False}
-    line_prof = with_host_attention(profile, out["host_attn_us"], out["host_attn_GBps"])
-    worst = max(abs(simulated_s(line_prof, workload_of(model, cache_k, cache_v, r, tokens), r.arm) / r.seconds_per_token - 1)
-                for r in runs)
-    if worst > REFINE_ABOVE:
-        us, gbps = refine(lambda p: with_host_attention(profile, p[0], p[1]), [max(out["host_attn_us"], 1.0), out["host_attn_GBps"]],
-                          model, cache_k, cache_v, runs)
-        out.update({"host_attn_us": us, "host_attn_GBps": gbps, "refined": True, "line_worst_error": worst})
+    (us, gbps), worst = _refined(lambda p: with_host_attention(profile, p[0], p[1]),
+                                 [out["host_attn_us"], out["host_attn_GBps"]], model, cache_k, cache_v, runs, tokens)
+    out.update({"host_attn_us": us, "host_attn_GBps": gbps, "refined": worst > REFINE_ABOVE, "line_worst_error": worst})
     return out
 
 
@@ -189,6 +176,35 @@ def line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     return my - b * mx, b
 
 
+def _rest_against_window(free: dict[str, Any], model: ModelShape, cache_k: CacheType, cache_v: CacheType,
+                         runs: Sequence[TokenRun], tokens: int) -> tuple[list[float], list[float], list[float]]:
+    """Per run: the window bytes, the measured seconds less the simulated rest under ``free`` (the terms being fitted
+    made free), and that rest in ms. Raises InputError when the runs span one window."""
+    xs, ys, rest = [], [], []
+    for r in runs:
+        wl = workload_of(model, cache_k, cache_v, r, tokens)
+        xs.append(float(window_bytes(wl)))
+        non = simulated_s(free, wl, r.arm)
+        rest.append(non * 1e3)
+        ys.append(r.seconds_per_token - non)
+    if len(set(xs)) < 2:
+        raise InputError(f"the {runs[0].arm} runs span one window ({', '.join(str(r.context) for r in runs)}); "
+                         "allowed: runs at two depths or more whose windows differ (llama-bench -d A,B)")
+    return xs, ys, rest
+
+
+def _refined(make: Callable[[Sequence[float]], dict[str, Any]], start: Sequence[float], model: ModelShape,
+             cache_k: CacheType, cache_v: CacheType, runs: Sequence[TokenRun], tokens: int) -> tuple[list[float], float]:
+    """The line's parameters, or :func:`refine`'s when the line misses a run by more than REFINE_ABOVE; and the line's
+    worst relative miss."""
+    prof = make(start)
+    worst = max(abs(simulated_s(prof, workload_of(model, cache_k, cache_v, r, tokens), r.arm) / r.seconds_per_token - 1)
+                for r in runs)
+    if worst > REFINE_ABOVE:  # from a positive start: the search runs on the parameters' logarithms
+        return refine(make, [max(v, 1e-3) for v in start], model, cache_k, cache_v, runs), worst
+    return list(start), worst
+
+
 def fit_compute(profile: dict[str, Any], model: ModelShape, cache_k: CacheType, cache_v: CacheType,
                 runs: Sequence[TokenRun], tokens: int = FIT_TOKENS) -> dict[str, Any]:
     """weight_GBps and attn_GBps from runs of one arm, the profile's host and link kept.
@@ -201,17 +217,7 @@ def fit_compute(profile: dict[str, Any], model: ModelShape, cache_k: CacheType, 
     arms = {r.arm for r in runs}
     if len(arms) != 1:
         raise ValueError(f"fit_compute takes one arm, got {sorted(arms)}")
-    free = free_kernels(profile)
-    xs, ys, rest = [], [], []
-    for r in runs:
-        wl = workload_of(model, cache_k, cache_v, r, tokens)
-        xs.append(float(window_bytes(wl)))
-        non = simulated_s(free, wl, r.arm)
-        rest.append(non * 1e3)
-        ys.append(r.seconds_per_token - non)
-    if len(set(xs)) < 2:
-        raise InputError(f"the {runs[0].arm} runs span one window ({', '.join(str(r.context) for r in runs)}); "
-                         "allowed: runs at two depths or more whose windows differ (llama-bench -d A,B)")
+    xs, ys, rest = _rest_against_window(free_kernels(profile), model, cache_k, cache_v, runs, tokens)
     a, b = line(xs, ys)
     if not (a > 0 and b > 0):
         raise InputError(f"the {runs[0].arm} runs do not fit a GPU time of weights + window: intercept {a * 1e3:.3f} ms, "
@@ -222,13 +228,9 @@ def fit_compute(profile: dict[str, Any], model: ModelShape, cache_k: CacheType, 
         "weights_s": a, "s_per_window_byte": b, "weight_GBps": model.weight_bytes / a / 1e9, "attn_GBps": 1.0 / b / 1e9,
         "refined": False,
     }
-    line_prof = with_compute(profile, out["weight_GBps"], out["attn_GBps"])
-    worst = max(abs(simulated_s(line_prof, workload_of(model, cache_k, cache_v, r, tokens), r.arm) / r.seconds_per_token - 1)
-                for r in runs)
-    if worst > REFINE_ABOVE:
-        w, at = refine(lambda p: with_compute(profile, p[0], p[1]), [out["weight_GBps"], out["attn_GBps"]],
-                       model, cache_k, cache_v, runs)
-        out.update({"weight_GBps": w, "attn_GBps": at, "refined": True, "line_worst_error": worst})
+    (w, at), worst = _refined(lambda p: with_compute(profile, p[0], p[1]), [out["weight_GBps"], out["attn_GBps"]],
+                              model, cache_k, cache_v, runs, tokens)
+    out.update({"weight_GBps": w, "attn_GBps": at, "refined": worst > REFINE_ABOVE, "line_worst_error": worst})
     return out
 
 
