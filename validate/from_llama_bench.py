@@ -144,6 +144,9 @@ def fit_bench(bench: BenchFile, model: ModelShape, base: dict[str, Any], base_wh
         if linked is not None:
             dev["links"][link_key]["points"] = [[p[0], round(p[1], 3)] for p in fitted_dev["links"][link_key]["points"]]
     out["workloads"] = entries
+    launched = next((f for f in fits.values() if f.host_attention and "launch_us" in f.host_attention), None)
+    if launched is not None:  # the engine's launch time per GPU split, fitted beside its CPU attention
+        out["host"]["launch_us"] = round(float(launched.profile["host"]["launch_us"]), 3)
     runs_text = ", ".join(f"-nkvo {int(r.kv_offload_host)} -d {r.depth}" for r in bench.runs)
     out["source"] = (f"Fitted by kvpipe calibrate --from-llama-bench to {bench.path} (llama.cpp build {bench.build_commit}, "
                      f"{bench.gpu_info or 'no gpu_info'}, {bench.model_type}); host costs, copy latency and memory from "
@@ -154,8 +157,11 @@ def fit_bench(bench: BenchFile, model: ModelShape, base: dict[str, Any], base_wh
         "command": command, "date": datetime.date.today().isoformat(), "host_cache": "pinned" if pinned else "pageable",
     }
     fitted = f"fitted from llama-bench ({bench.path})"
+    fitted_launch = out["host"]["launch_us"] if launched is not None else None
     out["provenance"] = {
-        "host": f"base profile {base_name} ({base_where}): {_base_kind(base)}",
+        "host": f"base profile {base_name} ({base_where}): {_base_kind(base)}" + (
+            f"; launch_us {fitted_launch} fitted from the -nkvo 1 runs (the base's {base.get('host', {}).get('launch_us')} left "
+            "less than nothing for the CPU attention's fixed part)" if fitted_launch else ""),
         "devices.memory": f"base profile {base_name}: {_base_kind(base)}",
         "devices.compute": f"{fitted}: the {first.compute_from} runs, a line over the window bytes",
         f"devices.links.{link_key}": (f"{fitted}: the ordered runs, given the compute of the resident runs" if linked is not None

@@ -149,15 +149,54 @@ def fit_host_attention(profile: dict[str, Any], model: ModelShape, cache_k: Cach
     free["workloads"] = profile.get("workloads", {})
     xs, ys, rest = _rest_against_window(free, model, cache_k, cache_v, runs, tokens)
     a, b = line(xs, ys)
-    if not (a >= 0 and b > 0):
-        raise InputError(f"the -nkvo 1 runs do not fit attention on the CPU: {a * 1e3:.3f} ms a token beside it, "
-                         f"{b * 1e12:.3f} ms per GB of window; allowed: runs where a token takes longer behind a longer context")
+    if not b > 0:
+        raise InputError(f"the -nkvo 1 runs do not fit attention on the CPU: {b * 1e12:.3f} ms per GB of window; "
+                         "allowed: runs where a token takes longer behind a longer context")
+    if a < 0:  # the base profile's host costs leave less than nothing for the CPU's fixed part: its launches are slower
+        return _fit_host_attention_and_launch(profile, model, cache_k, cache_v, runs, tokens, xs, ys, rest, a, b)
     out: dict[str, Any] = {"contexts": [r.context for r in runs], "window_bytes": xs, "host_s": ys, "non_host_attention_ms": rest,
            "host_attn_us": a / model.n_attn * 1e6, "host_attn_GBps": 1.0 / b / 1e9, "refined": False}
     (us, gbps), worst = _refined(lambda p: with_host_attention(profile, p[0], p[1]),
                                  [out["host_attn_us"], out["host_attn_GBps"]], model, cache_k, cache_v, runs, tokens)
     out.update({"host_attn_us": us, "host_attn_GBps": gbps, "refined": worst > REFINE_ABOVE, "line_worst_error": worst})
     return out
+
+
+def host_launch_of(profile: dict[str, Any]) -> float:
+    """The profile's launch time per GPU split, us."""
+    return float(profile["host"].get("launch_us", 0.0))
+
+
+def with_launch(profile: dict[str, Any], launch_us: float) -> dict[str, Any]:
+    """A copy of the profile dict whose host launches a GPU split in ``launch_us``."""
+    d = copy.deepcopy(profile)
+    d["host"]["launch_us"] = launch_us
+    return d
+
+
+def _fit_host_attention_and_launch(profile: dict[str, Any], model: ModelShape, cache_k: CacheType, cache_v: CacheType,
+                                   runs: Sequence[TokenRun], tokens: int, xs: list[float], ys: list[float], rest: list[float],
+                                   a: float, b: float) -> dict[str, Any]:
+    """The CPU attention's rate and the engine's launch time per GPU split, where the base's launches are too slow.
+
+    The line's intercept ``a`` < 0 says the base profile's host time, at
+    every one of the token's GPU splits, exceeds what the runs leave beside
+    the attention. Its fixed part is then taken as 0 and the launch time per
+    GPU split fitted instead: from the base's, less ``-a`` spread over the
+    splits, Gauss-Newton on both (two ordered depths determine them).
+    """
+    n_gpu = sum(1 for s in decode_graph(workload_of(model, cache_k, cache_v, runs[0], tokens), ComputeModel(),
+                                        host_attention=True, position=runs[0].context).splits if s.kind == "gpu")
+    base_launch = float(profile["host"].get("launch_us", 0.0))
+    start = [max(base_launch + a * 1e6 / n_gpu, 0.5), 1.0 / b / 1e9]
+
+    def make(p: Sequence[float]) -> dict[str, Any]:
+        return with_host_attention(with_launch(profile, p[0]), 0.0, p[1])
+
+    (launch_us, gbps), worst = _refined(make, start, model, cache_k, cache_v, runs, tokens)
+    return {"contexts": [r.context for r in runs], "window_bytes": xs, "host_s": ys, "non_host_attention_ms": rest,
+            "host_attn_us": 0.0, "host_attn_GBps": gbps, "launch_us": launch_us, "base_launch_us": base_launch,
+            "line_intercept_ms": a * 1e3, "refined": worst > REFINE_ABOVE, "line_worst_error": worst}
 
 
 def with_h2d(profile: dict[str, Any], h2d_GBps: float, key: str = "h2d_pinned") -> dict[str, Any]:
@@ -355,6 +394,13 @@ def _fit(base: dict[str, Any], model: ModelShape, ck: CacheType, cv: CacheType, 
         if ordered:
             host = fit_host_attention(prof, model, ck, cv, ordered)
             prof = with_host_attention(prof, host["host_attn_us"], host["host_attn_GBps"])
+            if "launch_us" in host:  # the launch moved: the compute once more on it, then the CPU attention again
+                relaunched = with_launch(base, host["launch_us"])
+                comp = fit_compute(relaunched, model, ck, cv, source)
+                prof = with_compute(relaunched, comp["weight_GBps"], comp["attn_GBps"])
+                host = fit_host_attention(prof, model, ck, cv, ordered)
+                prof = with_launch(with_host_attention(prof, host["host_attn_us"], host["host_attn_GBps"]),
+                                   host.get("launch_us", host_launch_of(prof)))
     elif compute_from == "resident" and ordered:
         key = h2d_key(ordered)
         prof = with_h2d(prof, fit_h2d(prof, model, ck, cv, ordered), key)

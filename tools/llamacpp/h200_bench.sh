@@ -3,6 +3,8 @@
 # random-weight GGUF shaped like sim/presets/llama-3.1-8b.json. Run on the device from the repo root:
 #   run(command="bash tools/llamacpp/h200_bench.sh all", carry=[".lcp"])        # build, then as many benches as fit
 #   run(command="bash tools/llamacpp/h200_bench.sh bench", carry=[".lcp"])      # next call, while the machine is warm
+#   run(command="bash tools/llamacpp/h200_bench.sh fa0", carry=[".lcp"])        # build, then -fa 0 (attention on the CPU
+#                                                                                 under -nkvo: kvpipe's host-attention arm)
 # .lcp/llama.cpp-src.tar.xz is the stripped llama.cpp tree from the llama-cpp-python 0.3.36 sdist (see its
 # KVPIPE-SOURCE.txt). Every step is idempotent: the tree, the build (ninja resumes), the GGUF and each finished bench set
 # live under $LCP (/tmp, so only while the machine stays warm: 30 s after a call) and are reused by the next call.
@@ -12,7 +14,7 @@
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 PHASE=${1:-all}
-case $PHASE in all|build|bench) ;; *) echo "h200_bench.sh: phase '$PHASE'; expected all, build or bench" >&2; exit 2;; esac
+case $PHASE in all|build|bench|fa0) ;; *) echo "h200_bench.sh: phase '$PHASE'; expected all, build, bench or fa0" >&2; exit 2;; esac
 ROOT=$(pwd)
 T0=$(date +%s)
 DEADLINE=${LCP_DEADLINE:-570}             # seconds into this call: the device kills a call at 600 s
@@ -23,6 +25,7 @@ CUDA=${LCP_CUDA:-ON}
 JOBS=${LCP_JOBS:-16}
 LAYERS=${LCP_LAYERS:-}                   # empty: the preset's 32
 REPS=${LCP_REPS:-5}
+FA=${LCP_FA:-1}                           # llama-bench -fa: 1 (attention on the GPU even under -nkvo), 0 (fa0 phase)
 NGEN=${LCP_NGEN:-64}
 D_RESIDENT=${LCP_D_RESIDENT:-1024,2048,4096,8192,16384,32768,65536}
 D_ORDERED_FIRST=${LCP_D_ORDERED_FIRST:-512}          # alone first: its time sizes the rest of the ordered arm
@@ -94,7 +97,7 @@ bench() {
   if [ -f "$LCP/done/$name" ]; then log "$name: done in an earlier call"; return 0; fi
   local budget=$(( $(left) - 10 ))
   if [ $budget -lt 20 ]; then log "$name: skipped, $budget s left"; return 1; fi
-  local cmd=("$BENCH" -m "$MODEL" -ngl 99 -fa 1 -p 0 -n "$NGEN" -r "$REPS" -o json --progress "$@")
+  local cmd=("$BENCH" -m "$MODEL" -ngl 99 -fa "$FA" -p 0 -n "$NGEN" -r "$REPS" -o json --progress "$@")
   echo "$name: ${cmd[*]}" >> "$RUN/commands.txt"
   local b0=$(date +%s)
   timeout "$budget" "${cmd[@]}" > "$RUN/$name.json" 2> >(while IFS= read -r l; do echo "$(( $(date +%s) - b0 )) $l"; done > "$RUN/$name.err")
@@ -116,10 +119,10 @@ PY
 # The scheduler's split listing of short runs (GGML_SCHED_DEBUG=2 prints every split with the inputs it copies in;
 # -v lets llama-bench pass ggml's debug log through), then a per-graph count of splits, copied inputs and their bytes.
 sched_listing() {
-  local nkvo=$1 name=sched-nkvo$1
+  local nkvo=$1 name=sched-nkvo$1${2:-} ct=${3:-q8_0}
   if [ -f "$LCP/done/$name" ]; then log "$name: done in an earlier call"; return 0; fi
   [ $(left) -lt 40 ] && { log "$name: skipped, $(left) s left"; return 1; }
-  local cmd=("$BENCH" -m "$MODEL" -ngl 99 -fa 1 -p 0 -n 2 -r 1 --no-warmup -d "$D_SCHED" -ctk q8_0 -ctv q8_0 -nkvo "$nkvo" -o json -v)
+  local cmd=("$BENCH" -m "$MODEL" -ngl 99 -fa "$FA" -p 0 -n 2 -r 1 --no-warmup -d "$D_SCHED" -ctk "$ct" -ctv "$ct" -nkvo "$nkvo" -o json -v)
   echo "$name: GGML_SCHED_DEBUG=2 ${cmd[*]}" >> "$RUN/commands.txt"
   GGML_SCHED_DEBUG=2 timeout $(( $(left) - 10 )) "${cmd[@]}" > "$RUN/$name.json" 2> "$RUN/$name.log"
   log "$name: rc=$?"
@@ -167,6 +170,14 @@ echo "build_commit 0c1e570 (0c1e57098bba43ac29e6e3b677cdceebdd22334f) build_numb
 # ordered depths, the split listings, then the f16 cache. At commit 0c1e570 -nkvo 1 -fa 1 runs flash attention on the
 # GPU and copies each layer's whole K/V view host->device per ubatch (validate/results/h200-llamacpp/run1/README.md),
 # so the -nkvo 1 depth prefill is cheap; with -fa 0 upstream pins attention to the CPU and it would be quadratic there.
+if [ "$PHASE" = fa0 ]; then
+  # -fa 0: upstream pins attention to the CPU under -nkvo (a quantized V cache needs flash attention, so f16). The
+  # -nkvo 1 depth prefill then runs attention on the 16 host cores, quadratic in the depth: small depths only.
+  FA=0
+  bench fa0-f16 -ctk f16 -ctv f16 -nkvo 0,1 -d "${LCP_D_FA0:-256,512,1024,2048}"
+  sched_listing 1 -fa0 f16
+  exit 0
+fi
 bench resident-q8_0 -ctk q8_0 -ctv q8_0 -nkvo 0 -d "$D_RESIDENT"
 bench ordered-q8_0-first -ctk q8_0 -ctv q8_0 -nkvo 1 -d "$D_ORDERED_FIRST"
 bench ordered-q8_0 -ctk q8_0 -ctv q8_0 -nkvo 1 -d "$D_ORDERED"

@@ -39,39 +39,53 @@ from sim.cli import main as kvpipe  # noqa: E402
 from sim.workload import cache_type, load_model  # noqa: E402
 from validate.token_fit import simulated_s, workload_at  # noqa: E402
 
-RUN = ROOT / "validate" / "results" / "h200-llamacpp" / "run1"
-FILES = ("resident-q8_0.json", "ordered-q8_0-first.json", "ordered-q8_0.json", "f16-cache.json")
-CALIBRATION = {("q8_0", False): (1024, 8192, 65536), ("q8_0", True): (1024, 4096)}
+RESULTS = ROOT / "validate" / "results" / "h200-llamacpp"
+#: The two sets: -fa 1 (run 1: -nkvo 1 delivers the windows, attention on the GPU) and -fa 0 (run 2: -nkvo 1 runs
+#: attention on the CPU, kvpipe's host-attention arm). Each: its files, the runs the fit sees, the fit's flags.
+SETS: dict[str, dict[str, Any]] = {
+    "fa1": {"run": "run1", "files": ("resident-q8_0.json", "ordered-q8_0-first.json", "ordered-q8_0.json", "f16-cache.json"),
+            "calibration": {("q8_0", False): (1024, 8192, 65536), ("q8_0", True): (1024, 4096)},
+            "flags": ["--pageable"], "out": "prediction"},
+    "fa0": {"run": "run2", "files": ("fa0-f16.json",),
+            "calibration": {("f16", False): (512, 2048), ("f16", True): (256, 1024)},
+            "flags": ["--pageable", "--nkvo-attention", "host"], "out": "prediction-fa0"},
+}
+RUN = RESULTS / "run1"
+CALIBRATION: dict[tuple[str, bool], tuple[int, ...]] = SETS["fa1"]["calibration"]
 
 
-def records() -> list[dict[str, Any]]:
-    """Every decode record of run 1, in file order."""
+def records(run: Path = RUN, files: tuple[str, ...] = SETS["fa1"]["files"]) -> list[dict[str, Any]]:
+    """Every decode record of a run, in file order."""
     out = []
-    for name in FILES:
-        for r in json.loads((RUN / name).read_text()):
+    for name in files:
+        for r in json.loads((run / name).read_text()):
             if r["n_gen"] > 0 and r["n_prompt"] == 0:
                 out.append(dict(r, _file=name))
     return out
 
 
-def role(r: dict[str, Any]) -> str:
-    return "calibration" if r["n_depth"] in CALIBRATION.get((r["type_k"], bool(r["no_kv_offload"])), ()) else "held out"
+def role(r: dict[str, Any], calibration: dict[tuple[str, bool], tuple[int, ...]] | None = None) -> str:
+    cal = CALIBRATION if calibration is None else calibration
+    return "calibration" if r["n_depth"] in cal.get((r["type_k"], bool(r["no_kv_offload"])), ()) else "held out"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python tools/llamacpp/predict.py", description=__doc__.split("\n")[0])
     ap.add_argument("--gguf", required=True, help="the GGUF llama-bench ran (write_gguf.py makes it)")
     ap.add_argument("--hardware", default="h200-gen5x16", help="base profile: host and copy costs (default h200-gen5x16)")
-    ap.add_argument("--out", default=str(ROOT / "validate" / "results" / "h200-llamacpp" / "prediction"))
+    ap.add_argument("--set", choices=sorted(SETS), default="fa1", help="fa1: run 1 (-fa 1); fa0: run 2 (-fa 0, attention on the CPU)")
+    ap.add_argument("--out", default="", help="default: validate/results/h200-llamacpp/prediction (fa1), prediction-fa0 (fa0)")
     args = ap.parse_args(argv)
-    out = Path(args.out)
+    chosen = SETS[args.set]
+    cal = chosen["calibration"]
+    out = Path(args.out) if args.out else RESULTS / chosen["out"]
     out.mkdir(parents=True, exist_ok=True)
-    recs = records()
-    calib = [{k: v for k, v in r.items() if k != "_file"} for r in recs if role(r) == "calibration"]
+    recs = records(RESULTS / chosen["run"], chosen["files"])
+    calib = [{k: v for k, v in r.items() if k != "_file"} for r in recs if role(r, cal) == "calibration"]
     calib_path = out / "calibration.llama-bench.json"
     calib_path.write_text(json.dumps(calib, indent=1) + "\n")
     profile_path = out / "profile.json"
-    fit_cmd = ["calibrate", "--from-llama-bench", str(calib_path.relative_to(ROOT)), "-m", args.gguf, "--pageable",
+    fit_cmd = ["calibrate", "--from-llama-bench", str(calib_path.relative_to(ROOT)), "-m", args.gguf, *chosen["flags"],
                "--hardware", args.hardware, "--out", str(profile_path.relative_to(ROOT))]
     log = io.StringIO()
     with contextlib.redirect_stdout(log):
@@ -93,19 +107,23 @@ def main(argv: list[str] | None = None) -> int:
         s = simulated_s(prof, wl, "ordered" if nkvo else "resident")
         measured_s = r["avg_ns"] * 1e-9 / r["n_gen"]
         rows.append({
-            "cache": r["type_k"], "nkvo": int(nkvo), "depth": r["n_depth"], "role": role(r), "file": r["_file"],
+            "cache": r["type_k"], "nkvo": int(nkvo), "depth": r["n_depth"], "role": role(r, cal), "file": r["_file"],
             "measured_tps": 1 / measured_s, "stddev_tps": r["stddev_ts"], "samples_tps": r["samples_ts"],
             "predicted_tps": 1 / s, "error": measured_s / s - 1,
         })
     summary = {}
-    for name, pick in (("-nkvo 1 (q8_0, held out)", lambda x: x["nkvo"] == 1 and x["cache"] == "q8_0"),
-                       ("-nkvo 0 (q8_0, held out)", lambda x: x["nkvo"] == 0 and x["cache"] == "q8_0"),
-                       ("f16, second cache type (held out)", lambda x: x["cache"] == "f16"),
+    fitted = {k[0] for k in cal}
+    for name, pick in ((f"-nkvo 1 ({', '.join(sorted(fitted))}, held out)", lambda x: x["nkvo"] == 1 and x["cache"] in fitted),
+                       (f"-nkvo 0 ({', '.join(sorted(fitted))}, held out)", lambda x: x["nkvo"] == 0 and x["cache"] in fitted),
+                       ("second cache type (held out)", lambda x: x["cache"] not in fitted),
                        ("every held-out run", lambda x: True)):
         errs = [abs(x["error"]) for x in rows if x["role"] == "held out" and pick(x)]
+        if not errs:
+            continue
         summary[name] = {"runs": len(errs), "median_abs_error": statistics.median(errs), "max_abs_error": max(errs)}
-    report = {"command": "python tools/llamacpp/predict.py --gguf " + args.gguf, "fit_command": "kvpipe " + " ".join(fit_cmd),
-              "fit_output": log.getvalue(), "calibration": {f"{k[0]} -nkvo {int(k[1])}": v for k, v in CALIBRATION.items()},
+    report = {"command": f"python tools/llamacpp/predict.py --set {args.set} --gguf " + args.gguf,
+              "fit_command": "kvpipe " + " ".join(fit_cmd),
+              "fit_output": log.getvalue(), "calibration": {f"{k[0]} -nkvo {int(k[1])}": v for k, v in cal.items()},
               "rows": rows, "summary": summary}
     (out / "prediction.json").write_text(json.dumps(report, indent=1) + "\n")
     md = ["| cache | -nkvo | -d | role | measured t/s | predicted t/s | error |", "|---|---:|---:|---|---:|---:|---:|"]
