@@ -358,3 +358,27 @@ def decode_graph(
         host_cache_bytes=layout.nbytes,
         positions=tuple(r for _, r in writes),
     )
+
+
+def cost_terms_ms(wl: Workload, compute: ComputeModel, graph: DecodeGraph) -> dict[str, float]:
+    """The compute model's terms of one decode step, ms summed over its splits (one device's model; ``simulate --json``
+    shows them as ``batch_ms``): the weights, read once however many sequences; the attention over every sequence's
+    cells; what each sequence past the first adds to the GPU splits (``per_sequence_gpu``) and to the CPU splits'
+    row stores (``per_sequence_cpu``); the CPU splits' fixed part and, on the host-attention arm, the CPU's attention.
+    Pure; does not block.
+    """
+    n = len(graph.positions)
+    out = {"weights": 0.0, "attention": 0.0, "per_sequence_gpu": 0.0, "cpu_splits": 0.0, "per_sequence_cpu": 0.0,
+           "host_attention": 0.0, "sequences": float(n)}
+    for s in graph.splits:
+        if s.kind == "gpu":
+            out["weights"] += len(s.layers) * compute.layer_seconds(wl.model.layer_weight_bytes)
+            if s.staged:
+                out["attention"] += compute.attention_seconds(sum(i.nbytes for i in s.staged))
+            out["per_sequence_gpu"] += compute.batch_seconds(n, len(s.layers), s.attn_layer >= 0 and bool(s.staged))
+        else:
+            row = max(0, n - 1) * compute.cpu_row_s
+            out["cpu_splits"] += compute.cpu_split_s
+            out["per_sequence_cpu"] += row
+            out["host_attention"] += max(0.0, s.compute_s - compute.cpu_split_s - row)
+    return {k: v if k == "sequences" else v * 1e3 for k, v in out.items()}
