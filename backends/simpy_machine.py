@@ -205,19 +205,22 @@ class SimMachine(Machine):
         The bytes move with the last chunk's DMA, as they were when the call returned (the staging buffers hold them:
         the host may write its pageable buffer again at once).
         """
-        yield from self.synchronize(stream)  # "a stream sync is performed before the copy is initiated"
+        st: _StreamState = stream.handle
+        if st.completed < st.enqueued:  # "a stream sync is performed before the copy is initiated" (idle: nothing to wait)
+            yield from self.synchronize(stream)
         chunks = lane.staging(plan.nbytes)
         staged = src
         if self.functional and src.array is not None:
             staged = Buffer(f"{src.name}@staging", src.nbytes, src.device, True, src.array.copy())
         done: list[int] = []
-        for i, (stage_s, nbytes) in enumerate(chunks):
-            if i >= 2:  # two staging buffers: chunk i reuses chunk i - 2's once its DMA is done
-                yield from self._wait_done(self._completion(stream, done[i - 2]), "staging buffer")
+        for i, (stage_s, nbytes, dma_s) in enumerate(chunks):
+            busy = self._completion(stream, done[i - 2]) if i >= 2 else None
+            if busy is not None:  # two staging buffers: chunk i reuses chunk i - 2's once its DMA is done
+                yield from self._wait_done(busy, "staging buffer")
             if stage_s > 0:
                 yield self._busy(stage_s, "stage ", name)
             last = i == len(chunks) - 1
-            chunk = (lane.pinned_link.seconds(nbytes), nbytes)
+            chunk = (dma_s, nbytes)
             done.append(self._enqueue(stream, ("copy", name if last else f"{name}[{i}]",
                                                (dst, staged, plan if last else None, lane, chunk))))
 

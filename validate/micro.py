@@ -114,7 +114,9 @@ def copy_times(be: Backend, sizes: Iterable[int], reps: int, host_wait_s: float,
     wake seconds})``. Pinned copies are timed by the stream's own events (the
     wake-up is the host's round trip minus issue and event time); pageable
     copies block the host, so they are timed by the host clock minus the issue
-    and wake-up costs. Blocks the host for the measurement.
+    and wake-up costs (a pageable H2D call stages its bytes and returns with
+    the last chunk's DMA in flight, which the synchronize then waits for).
+    Blocks the host for the measurement.
     """
     sizes = sorted(set(int(n) for n in sizes) | {LATENCY_PROBE_BYTES})
     top = max(sizes)
@@ -137,7 +139,10 @@ def copy_times(be: Backend, sizes: Iterable[int], reps: int, host_wait_s: float,
                     yield from be.copy(s, dst, src, [CopyRange(0, 0, n)], tag=f"link_{direction}_{pinned}_{n}_{r}")
                     yield from be.synchronize(s)
                     if r:  # the first of each size warms up
-                        host_dt.append(be.now_s() - t - copy_issue_s - 2 * host_wait_s)
+                        # wake-ups: the synchronize's and the copy's own (a pinned or pageable D2H copy returns after a wait);
+                        # a pageable H2D call returns once its last chunk is staged, without a wait
+                        wakes = 1 if not pinned and direction == "h2d" else 2
+                        host_dt.append(be.now_s() - t - copy_issue_s - wakes * host_wait_s)
                 if pinned:
                     prefix = f"link_{direction}_{pinned}_{n}_"
                     spans = [sp for sp in be.timeline() if sp.track == s.name and sp.name.startswith(prefix) and not sp.name.endswith("_0")]
