@@ -16,6 +16,8 @@ from dataclasses import dataclass, replace
 
 from backends.checked import CheckedBackend
 from backends.simpy_machine import SimMachine
+from sim import steady
+from sim.distinct import PointPlan, plan_point
 from sim.graph import DecodeGraph
 from sim.program import DecodeProgram
 from sim.simulate import Point, RunResult, graphs_for, run_decode
@@ -40,12 +42,14 @@ def check(
     program: DecodeProgram | None = None,
     record_copies: bool = False,
     machine: SimMachine | None = None,
+    steady_plan: PointPlan | None = None,
 ) -> Checked:
     """Simulate ``point`` under the checker, as given (no scaling). Blocks for the simulation's wall time.
 
     ``graphs`` defaults to the plain decode graphs; ``program`` (functional
     mode) defaults to a :class:`DecodeProgram` of the point's workload;
-    ``machine`` (a fresh SimPy machine by default) lets a test inject faults.
+    ``machine`` (a fresh SimPy machine by default) lets a test inject faults. With ``steady_plan`` (the point's
+    plan, ``sim.distinct.plan_point``) the run takes the fast path of ``sim.steady``.
     """
     t = time.perf_counter()
     point = _placed(point)
@@ -55,7 +59,11 @@ def check(
     if functional and program is None:
         program = DecodeProgram(point.workload)
     gfn = graphs or graphs_for
-    _, stats = machine.run(run_decode(checker, point, program if functional else None, graphs=gfn))
+    if steady_plan is not None:
+        host = steady.decode(checker, point, steady_plan)
+    else:
+        host = run_decode(checker, point, program if functional else None, graphs=gfn)
+    _, stats = machine.run(host)
     first = next(iter(gfn(point)))
     result = RunResult(point, stats, machine.timeline() if trace else [], first.window_rows, time.perf_counter() - t)
     result.extra["hazards"] = checker.hazard_count
@@ -74,14 +82,18 @@ def _placed(point: Point) -> Point:
     return replace(point, hardware=placed(point)) if placed else point
 
 
-def run_checked(point: Point, trace: bool = False, functional: bool = False) -> RunResult:
+def run_checked(point: Point, trace: bool = False, functional: bool = False, exact: bool = True,
+                plan: PointPlan | None = None) -> RunResult:
     """Simulate ``point`` with the race checker on; functional mode runs the scaled functional workload.
 
     Blocks for the simulation's wall time. The result's ``extra`` carries
     ``hazards`` (and ``hazard_examples``), plus ``output_hash`` when functional.
     The resident arm's first graph loads the whole cache onto the device, once,
     as a model load does: it runs one graph more and leaves that one out, so
-    every command's row (simulate, sweep, plan) is a steady token.
+    every command's row (simulate, sweep, plan) is a steady token. Not ``exact``:
+    the fast path of ``sim.steady`` where it applies (``plan``: the point's plan,
+    made here if not given); a fast run that finds a hazard is run again exact,
+    so every hazard of every token is counted.
     """
     if functional:
         from sim import functional as fn
@@ -90,10 +102,16 @@ def run_checked(point: Point, trace: bool = False, functional: bool = False) -> 
         result = check(fpoint, trace=trace, functional=True, graphs=fn.functional_graphs).result
         result.extra["scaled_from"] = {"model": point.workload.model.name, "contexts": list(point.workload.contexts)}
         return result
-    if point.transport.arm == "resident":
-        loaded = replace(point, workload=replace(point.workload, tokens=point.workload.tokens + 1))
-        result = check(loaded, trace=trace).result
+    fast = not exact and steady.applies(point, trace, functional)
+    loaded = replace(point, workload=replace(point.workload, tokens=point.workload.tokens + 1))
+    run = loaded if point.transport.arm == "resident" else point
+    if fast:
+        plan = plan if plan is not None and run is point else plan_point(run)
+        fast = plan.fits  # a point that does not fit runs exact, which raises what the scheduler raises
+    result = check(run, trace=trace, steady_plan=plan if fast else None).result
+    if run is loaded:
         result.graphs = result.graphs[1:]
         result.point = point
-        return result
-    return check(point, trace=trace).result
+    if fast and result.extra["hazards"]:
+        return run_checked(point, trace=trace)
+    return result

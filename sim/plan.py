@@ -45,6 +45,9 @@ from sim.transport_config import MAX_DEPTH, MIB, TransportConfig
 from sim.workload import WINDOW_PAD_ROWS, Workload
 
 DEFAULT_BUDGET_MIB = TransportConfig().budget_mib
+#: Gains closer than this are a tie: two depths that run the same schedule differ by float noise (~1e-14), which
+#: must not pick the depth (nor let the fast path's extrapolation pick another one than every token simulated would).
+TIE_GAIN = 1e-9
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ class PlanRequest:
     pinned: bool = True
     jobs: int | None = None
     llama_cpp: bool = False  # also the llama.cpp flags per context and the verdict against a cache on the device
+    exact: bool = False  # simulate every point and every token (default: the distinct simulations, steady tokens)
 
     def __post_init__(self) -> None:
         if not self.contexts:
@@ -136,7 +140,7 @@ def points(req: PlanRequest, contexts: list[int], depths: list[int], budget_mib:
 
 
 def _run(req: PlanRequest, pts: list[Point]) -> list[dict[str, Any]]:
-    res = run_sweep(pts, None, jobs=req.jobs, progress=False)
+    res = run_sweep(pts, None, jobs=req.jobs, progress=False, exact=req.exact)
     if res.failed:
         key, msg = res.failed[0]
         raise InputError(f"point {key} failed: {msg}")
@@ -246,7 +250,8 @@ def plan(req: PlanRequest) -> list[ContextPlan]:
 def _uncapped(req: PlanRequest, context: int, by_depth: dict[int, dict[str, Any]]) -> ContextPlan:
     gains = {d: r["gain"] if not r["declined"] else 0.0 for d, r in by_depth.items() if d}
     rings = {d: r["ring_mib"] for d, r in by_depth.items() if d}
-    best = max(gains, key=lambda d: (gains[d], -d))
+    top = max(gains.values())
+    best = min(d for d, g in gains.items() if g >= top - TIE_GAIN)  # ties go to the shallower depth
     if gains[best] <= 0:
         best = 0
     r = by_depth[best]

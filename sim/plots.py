@@ -222,7 +222,7 @@ def tps_vs_context(rows: Sequence[dict[str, Any]]) -> Figure:
         arm, d, b = k
         what = "resident (-nkvo 0)" if arm == "resident" else ("ordered" if d == 0 else f"depth {d}, {_budget_label(b)}")
         xs = [r["context"] for r in grp]
-        bands = [r.get("tokens_per_s_interval") for r in grp]
+        bands: list[list[float]] = [r.get("tokens_per_s_interval") or [] for r in grp]
         color = f"C{i % 10}"
         if all(bands):
             ax.fill_between(xs, [bd[0] for bd in bands], [bd[1] for bd in bands], color=color, alpha=0.2, linewidth=0)

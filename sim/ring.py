@@ -15,10 +15,22 @@ Units: bytes (MiB only in messages).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from backends.base import Backend, Buffer, Event, OutOfDeviceMemory, Stream
+from backends.base import Buffer, Event, OutOfDeviceMemory, Stream
 from sim.deliveries import align_up, next_pow2
 from sim.transport_config import MIB, TransportConfig
+
+
+class Memory(Protocol):
+    """The part of a backend a ring's decisions read: its device memory (a ``Backend`` is one; so is the point
+    planner's ledger, ``sim.distinct``). None of these calls blocks."""
+
+    def alloc(self, device: int, nbytes: int, name: str) -> Buffer: ...
+
+    def free(self, buffer: Buffer) -> None: ...
+
+    def free_bytes(self, device: int) -> int: ...
 
 
 @dataclass(eq=False)
@@ -38,7 +50,7 @@ class Ring:
     frozen_ordered: bool = False
     prefix_rows_last: dict[str, int] = field(default_factory=dict)
 
-    def decline_reason(self, cfg: TransportConfig, be: Backend, need: int, full_need: int) -> str:
+    def decline_reason(self, cfg: TransportConfig, be: Memory, need: int, full_need: int) -> str:
         """Why a ring of ``need``-byte slots cannot run this graph ('' if it can). Does not block."""
         if self.frozen_ordered:
             return "device kept on the ordered path (events unavailable or ring could not sit next to the graph)"
@@ -59,7 +71,7 @@ class Ring:
             )
         return ""
 
-    def ensure_slots(self, cfg: TransportConfig, be: Backend, alignment: int, need: int, full_need: int) -> str:
+    def ensure_slots(self, cfg: TransportConfig, be: Memory, alignment: int, need: int, full_need: int) -> str:
         """Make every slot hold ``need`` bytes; powers of two, capped. Returns a decline reason or ''. Does not block."""
         if self.buffer is not None and self.slot_alloc_bytes >= need:
             return ""
@@ -80,7 +92,7 @@ class Ring:
         self.slot_used = [False] * n
         return ""
 
-    def free(self, be: Backend) -> None:
+    def free(self, be: Memory) -> None:
         """Give the slots' memory back (the caller orders it after their last use). Does not block."""
         if self.buffer is not None:
             be.free(self.buffer)

@@ -34,7 +34,7 @@ from sim.workload import Workload
 GRAPH_BASE_BYTES = 16 * MIB
 ROW_SCHEMA = "kvpipe.row/1"  # the result row's version (docs/schema.md)
 GRAPH_CACHE_POINTS = 4  # points whose graphs are kept (per thread)
-GRAPH_CACHE_SIZE = 4096  # the largest point kept: tokens x sequences x attention layers (the reference at 64 tokens: 1,024)
+GRAPH_CACHE_SIZE = 4096  # graphs kept per point: tokens x sequences x attention layers (the reference at 64 tokens: 1,024)
 
 
 @dataclass(frozen=True)
@@ -62,37 +62,44 @@ class RunResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-_graphs = threading.local()  # .cache: OrderedDict of the last points' graphs, least recently used first
+_graphs = threading.local()  # .cache: OrderedDict of the last points' graphs (step -> graph), least recently used first
 
 
-def graphs_for(point: Point, start_token: int = 0) -> Iterator[DecodeGraph]:
-    """The decode graphs of ``point``: one per decode step (every sequence writes one new row).
+def graph_at(point: Point, step: int, start_token: int = 0) -> DecodeGraph:
+    """The decode graph of ``point``'s step ``step`` (every sequence writes one new row).
 
     Built on first use and kept for the last ``GRAPH_CACHE_POINTS`` points (graphs are frozen, and the
-    same arguments build equal graphs); a point larger than ``GRAPH_CACHE_SIZE`` is built afresh.
+    same arguments build equal graphs), as many of a point's graphs as ``GRAPH_CACHE_SIZE`` (sequences x
+    attention layers of each graph) holds: the first ones asked for; the others are built afresh. Does not block.
     """
     wl = point.workload
     computes = tuple(d.compute for d in point.hardware.devices)
     n_dev = len(point.hardware.devices) if wl.split_mode != "none" else 1
-
     host_attention = point.transport.arm == "host-attention"
-
-    def build(i: int) -> DecodeGraph:
-        return decode_graph(wl, computes, step=i, token=start_token + i, n_devices=n_dev, host_attention=host_attention)
-
     key = (wl, computes, n_dev, start_token, host_attention)
-    if wl.tokens * wl.n_parallel * len(wl.model.attn_layers) > GRAPH_CACHE_SIZE or not _hashable(key):
-        yield from map(build, range(wl.tokens))
-        return
+    built = _kept_graphs(key) if _hashable(key) else {}
+    graph = built.get(step)
+    if graph is None:
+        graph = decode_graph(wl, computes, step=step, token=start_token + step, n_devices=n_dev, host_attention=host_attention)
+        if (len(built) + 1) * wl.n_parallel * len(wl.model.attn_layers) <= GRAPH_CACHE_SIZE:
+            built[step] = graph
+    return graph
+
+
+def graphs_for(point: Point, start_token: int = 0) -> Iterator[DecodeGraph]:
+    """The decode graphs of ``point``, one per decode step, in order (see :func:`graph_at`); built lazily."""
+    for i in range(point.workload.tokens):
+        yield graph_at(point, i, start_token)
+
+
+def _kept_graphs(key: Any) -> dict[int, DecodeGraph]:
+    """The kept graphs of one point (step -> graph), made the most recently used."""
     cache = _graph_cache()
-    built = cache.setdefault(key, [])
+    built = cache.setdefault(key, {})
     cache.move_to_end(key)
     while len(cache) > GRAPH_CACHE_POINTS:
         cache.popitem(last=False)
-    for i in range(wl.tokens):
-        if i == len(built):  # the graphs built so far are a prefix: an iteration stopped early left it
-            built.append(build(i))
-        yield built[i]
+    return built
 
 
 def _hashable(key: Any) -> bool:
@@ -103,10 +110,10 @@ def _hashable(key: Any) -> bool:
     return True
 
 
-def _graph_cache() -> OrderedDict[Any, list[DecodeGraph]]:
+def _graph_cache() -> OrderedDict[Any, dict[int, DecodeGraph]]:
     if not hasattr(_graphs, "cache"):
         _graphs.cache = OrderedDict()
-    cache: OrderedDict[Any, list[DecodeGraph]] = _graphs.cache
+    cache: OrderedDict[Any, dict[int, DecodeGraph]] = _graphs.cache
     return cache
 
 
@@ -146,20 +153,14 @@ def io_bytes_for(wl: Workload) -> int:
     return (1 << 20) + sum(wl.model.small_inputs_bytes) + mask + rows + 4 * wl.model.hidden * wl.n_parallel
 
 
-def run_decode(
-    backend: Backend,
-    point: Point,
-    program: Program | None = None,
-    graphs: Callable[[Point], Iterator[DecodeGraph]] = graphs_for,
-    host_cache: Buffer | None = None,
-) -> HostOp:
-    """The host program: set up the scheduler, run every graph, return (scheduler, stats list)."""
+def new_scheduler(backend: Backend, point: Point, first: DecodeGraph, program: Program | None = None,
+                  host_cache: Buffer | None = None) -> TransportScheduler:
+    """The transport scheduler of ``point`` on ``backend``, with the host cache ``first`` (the first graph) needs. Does not block."""
     wl = point.workload
-    first = next(iter(graphs(point)))
     if host_cache is None:
         host_cache = backend.alloc_host(first.host_cache_bytes, "host_kv_cache", pinned=wl.pinned)
     n_dev = backend.device_count()
-    sched = TransportScheduler(
+    return TransportScheduler(
         backend,
         point.transport,
         host_cache,
@@ -168,6 +169,17 @@ def run_decode(
         program=program,
         io_bytes=io_bytes_for(wl),
     )
+
+
+def run_decode(
+    backend: Backend,
+    point: Point,
+    program: Program | None = None,
+    graphs: Callable[[Point], Iterator[DecodeGraph]] = graphs_for,
+    host_cache: Buffer | None = None,
+) -> HostOp:
+    """The host program: set up the scheduler, run every graph, return (scheduler, stats list)."""
+    sched = new_scheduler(backend, point, next(iter(graphs(point))), program, host_cache)
     stats = []
     for g in graphs(point):
         stats.append((yield from sched.run_graph(g)))

@@ -65,9 +65,10 @@ GRID: dict[str, Key] = {
     "nkvo": Key("--no-kv-offload"),
     "tokens": Key("--tokens"),
     "pageable": Key("--pageable", "switch"),
+    "exact": Key("--exact", "switch"),  # every point and token simulated (default: the fast path)
 }
 #: The grid keys ``kvpipe plan`` has flags for (one model, hardware and cache type; it searches the depths itself).
-PLAN_GRID = ("models", "hardware", "cache_types_k", "contexts", "budgets_mib", "tokens", "pageable")
+PLAN_GRID = ("models", "hardware", "cache_types_k", "contexts", "budgets_mib", "tokens", "pageable", "exact")
 #: ``format`` of a table whose standard output is the result: value -> the flags it adds.
 FORMATS = {"json": ("--json",), "table": ()}
 #: The keys a table has beside its command's flags, by where its ``out`` goes.

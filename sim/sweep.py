@@ -5,8 +5,12 @@ executor -- a ``concurrent.futures.ProcessPoolExecutor`` over local cores, or
 a Dask cluster through ``dask.distributed``'s executor, which has the same
 interface -- each point through :func:`sim.checks.run_checked`, so whatever
 checks a plain ``simulate`` applies apply here too. Points travel in small
-chunks (a point costs a few milliseconds per simulated token, so one point per
-task would spend a fair share of the time on pickling).
+chunks of whole *partitions* (the points that differ only in depth and budget,
+the only ones that can share a simulation; a simulation costs a few
+milliseconds per simulated token, so one per task would spend a fair share of
+the time on pickling), and the worker's point planner (``sim.distinct``) maps
+its chunk to the distinct simulations that decide it, each run once, on the
+fast path of ``sim.steady`` unless ``exact``.
 
 Every row has exactly the schema of ``kvpipe simulate --json``. A point is
 identified by its *grid coordinates*, the row fields that name it (model,
@@ -36,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sim import distinct
 from sim.errors import InputError
 from sim.simulate import Point, row
 from sim.telemetry import rows_to_csv, write_atomic
@@ -79,8 +84,9 @@ def key_of_point(p: Point) -> Key:
     return tuple(_norm(k, fields[k]) for k in KEY_FIELDS)
 
 
-def settings_of(points: Sequence[Point]) -> dict[str, Any]:
-    """What a sweep's rows depend on but do not record (checked on resume)."""
+def settings_of(points: Sequence[Point], exact: bool = False) -> dict[str, Any]:
+    """What a sweep's rows depend on but do not record (checked on resume); ``exact`` only when set, so folders
+    written before the fast path resume as fast ones."""
 
     def values(get: Callable[[Point], Any]) -> list[Any]:
         return sorted({get(p) for p in points}, key=repr)
@@ -92,23 +98,41 @@ def settings_of(points: Sequence[Point]) -> dict[str, Any]:
         "tensor_split": [list(t) for t in values(lambda p: tuple(p.workload.tensor_split))],
         "flat_prefix": values(lambda p: p.workload.flat_prefix),
         "pack_streams": values(lambda p: p.transport.pack_streams),
-    }
+    } | ({"exact": True} if exact else {})
 
 
 # ------------------------------------------------------------- executors
 
 
-def run_chunk(points: Sequence[Point]) -> list[dict[str, Any] | str]:
-    """Simulate each point (in a worker); a row per point, or a one-line error. Blocks for the simulations."""
-    from sim import checks
+@dataclass(frozen=True)
+class Chunk:
+    """Points that travel together: whole partitions of the grid (``sim.distinct.partitions``: the points that may
+    share a simulation), ``todo`` marking those to run (the others only count in ``shared_with_n``), and ``exact``."""
 
-    out: list[dict[str, Any] | str] = []
-    for p in points:
+    points: tuple[Point, ...]
+    todo: tuple[bool, ...]
+    exact: bool = False
+
+    @property
+    def todo_points(self) -> list[Point]:
+        return [p for p, t in zip(self.points, self.todo, strict=True) if t]
+
+
+def run_chunk(chunk: Chunk | Sequence[Point]) -> list[dict[str, Any] | str]:
+    """Plan the chunk's points into their distinct simulations (``sim.distinct``) and run each (in a worker); a row
+    per point to do, in order, or a one-line error. A plain list of points is a chunk of its own. Blocks for the
+    simulations."""
+    if not isinstance(chunk, Chunk):
+        chunk = Chunk(tuple(chunk), (True,) * len(chunk))
+    out: dict[int, dict[str, Any] | str] = {}
+    for task in distinct.tasks(list(chunk.points), list(chunk.todo), exact=chunk.exact):
         try:
-            out.append(row(checks.run_checked(p)))
+            rows: list[dict[str, Any] | str] = [row(r) for r in distinct.run_task(task)]
         except Exception as exc:  # one bad point must not sink the sweep; reported at the end
-            out.append(f"{type(exc).__name__}: {exc}")
-    return out
+            rows = [f"{type(exc).__name__}: {exc}"] * len(task.members)
+        for m, r in zip(task.members, rows, strict=True):
+            out[m.index] = r
+    return [out[i] for i, t in enumerate(chunk.todo) if t]
 
 
 class _Serial(Executor):
@@ -165,12 +189,28 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def chunks(points: Sequence[Point], workers: int) -> list[list[Point]]:
-    """Split points into chunks: about 8 per worker, at most 16 points each (progress stays live)."""
-    if not points:
+def chunks(points: Sequence[Point], workers: int, todo: Sequence[bool] | None = None, exact: bool = False) -> list[Chunk]:
+    """The points to run in chunks of whole partitions: about 8 per worker, at most 16 points to do each unless one
+    partition holds more (progress stays live). Partitions with nothing to do are left out."""
+    todo = list(todo) if todo is not None else [True] * len(points)
+    total = sum(todo)
+    if not total:
         return []
-    size = max(1, min(16, math.ceil(len(points) / (max(1, workers) * 8))))
-    return [list(points[i : i + size]) for i in range(0, len(points), size)]
+    size = max(1, min(16, math.ceil(total / (max(1, workers) * 8))))
+    out: list[Chunk] = []
+    pts: list[Point] = []
+    marks: list[bool] = []
+    for part in distinct.partitions(points):
+        if not any(todo[i] for i in part):
+            continue
+        pts += [points[i] for i in part]
+        marks += [todo[i] for i in part]
+        if sum(marks) >= size:
+            out.append(Chunk(tuple(pts), tuple(marks), exact))
+            pts, marks = [], []
+    if pts:
+        out.append(Chunk(tuple(pts), tuple(marks), exact))
+    return out
 
 
 # ------------------------------------------------------------------ store
@@ -269,13 +309,15 @@ def _read_json(path: Path) -> Any:
 
 @dataclass
 class SweepResult:
-    """What a sweep produced: every row (grid order), how many ran now or were resumed, which failed."""
+    """What a sweep produced: every row (grid order), how many ran now (in how many simulations) or were resumed,
+    which failed."""
 
     rows: list[dict[str, Any]]
     ran: int = 0
     resumed: int = 0
     failed: list[tuple[Key, str]] = field(default_factory=list)
     wall_s: float = 0.0
+    simulations: int = 0
 
 
 def run_sweep(
@@ -284,32 +326,36 @@ def run_sweep(
     jobs: int | None = None,
     dask_address: str | None = None,
     progress: bool = True,
+    exact: bool = False,
 ) -> SweepResult:
     """Run every point not already in ``out_dir``; returns all rows in grid order.
 
-    Blocks until the sweep is done (wall time ~ points x tokens x a few ms / workers).
-    Raises InputError on an empty grid or an unusable output folder. A point that
-    raises is reported in ``failed`` and left out of the rows (a rerun retries it).
+    The points are planned by partition in the workers (``sim.distinct``): each distinct simulation runs once, on
+    the fast path of ``sim.steady`` unless ``exact``, and every point gets its own row. Blocks until the sweep is done (wall time
+    ~ distinct simulations x simulated tokens x a few ms / workers). Raises InputError on an empty grid or an
+    unusable output folder. A point that raises is reported in ``failed`` and left out of the rows (a rerun
+    retries it).
     """
     if not points:
         raise InputError("the grid is empty; give at least one value per flag")
     t0 = time.perf_counter()
     with executor_for(jobs, dask_address) as ex:  # first: a missing extra or scheduler writes nothing
         order: list[Key] = []
-        todo: list[Point] = []
+        unique: list[Point] = []
+        todo: list[bool] = []
         seen: set[Key] = set()
-        store = RowStore(out_dir, settings_of(points))
+        store = RowStore(out_dir, settings_of(points, exact))
         for p in points:
             k = key_of_point(p)
             if k not in seen:
                 seen.add(k)
                 order.append(k)
-                if k not in store:
-                    todo.append(p)
-        result = SweepResult(rows=[], resumed=len(order) - len(todo))
+                unique.append(p)
+                todo.append(k not in store)
+        result = SweepResult(rows=[], resumed=len(order) - sum(todo))
         try:
             workers = 1 if isinstance(ex, _Serial) else (jobs or os.cpu_count() or 1)
-            _collect(ex, chunks(todo, workers), store, order, result, progress)
+            _collect(ex, chunks(unique, workers, todo, exact), store, order, result, progress)
         finally:
             store.close(order)
     result.rows = store.ordered(order) if out_dir else [store.rows[k] for k in order if k in store.rows]
@@ -317,24 +363,34 @@ def run_sweep(
     return result
 
 
-def _collect(ex: Executor, work: list[list[Point]], store: RowStore, order: Sequence[Key], result: SweepResult,
+def _collect(ex: Executor, work: list[Chunk], store: RowStore, order: Sequence[Key], result: SweepResult,
              progress: bool) -> None:
     from tqdm import tqdm
 
-    total = sum(len(c) for c in work)
+    total = sum(sum(c.todo) for c in work)
+    runs: set[Key] = set()  # the simulations the rows came from: their coordinates but depth and budget, and simulated_as
     with tqdm(total=total, desc="sweep", unit="pt", file=sys.stderr, disable=not progress or not total,
               dynamic_ncols=True) as bar:
         for chunk, rows in _results(ex, work):
-            for p, r in zip(chunk, rows, strict=True):
+            done = chunk.todo_points
+            for p, r in zip(done, rows, strict=True):
                 if isinstance(r, str):
                     result.failed.append((key_of_point(p), r))
                 else:
                     store.add(r, order)
                     result.ran += 1
-            bar.update(len(chunk))
+                    runs.add(_run_of(r))
+            bar.update(len(done))
+    result.simulations = len(runs)
 
 
-def _results(ex: Executor, work: list[list[Point]]) -> Iterator[tuple[list[Point], list[dict[str, Any] | str]]]:
+def _run_of(r: dict[str, Any]) -> Key:
+    own = tuple(v for k, v in zip(KEY_FIELDS, key_of_row(r), strict=True) if k not in ("depth", "budget_mib"))
+    sim = r.get("simulated_as") or {"depth": r["depth"], "budget_mib": r["budget_mib"]}
+    return (*own, sim["depth"], float(sim["budget_mib"]))
+
+
+def _results(ex: Executor, work: list[Chunk]) -> Iterator[tuple[Chunk, list[dict[str, Any] | str]]]:
     """(chunk, rows) as chunks finish: inline for the serial executor, else in completion order."""
     if isinstance(ex, _Serial):
         for c in work:

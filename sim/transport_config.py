@@ -119,7 +119,11 @@ class Mutations:
 
 @dataclass
 class GraphStats:
-    """What one graph cost and moved (the reference's telemetry fields)."""
+    """What one graph cost and moved (the reference's telemetry fields).
+
+    A token of the fast path (``sim.steady``) that was not simulated says which steady token it was extrapolated
+    from in ``extrapolated_from``; a simulated one has -1 there.
+    """
 
     token: int = 0
     total_s: float = 0.0
@@ -141,6 +145,7 @@ class GraphStats:
     declined: bool = False
     decline_reason: str = ""
     staged_splits: int = 0
+    extrapolated_from: int = -1  # -1: simulated; else the steady token this one was extrapolated from (sim.steady)
 
     @property
     def ring_need_bytes(self) -> int:

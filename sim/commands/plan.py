@@ -11,7 +11,7 @@ import argparse
 import json
 from typing import Any
 
-from sim.commands.args import REFERENCE_CONTEXTS, UsageError, expand_ranges, parse_list
+from sim.commands.args import EXACT_HELP, REFERENCE_CONTEXTS, UsageError, expand_ranges, parse_list
 from sim.plan import DEFAULT_BUDGET_MIB, PlanRequest, plan, render, render_llama_cpp
 from sim.transport_config import MAX_BUDGET_MIB
 from sim.workload import MAX_CONTEXT
@@ -34,6 +34,7 @@ def register(sub: Any) -> None:
     p.add_argument("--jobs", type=int, default=0, help="local worker processes (default: all cores)")
     p.add_argument("--llama-cpp", action="store_true",
                    help="also print llama.cpp's flags per context and the verdict against a cache on the device")
+    p.add_argument("--exact", action="store_true", help=EXACT_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object per context")
     p.set_defaults(func=run)
 
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     req = PlanRequest(model=args.model, hardware=args.hardware, cache_type=args.cache_type, contexts=tuple(contexts),
                       max_depth=args.max_depth, tokens=args.tokens, default_budget_mib=args.default_budget,
                       budget_for_gain=args.budget_for_gain, pinned=not args.pageable, jobs=args.jobs or None,
-                      llama_cpp=args.llama_cpp)
+                      llama_cpp=args.llama_cpp, exact=args.exact)
     plans = plan(req)
     if args.json:
         print(json.dumps([p.to_json() for p in plans], indent=1))

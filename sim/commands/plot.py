@@ -89,7 +89,7 @@ def _simulated_rows(args: argparse.Namespace, need_baseline: bool) -> list[dict[
 
         depths = expand_ranges(args.depth).split(",")
         args.depth = ",".join(["0", *[d for d in depths if d.strip() != "0"]])
-    res = run_sweep(grid_points(args), None, jobs=args.jobs or None, progress=False)
+    res = run_sweep(grid_points(args), None, jobs=args.jobs or None, progress=False, exact=args.exact)
     if res.failed:
         raise UsageError(f"point {res.failed[0][0]} failed: {res.failed[0][1]}")
     return res.rows

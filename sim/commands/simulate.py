@@ -4,7 +4,9 @@ With no options it runs the reference preset (qwen3.8-27b, q8_0, RTX 4070 on
 gen4 x16) at 4,096 / 16,384 / 32,768 at depth 0 and 1 with the default
 budget, and prints a table with the gain. ``--json`` prints one object per
 point, ``--csv FILE`` writes them as CSV, ``--trace FILE`` writes a Chrome
-trace of every point's timeline.
+trace of every point's timeline. Each distinct simulation runs once and
+extrapolates its steady tokens (``sim.distinct``, ``sim.steady``); ``--exact``
+simulates every point and token, as traces and functional runs always do.
 """
 
 from __future__ import annotations
@@ -36,23 +38,27 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def run_points(points: list[Point], trace: bool = False, functional: bool = False) -> list[tuple[RunResult, dict[str, Any]]]:
-    """Simulate each point; returns (result, row) pairs. Blocks for the simulations' wall time."""
-    from sim import checks
+def run_points(points: list[Point], trace: bool = False, functional: bool = False,
+               exact: bool = False) -> list[tuple[RunResult, dict[str, Any]]]:
+    """Simulate each distinct point once (``sim.distinct``; on the fast path unless ``exact``, a trace or a functional
+    run); returns (result, row) pairs, one per point. Blocks for the simulations' wall time."""
+    from sim import distinct
 
-    out = []
-    for p in points:
+    out: dict[int, tuple[RunResult, dict[str, Any]]] = {}
+    alone = trace or functional
+    for task in distinct.tasks(points, exact=exact or alone, share=not alone):
         try:
-            result = checks.run_checked(p, trace=trace, functional=functional)
+            results = distinct.run_task(task, trace=trace, functional=functional)
         except OutOfDeviceMemory as exc:  # a point that does not fit is a row that says so; the rest of the grid runs
-            result = RunResult(p, [GraphStats()], extra={"fits": False, "fit_reason": str(exc)})
-        out.append((result, row(result)))
-    return out
+            results = [RunResult(m.point, [GraphStats()], extra={"fits": False, "fit_reason": str(exc)}) for m in task.members]
+        for m, result in zip(task.members, results, strict=True):
+            out[m.index] = (result, row(result))
+    return [out[i] for i in range(len(points))]
 
 
 def run(args: argparse.Namespace) -> int:
     points = points_from_args(args)
-    results = run_points(points, trace=bool(args.trace), functional=args.functional)
+    results = run_points(points, trace=bool(args.trace), functional=args.functional, exact=args.exact)
     rows = [r for _, r in results]
     if args.trace:
         label = lambda r: f"{r['model']} {r['hardware']} ctx={r['context']} depth={r['depth']} budget={r['budget_mib']:g}"  # noqa: E731

@@ -4,7 +4,9 @@ The grid flags are those of ``simulate`` (list flags also take
 ``START..STOP/STEP`` ranges here). Points run over ``--jobs`` local processes
 or on a Dask cluster (``--dask ADDRESS``); rows land in ``--out DIR`` as
 ``rows.json`` and ``rows.csv`` with the schema of ``simulate --json``, plus
-the ``rows.jsonl`` journal a rerun resumes from.
+the ``rows.jsonl`` journal a rerun resumes from. Each distinct simulation runs
+once and extrapolates its steady tokens (``sim.distinct``, ``sim.steady``);
+``--exact`` runs every point and token.
 """
 
 from __future__ import annotations
@@ -37,10 +39,11 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs < 0:
         raise UsageError(f"--jobs {args.jobs} out of range; allowed: >= 1 (0 = all cores)")
     points = grid_points(args)
-    res = run_sweep(points, out_dir=args.out, jobs=args.jobs or None, dask_address=args.dask, progress=not args.quiet)
+    res = run_sweep(points, out_dir=args.out, jobs=args.jobs or None, dask_address=args.dask, progress=not args.quiet,
+                    exact=args.exact)
     where = f"{args.out}/{ROWS_JSON}, {args.out}/{ROWS_CSV} (journal {JOURNAL})"
-    print(f"swept {len(points)} points: {res.ran} run, {res.resumed} already done, {len(res.failed)} failed, "
-          f"in {res.wall_s:.1f} s -> {where}")
+    print(f"swept {len(points)} points: {res.ran} run ({res.simulations} distinct simulations), {res.resumed} already "
+          f"done, {len(res.failed)} failed, in {res.wall_s:.1f} s -> {where}")
     for key, msg in res.failed[:5]:
         print(f"kvpipe: point {key} failed: {msg}", file=sys.stderr)
     return 1 if res.failed else 0

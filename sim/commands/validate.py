@@ -24,7 +24,7 @@ from sim.commands.args import UsageError, add_grid_args, points_from_args
 
 def register(sub: Any) -> None:
     p = sub.add_parser("validate", help="GPU vs simulation over a grid, with the exactness gate")
-    add_grid_args(p)
+    add_grid_args(p, exact=False)
     p.set_defaults(model="llama-3.1-8b,qwen3.8-27b", context="4096,16384,65536", depth="0,1,2,4", budget="0",
                    tokens=4, hardware="calibrated.json")
     p.add_argument("--reps", type=int, default=3, help="repetitions of every arm (default 3)")

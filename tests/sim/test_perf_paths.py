@@ -39,11 +39,14 @@ def test_a_stopped_iteration_leaves_a_prefix_the_next_one_continues() -> None:
     assert list(graphs_for(p))[0] is first and len(list(graphs_for(p))) == 3
 
 
-def test_a_point_too_large_is_built_afresh() -> None:
+def test_a_point_too_large_keeps_only_the_graphs_that_fit() -> None:
     clear_graph_cache()
     wl = reference_workload(4096, tokens=2)
-    big = point(tokens=GRAPH_CACHE_SIZE // len(wl.model.attn_layers) + 1)
-    assert next(iter(graphs_for(big))) is not next(iter(graphs_for(big)))
+    fit = GRAPH_CACHE_SIZE // len(wl.model.attn_layers)
+    big = point(tokens=fit + 1)
+    first, again = list(graphs_for(big)), list(graphs_for(big))
+    assert all(a is b for a, b in zip(first[:fit], again[:fit], strict=True))  # the first ones asked for are kept
+    assert first[fit] is not again[fit] and first[fit] == again[fit]  # the one past the size is built afresh
 
 
 def test_rows_are_the_same_with_kept_graphs() -> None:
