@@ -27,7 +27,7 @@ from typing import Any
 
 from backends.base import Backend, Buffer, HostOp, Span
 from backends.profile import HardwareProfile, prediction_band, workload_entry
-from sim.graph import DecodeGraph, decode_graph, head_ranges
+from sim.graph import DecodeGraph, cost_terms_ms, decode_graph, head_ranges
 from sim.scheduler import MIB, GraphStats, Program, TransportConfig, TransportScheduler
 from sim.workload import Workload
 
@@ -263,6 +263,8 @@ def row(result: RunResult, model: str = "", hardware: str = "", cache_type: str 
             "issuing_deliveries": mean([s.issue_s for s in g]) * 1e3,
             "boundary_wait": mean([s.boundary_wait_s for s in g]) * 1e3,
         },
+        # the compute model's terms of the first step (weights once, attention, what each sequence past the first adds)
+        "batch_ms": cost_terms_ms(p.workload, p.hardware.devices[0].compute, graph_at(p, 0)),
         **result.extra,
     }
 

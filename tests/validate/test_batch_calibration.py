@@ -45,3 +45,20 @@ def test_calibrate_batch_recovers_the_terms_on_the_simulated_machine(tmp_path: P
     assert got["layer_seq_us"] + got["attn_seq_us"] == pytest.approx(23.0, rel=1e-3)
     assert main(["calibrate", "--batch", "4", "--hardware", str(truth), "--out", str(out)]) == 2
     assert "at least two distinct batch sizes" in capsys.readouterr().err
+
+
+def test_simulate_json_shows_the_terms_as_their_own_breakdown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = copy.deepcopy(read_profile_dict("h200-gen5x16")[0])
+    d["devices"][0]["compute"].update(TERMS)
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps(d))
+    rows = {}
+    for b in (1, 4):
+        assert main(["simulate", "--hardware", str(prof), "-m", "llama-3.1-8b", "--context", "2048", "--parallel", str(b),
+                     "--depth", "0", "--tokens", "2", "--json"]) == 0
+        rows[b] = json.loads(capsys.readouterr().out)[0]["batch_ms"]
+    n_attn = load_model("llama-3.1-8b").n_attn
+    assert rows[1]["per_sequence_gpu"] == 0 and rows[1]["per_sequence_cpu"] == 0 and rows[4]["sequences"] == 4
+    assert rows[4]["per_sequence_gpu"] == pytest.approx(3 * n_attn * (3.0 + 20.0) * 1e-3)  # 3 more sequences, per split
+    assert rows[4]["per_sequence_cpu"] == pytest.approx(3 * n_attn * 2.0 * 1e-3)
+    assert rows[4]["weights"] == pytest.approx(rows[1]["weights"])  # the weights are read once for the batch
