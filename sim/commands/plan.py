@@ -12,9 +12,10 @@ import json
 from typing import Any
 
 from sim.commands.args import EXACT_HELP, REFERENCE_CONTEXTS, UsageError, expand_ranges, parse_list
-from sim.plan import DEFAULT_BUDGET_MIB, PlanRequest, plan, render, render_llama_cpp
-from sim.transport_config import MAX_BUDGET_MIB
+from sim.transport_config import MAX_BUDGET_MIB, TransportConfig
 from sim.workload import MAX_CONTEXT
+
+DEFAULT_BUDGET_MIB = TransportConfig().budget_mib  # sim.plan's default, without importing it at parser build
 
 
 def register(sub: Any) -> None:
@@ -48,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("model", "hardware", "cache_type"):
         if "," in getattr(args, flag):
             raise UsageError("plan takes one model, one hardware and one cache type")
+    from sim.plan import PlanRequest, plan, render, render_llama_cpp
+
     req = PlanRequest(model=args.model, hardware=args.hardware, cache_type=args.cache_type, contexts=tuple(contexts),
                       max_depth=args.max_depth, tokens=args.tokens, default_budget_mib=args.default_budget,
                       budget_for_gain=args.budget_for_gain, pinned=not args.pageable, jobs=args.jobs or None,

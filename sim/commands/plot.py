@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from sim.commands.args import UsageError, add_grid_args, parse_list
-from sim.sweep import gain_rows, run_sweep
 
 ROW_KINDS = ("gain-vs-depth", "gain-vs-context", "gain-per-mib", "ring-vs-context", "tps-vs-context")
 ROW_FIELDS = ("model", "hardware", "cache_type", "context", "depth", "budget_mib", "tokens", "tokens_per_s", "window_rows",
@@ -89,6 +88,8 @@ def _simulated_rows(args: argparse.Namespace, need_baseline: bool) -> list[dict[
 
         depths = expand_ranges(args.depth).split(",")
         args.depth = ",".join(["0", *[d for d in depths if d.strip() != "0"]])
+    from sim.sweep import run_sweep
+
     res = run_sweep(grid_points(args), None, jobs=args.jobs or None, progress=False, exact=args.exact)
     if res.failed:
         raise UsageError(f"point {res.failed[0][0]} failed: {res.failed[0][1]}")
@@ -159,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             if rows is None:
                 rows = read_rows(args.rows) if args.rows else _simulated_rows(args, need_baseline=kind != "xy")
+                from sim.sweep import gain_rows
+
                 rows = gain_rows(rows)
             if kind == "xy":
                 fig = plots.xy(rows, args.x, args.y, args.group)

@@ -12,10 +12,13 @@ import argparse
 import shlex
 from typing import Any
 
+#: The input kinds (``validate.html_report.ALLOWED``, which a test holds this to; not imported at parser build).
+ALLOWED = ("result rows (kvpipe sweep --out DIR, its rows.json, kvpipe simulate --json); a capacity plan (kvpipe plan --json); "
+           "a validation report (kvpipe validate's report.json, or its folder); a Chrome trace (kvpipe simulate/validate --trace, "
+           ".json or .json.gz)")
+
 
 def register(sub: Any) -> None:
-    from validate.html_report import ALLOWED
-
     p = sub.add_parser("report", help="one self-contained HTML page (inline SVG plots, tables, commands) from kvpipe outputs")
     p.add_argument("inputs", nargs="+", metavar="INPUT", help=f"files or folders, any of: {ALLOWED}")
     p.add_argument("--out", default="report.html", help="the HTML file to write (default report.html; - = standard output)")

@@ -282,3 +282,9 @@ def test_the_h200_validation_report_renders_in_chromium(h200_page: Path, tmp_pat
     assert [b["id"] for b in probe["boxes"]] == ["fig-1", "fig-2"] and probe["svgs"] == 2
     assert all(b["width"] > 300 and b["height"] > 200 for b in probe["boxes"]), probe["boxes"]
     assert [line for line in run.stderr.splitlines() if ":CONSOLE" in line] == []
+
+
+def test_the_command_line_names_the_kinds_the_report_reads() -> None:
+    from sim.commands import report
+
+    assert report.ALLOWED == html_report.ALLOWED  # kept apart so that building the parser imports no report code
