@@ -100,6 +100,16 @@ def _thousands(ax: Any) -> None:
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
 
 
+def _context_axis(ax: Any, rows: Sequence[dict[str, Any]], ylabel: str, what: str, legend: dict[str, Any] | None = None) -> None:
+    """Finish a plot whose x axis is the context: labels, thousands separators, grid, legend and title."""
+    ax.set_xlabel("context (tokens already cached)")
+    _thousands(ax)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, **(legend or {}))
+    ax.set_title(_title(rows, what), fontsize=10)
+
+
 def _figure(size: tuple[float, float] = (9, 5.5)) -> Figure:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -198,13 +208,8 @@ def gain_vs_context(rows: Sequence[dict[str, Any]], marks: Sequence[tuple[str, f
         ax.axvline(x, color="grey", linestyle=":", linewidth=1.2)
         ax.annotate(text, (x, 0.1 + 0.06 * i), xycoords=("data", "axes fraction"), textcoords="offset points",
                     xytext=(4, 0), fontsize=8, color="dimgrey", bbox={"boxstyle": "round", "fc": "white", "ec": "none"})
-    ax.set_xlabel("context (tokens already cached)")
-    _thousands(ax)
-    ax.set_ylabel("gain over the ordered path (%)")
     ax.axhline(0, color="black", linewidth=0.6)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(_title(rows, "gain vs context"), fontsize=10)
+    _context_axis(ax, rows, "gain over the ordered path (%)", "gain vs context")
     return fig
 
 
@@ -231,13 +236,8 @@ def tps_vs_context(rows: Sequence[dict[str, Any]]) -> Figure:
         else:
             what += " (uncalibrated: no band)"
         ax.plot(xs, [r["tokens_per_s"] for r in grp], color=color, marker="o", markersize=3, label=what)
-    ax.set_xlabel("context (tokens already cached)")
-    _thousands(ax)
-    ax.set_ylabel("predicted tokens/s")
     ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(_title(rows, "predicted t/s vs context, with the calibration band"), fontsize=10)
+    _context_axis(ax, rows, "predicted tokens/s", "predicted t/s vs context, with the calibration band")
     return fig
 
 
@@ -251,13 +251,8 @@ def gain_per_mib(rows: Sequence[dict[str, Any]]) -> Figure:
     for d, grp in sorted(_groups(rows, lambda r: r["depth"]).items()):
         grp = sorted({r["context"]: r for r in grp}.values(), key=lambda r: r["context"])
         ax.plot([r["context"] for r in grp], [100 * r["gain"] / r["ring_mib"] for r in grp], marker=".", label=f"depth {d}")
-    ax.set_xlabel("context (tokens already cached)")
-    _thousands(ax)
-    ax.set_ylabel("gain per MiB of ring (% / MiB)")
     ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(_title(rows, "what each MiB of ring buys"), fontsize=10)
+    _context_axis(ax, rows, "gain per MiB of ring (% / MiB)", "what each MiB of ring buys")
     return fig
 
 
@@ -276,12 +271,8 @@ def ring_vs_context(rows: Sequence[dict[str, Any]], budgets_mib: Sequence[float]
         ax.axhline(b, color="black", linestyle=["--", ":", "-."][i % 3], linewidth=1)
         ax.annotate(f"budget {b:g} MiB", (0.01, b), xycoords=("axes fraction", "data"), textcoords="offset points",
                     xytext=(0, 3), fontsize=8)
-    ax.set_xlabel("context (tokens already cached)")
-    _thousands(ax)
-    ax.set_ylabel("ring the graph needs (MiB)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, 0.93))
-    ax.set_title(_title(rows, "ring size vs context (above a budget line the ring is declined)"), fontsize=10)
+    _context_axis(ax, rows, "ring the graph needs (MiB)", "ring size vs context (above a budget line the ring is declined)",
+                  legend={"loc": "upper left", "bbox_to_anchor": (0.0, 0.93)})
     return fig
 
 
