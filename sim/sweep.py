@@ -58,8 +58,14 @@ Key = tuple[Any, ...]
 
 def key_of_row(r: dict[str, Any]) -> Key:
     """The grid coordinates of a result row (lists as tuples, budget as float)."""
-    return tuple(_norm(k, r.get(k, KEY_DEFAULTS.get(k, r.get("cache_type"))) if k in ("arm", "cache_type_v") else r[k])
-                 for k in KEY_FIELDS)
+    return tuple(_norm(k, r[k] if k in r else _default(r, k)) for k in KEY_FIELDS)
+
+
+def _default(r: dict[str, Any], field: str) -> Any:
+    """A key field that rows written before it existed lack: the value they meant. KeyError for any other."""
+    if field == "cache_type_v":
+        return r["cache_type"]  # the V cache was the K cache's type
+    return KEY_DEFAULTS[field]
 
 
 def _norm(field: str, value: Any) -> Any:

@@ -470,3 +470,33 @@ def calibrate_batches(
     terms = fit_batch(by_batch)
     return {**terms, "batches": list(batches), "windows": list(windows), "token_ms_measured": measured,
             "samples": {str(b): len(v[0]) for b, v in by_batch.items()}}
+
+
+BATCH_TERMS = ("layer_seq_us", "attn_seq_us", "cpu_row_us")
+
+
+def add_batch_terms(data: dict[str, Any], be: Backend, xp: Any, hardware: HardwareProfile, models: Sequence[ModelShape],
+                    ctypes: Sequence[CacheType], windows: Sequence[int], batches: Sequence[int],
+                    scale: float = 1.0) -> list[tuple[str, dict[str, Any]]]:
+    """Extend the profile dict ``data`` (of ``hardware``) with the per-sequence terms of each (model, cache type).
+
+    Each ``workloads`` entry (made from the device's compute where missing) gets
+    the fitted terms in its ``compute`` and the fit under ``batch``; the device's
+    compute takes the first entry's. Returns (entry key, terms) in order. Blocks
+    for the runs (:func:`calibrate_batches`).
+    """
+    store = WeightStore()
+    entries = data.setdefault("workloads", {})
+    out = []
+    for m in models:
+        for c in ctypes:
+            key = workload_key(m.name, c.name)
+            entry = entries.setdefault(key, {"compute": copy.deepcopy(data["devices"][0]["compute"]), "cache_type": c.name})
+            terms = calibrate_batches(be, m, c, hardware, xp, store, windows, batches, scale=scale)
+            entry["compute"].update({k: terms[k] for k in BATCH_TERMS})
+            entry["batch"] = terms
+            out.append((key, terms))
+    first = next(iter(entries.values()))["compute"]
+    for dev in data["devices"]:
+        dev["compute"].update({k: first.get(k, 0.0) for k in BATCH_TERMS})
+    return out

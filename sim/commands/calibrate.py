@@ -99,13 +99,12 @@ def run_batch(args: argparse.Namespace) -> int:
     import json
 
     from backends.base import BackendUnavailable
-    from backends.profile import read_profile_dict, workload_key
+    from backends.profile import read_profile_dict
     from sim.points import cache, hardware, model
-    from sim.program import WeightStore
     from sim.safe_write import write_output
     from sim.workload import CACHE_TYPES
     from validate import driver
-    from validate.calibrate import calibrate_batches
+    from validate.calibrate import add_batch_terms
 
     batches = parse_list(args.batch, _int, "--batch", "batch sizes 1..8 (comma list)")
     if any(not 1 <= b <= 8 for b in batches) or len(set(batches)) < 2:
@@ -124,23 +123,9 @@ def run_batch(args: argparse.Namespace) -> int:
         be, xp, _info = driver.machine(args.machine, base)
     except BackendUnavailable as exc:
         raise UsageError(driver.unavailable_message(exc)) from None
-    store = WeightStore()
-    entries = data.setdefault("workloads", {})
-    for m in models:
-        for c in ctypes:
-            found = entries.get(workload_key(m.name, c.name))
-            if found is None:
-                found = entries.setdefault(workload_key(m.name, c.name),
-                                           {"compute": json.loads(json.dumps(data["devices"][0]["compute"])), "cache_type": c.name})
-            terms = calibrate_batches(be, m, c, base, xp, store, windows, batches, scale=args.scale)
-            found["compute"].update({k: terms[k] for k in ("layer_seq_us", "attn_seq_us", "cpu_row_us")})
-            found["batch"] = terms
-            print(f"{m.name}@{c.name}: per sequence past the first {terms['layer_seq_us']:.2f} us a layer, "
-                  f"{terms['attn_seq_us']:.2f} us an attention layer, {terms['cpu_row_us']:.2f} us a CPU split")
-    if "devices" in data and entries:
-        first = next(iter(entries.values()))["compute"]
-        for dev in data["devices"]:
-            dev["compute"].update({k: first.get(k, 0.0) for k in ("layer_seq_us", "attn_seq_us", "cpu_row_us")})
+    for key, terms in add_batch_terms(data, be, xp, base, models, ctypes, windows, batches, scale=args.scale):
+        print(f"{key}: per sequence past the first {terms['layer_seq_us']:.2f} us a layer, "
+              f"{terms['attn_seq_us']:.2f} us an attention layer, {terms['cpu_row_us']:.2f} us a CPU split")
     write_output(args.out, json.dumps(data, indent=1) + "\n")
     print(f"wrote {args.out}")
     return 0
