@@ -83,7 +83,6 @@ class CheckedBackend:
         self._context = ""  # the name of the split the host is at
         self._waited: list[bool] = [False]  # per stream: joined an event snapshot since the host last joined its clock
         self.now_s = inner.now_s  # type: ignore[method-assign]
-        self.xp = inner.xp
 
     # Only the Protocol is forwarded (the inner backend is ``.inner``): a ``__getattr__`` would
     # make every ``self.x`` load of this class take CPython's slow generic path.
@@ -214,6 +213,11 @@ class CheckedBackend:
 
     def device_count(self) -> int:
         return self.inner.device_count()
+
+    @property
+    def xp(self) -> Any:
+        """The inner machine's array module."""
+        return self.inner.xp
 
     def run(self, program: HostOp) -> Any:
         """Run a host program of this checker's operations on the inner machine; returns its value. Blocks as ``inner.run``."""

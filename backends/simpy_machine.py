@@ -52,7 +52,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import simpy
 
 from backends.base import Buffer, CopyPlan, Event, HostOp, OutOfDeviceMemory, Span, Stream, Work
@@ -79,6 +78,13 @@ class _StreamState:
     held: Any = None  # (engine, request) kept for this stream's next copy (copy_engine_drains_stream)
 
 
+def _numpy() -> Any:
+    """NumPy, imported on first use: only functional mode moves real bytes (a timing run never imports it)."""
+    import numpy
+
+    return numpy
+
+
 def _nothing() -> HostOp:
     """A host operation that does nothing."""
     return
@@ -89,7 +95,11 @@ class SimMachine(Machine):
     """A simulated machine behind the backend Protocol. Construct, then run a host program with :meth:`run`."""
 
     name = "simpy"
-    xp = np
+
+    @property
+    def xp(self) -> Any:
+        """NumPy: the arrays behind functional buffers."""
+        return _numpy()
 
     def __init__(
         self, profile: HardwareProfile, functional: bool = False, trace: bool = True, env: simpy.Environment | None = None
@@ -134,7 +144,7 @@ class SimMachine(Machine):
         return {"device": f"SimPy machine ({self.profile.name})", "device_count": len(self.profile.devices),
                 "memory_total_bytes": dev.memory_total_bytes, "memory_free_bytes": self.free_bytes(0),
                 "driver_version": None, "runtime_version": None, "cupy_version": None,
-                "numpy_version": np.__version__, "profile": self.profile.name, "estimate": self.profile.estimate}
+                "numpy_version": _numpy().__version__, "profile": self.profile.name, "estimate": self.profile.estimate}
 
     def _span(self, track: str, name: str, start: float, **args: Any) -> None:
         if self.tracing:
@@ -238,7 +248,7 @@ class SimMachine(Machine):
             yield self._timeout(work.duration_s)
             self.host_busy_s += work.duration_s
         if self.functional and work.run is not None:
-            work.run(np)
+            work.run(_numpy())
         self._span("host", work.name, t)
 
     # synchronize and wait_host hand back the waiting generator itself (one generator less per wait);
@@ -278,7 +288,7 @@ class SimMachine(Machine):
     # ------------------------------------------------------------ inside
 
     def _array(self, nbytes: int) -> Any:
-        return np.zeros(nbytes, dtype=np.uint8) if self.functional else None
+        return _numpy().zeros(nbytes, dtype=_numpy().uint8) if self.functional else None
 
     def _wait_done(self, ev: simpy.Event | None, what: str, name: str = "") -> HostOp:
         """Block the host until ``ev`` has been processed (None: done already), then pay the wake-up."""
@@ -325,7 +335,7 @@ class SimMachine(Machine):
                 if self._dram[stream.device]:
                     yield from self._contended(stream.device, t)
                 if self.functional and payload.run is not None:
-                    payload.run(np)
+                    payload.run(_numpy())
                 if self.tracing:
                     self._span(stream.name, name, t)
             elif kind == "record":

@@ -13,14 +13,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from backends.checked import CheckedBackend
 from backends.simpy_machine import SimMachine
 from sim import steady
 from sim.distinct import PointPlan, plan_point
 from sim.graph import DecodeGraph
-from sim.program import DecodeProgram
 from sim.simulate import Point, RunResult, graphs_for, run_decode
+
+if TYPE_CHECKING:
+    from sim.program import DecodeProgram
 
 GraphsFn = Callable[[Point], Iterator[DecodeGraph]]
 
@@ -57,6 +60,8 @@ def check(
         machine = SimMachine(point.hardware, functional=functional, trace=trace)
     checker = CheckedBackend(machine, record_copies=record_copies)
     if functional and program is None:
+        from sim.program import DecodeProgram  # NumPy: a timing run never imports it
+
         program = DecodeProgram(point.workload)
     gfn = graphs or graphs_for
     if steady_plan is not None:

@@ -43,11 +43,11 @@ def flatten(row: dict[str, Any]) -> dict[str, Any]:
 
 def rows_to_csv(rows: Sequence[dict[str, Any]]) -> str:
     flat = [flatten(r) for r in rows]
-    fields: list[str] = []
+    fields: dict[str, None] = {}  # every row's keys, in first-seen order
     for r in flat:
-        fields += [k for k in r if k not in fields]
+        fields.update(dict.fromkeys(r))
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=fields)
+    w = csv.DictWriter(buf, fieldnames=list(fields), extrasaction="ignore")  # every key is a field: skip its per-row check
     w.writeheader()
     w.writerows(flat)
     return buf.getvalue()
