@@ -49,26 +49,37 @@ class BackendUnavailable(BackendError):
     """The backend cannot run here (no CUDA device, CuPy missing, ...)."""
 
 
-@dataclass(frozen=True)
-class CopyRange:
-    """One piece of a copy: ``nbytes`` from ``src_offset`` to ``dst_offset``.
-
-    With ``rows`` > 1 the piece is 2D: ``rows`` rows of ``nbytes // rows``
-    bytes, ``src_pitch`` apart in the source, packed in the destination (a
-    head slice of a window, one ``cudaMemcpy2DAsync``).
-    """
-
+class _CopyRangeFields(NamedTuple):
     src_offset: int
     dst_offset: int
     nbytes: int
     rows: int = 1
     src_pitch: int = 0
 
-    def __post_init__(self) -> None:
-        if self.src_offset < 0 or self.dst_offset < 0 or self.nbytes < 0:
-            raise ValueError(f"CopyRange offsets and nbytes must be >= 0, got {self}")
-        if self.rows < 1 or self.nbytes % self.rows or (self.rows > 1 and self.src_pitch < self.nbytes // self.rows):
-            raise ValueError(f"CopyRange rows must split nbytes evenly with src_pitch >= row width, got {self}")
+
+class CopyRange(_CopyRangeFields):
+    """One piece of a copy: ``nbytes`` from ``src_offset`` to ``dst_offset``.
+
+    With ``rows`` > 1 the piece is 2D: ``rows`` rows of ``nbytes // rows``
+    bytes, ``src_pitch`` apart in the source, packed in the destination (a
+    head slice of a window, one ``cudaMemcpy2DAsync``). Immutable (a tuple: the
+    scheduler builds thousands a token, and a frozen dataclass costs 1.5 us each
+    to construct). Raises ValueError for a negative offset or size, or rows that do not split it.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, src_offset: int, dst_offset: int, nbytes: int, rows: int = 1, src_pitch: int = 0) -> CopyRange:
+        if src_offset < 0 or dst_offset < 0 or nbytes < 0:
+            raise ValueError(f"CopyRange offsets and nbytes must be >= 0, got {(src_offset, dst_offset, nbytes)}")
+        if rows != 1 and (rows < 1 or nbytes % rows or src_pitch < nbytes // rows):
+            raise ValueError(f"CopyRange rows must split nbytes evenly with src_pitch >= row width, got "
+                             f"{nbytes} B in {rows} rows {src_pitch} apart")
+        return tuple.__new__(cls, (src_offset, dst_offset, nbytes, rows, src_pitch))
+
+    def __repr__(self) -> str:
+        return (f"CopyRange(src_offset={self[0]}, dst_offset={self[1]}, nbytes={self[2]}, rows={self[3]}, "
+                f"src_pitch={self[4]})")
 
     @property
     def width(self) -> int:
@@ -179,9 +190,8 @@ def plan_copy(dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], tag: str = 
     return CopyPlan(to_device, copy_calls(ranges), nbytes)
 
 
-@dataclass(frozen=True)
-class Access:
-    """A byte range of a buffer that an operation reads or writes (for the race checker)."""
+class Access(NamedTuple):
+    """A byte range of a buffer that an operation reads or writes (for the race checker). Immutable."""
 
     buffer: Buffer
     offset: int
@@ -189,8 +199,7 @@ class Access:
     write: bool
 
 
-@dataclass(frozen=True)
-class Work:
+class Work(NamedTuple):
     """A kernel (GPU split) or a CPU split, as plain data.
 
     ``duration_s`` is what the simulated machine charges for it (a real GPU
@@ -199,7 +208,7 @@ class Work:
     or ``None`` in a timing-only run: it is called with the array module
     (``numpy`` or ``cupy``) and performs the computation on the buffers'
     arrays; on a GPU it is called inside the stream's context so its kernels
-    are enqueued there. ``accesses`` name the byte ranges it reads and writes.
+    are enqueued there. ``accesses`` name the byte ranges it reads and writes. Immutable.
     """
 
     name: str
