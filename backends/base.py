@@ -161,6 +161,12 @@ def copy_calls(ranges: Sequence[CopyRange]) -> tuple[CopyCall, ...]:
     each non-empty range is one call: 1D, or 2D for a strided range (its rows
     packed in the destination).
     """
+    if len(ranges) == 1:  # the common case: one range, no 2D rule to test
+        r = ranges[0]
+        if not r.nbytes:
+            return ()
+        return (CopyCall(r.src_offset, r.dst_offset, r.nbytes) if r.rows == 1
+                else CopyCall(r.src_offset, r.dst_offset, r.width, r.rows, r.src_pitch, r.width),)
     shape = ranges_2d(ranges)
     if shape is not None:
         return (CopyCall(ranges[0].src_offset, ranges[0].dst_offset, *shape),)

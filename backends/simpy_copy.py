@@ -20,7 +20,7 @@ Units: seconds and bytes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 import simpy
@@ -116,8 +116,11 @@ class _Lane:
         return s
 
 
-def calls_seconds(link: LinkCurve | _Seconds, calls: Iterable[CopyCall]) -> float:
+def calls_seconds(link: LinkCurve | _Seconds, calls: Sequence[CopyCall]) -> float:
     """Engine seconds of a copy made of ``calls``: one link time per call, of its bytes."""
+    if len(calls) == 1:
+        c = calls[0]
+        return link.seconds(c.width * c.height)
     return sum(link.seconds(c.width * c.height) for c in calls)
 
 

@@ -66,6 +66,11 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def stable_early(p: WindowPiece) -> int:
+    """The early bytes of piece ``p``: its stable prefix, in whole rows when it is strided (as ``Ring.early_bytes``)."""
+    return p.prefix_bytes if p.rows == 1 else p.prefix_bytes // p.width * p.width
+
+
 def piece_range(p: WindowPiece, dst_offset: int, start: int, end: int) -> CopyRange:
     """The copy of bytes ``[start, end)`` of piece ``p`` (whole rows for a strided piece) to ``dst_offset + start``."""
     if p.rows == 1:
@@ -116,13 +121,14 @@ def window_bindings(inp: StagedInput, start: int, span: SpanFn) -> tuple[tuple[s
 
 
 def plan_deliveries(order: Sequence[Split], entries: dict[int, list[tuple[StagedInput, int]]], n_slots: int,
-                    slot_base: Callable[[int], int], span: SpanFn, early_of: PrefixFn,
+                    slot_base: Callable[[int], int], span: SpanFn, early_of: PrefixFn | None = None,
                     one_cell_early: bool = False) -> list[Delivery]:
     """One delivery per staged split of ``order``. Pure: reads no backend.
 
     ``slot_base(slot)`` is the slot's byte offset in the buffer deliveries go
     to; ``early_of(input, piece, prefix_bytes, nbytes)`` the early bytes of one
-    piece (its stable prefix, in whole rows for a strided piece).
+    piece (its stable prefix, in whole rows for a strided piece); None: the
+    prefix as the graph gives it (:func:`stable_early`).
     ``one_cell_early`` sizes each stream's early range from one cell (the
     ``one-cell-range`` mutation): the late ranges still start where the full
     prefix ends, so the rest of the prefix is never delivered.
@@ -137,7 +143,7 @@ def plan_deliveries(order: Sequence[Split], entries: dict[int, list[tuple[Staged
         for inp, entry_off in entries[split.index]:
             off = base + entry_off
             for i, p in enumerate(inp.pieces):
-                e = early_of(inp, i, p.prefix_bytes, p.nbytes)
+                e = early_of(inp, i, p.prefix_bytes, p.nbytes) if early_of else stable_early(p)
                 if p.nbytes > e:
                     late.append(piece_range(p, off, e, p.nbytes))
                 if e and len(inp.pieces) > 1 and one_cell_early:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from backends.profile import ComputeModel
 from sim.workload import Workload
@@ -143,9 +143,16 @@ class DecodeGraph:
     host_writes_at_start: tuple[tuple[int, int], ...] = field(default=())  # (offset, nbytes) written before split 0
     reads_output: bool = True  # False: an intermediate ubatch whose logits the loop does not read (no host sync at its end)
 
-    @property
+    @functools.cached_property
     def staged_splits(self) -> tuple[Split, ...]:
+        """The splits that read staged windows, in graph order (computed once)."""
         return tuple(s for s in self.splits if s.staged)
+
+    @functools.cached_property
+    def memo(self) -> dict[Any, Any]:
+        """What readers derive from this graph and keep with it, by a key of their own (the graph is frozen and
+        shared by every point that differs only in depth and budget): not a field, so no part of equality."""
+        return {}
 
 
 @dataclass(frozen=True)
@@ -367,6 +374,14 @@ def cost_terms_ms(wl: Workload, compute: ComputeModel, graph: DecodeGraph) -> di
     row stores (``per_sequence_cpu``); the CPU splits' fixed part and, on the host-attention arm, the CPU's attention.
     Pure; does not block.
     """
+    key = ("cost_terms_ms", compute, wl.model.layer_weight_bytes)
+    kept = graph.memo.get(key)
+    if kept is None:
+        kept = graph.memo[key] = _cost_terms_ms(wl, compute, graph)
+    return dict(kept)
+
+
+def _cost_terms_ms(wl: Workload, compute: ComputeModel, graph: DecodeGraph) -> dict[str, float]:
     n = len(graph.positions)
     out = {"weights": 0.0, "attention": 0.0, "per_sequence_gpu": 0.0, "cpu_splits": 0.0, "per_sequence_cpu": 0.0,
            "host_attention": 0.0, "sequences": float(n)}

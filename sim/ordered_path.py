@@ -73,12 +73,13 @@ class OrderedPath:
         yield from self.be.synchronize(self.consumer[device])
         stats.consumer_wait_s += self.be.now_s() - t
 
-    def _blocking_copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: list[CopyRange], stats: GraphStats, tag: str) -> HostOp:
+    def _blocking_copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], stats: GraphStats,
+                       tag: str) -> HostOp:
         t = self.be.now_s()
         yield from self.be.copy(stream, dst, src, ranges, tag=tag)
         yield from self.be.synchronize(stream)
         stats.blocked_ordered_s += self.be.now_s() - t
-        stats.ordered_bytes += sum(r.nbytes for r in ranges)
+        stats.ordered_bytes += ranges[0].nbytes if len(ranges) == 1 else sum(r.nbytes for r in ranges)
         stats.ordered_copies += 1
 
     def _cpu_split(self, split: Split, stats: GraphStats) -> HostOp:
@@ -86,23 +87,28 @@ class OrderedPath:
         for dev in producers:
             yield from self._wait_consumer(dev, stats)
         self._producers.clear()
-        io = self.io_dev[producers[0]]
+        io, stream = self.io_dev[producers[0]], self.consumer[producers[0]]
+        io_host, cache = self.io_host, self.host_cache
         bindings: dict[str, Binding] = {}
         accesses: list[Access] = []
         off = 0
         for inp in split.ordered:
-            row = [CopyRange(off, off, inp.nbytes)]
-            yield from self._blocking_copy(self.consumer[producers[0]], self.io_host, io, row, stats, inp.name)
-            bindings[inp.name] = (self.io_host, off, inp.nbytes)
-            accesses.append(Access(self.io_host, off, inp.nbytes, False))
+            n = inp.nbytes
+            yield from self._blocking_copy(stream, io_host, io, (CopyRange(off, off, n),), stats, inp.name)
+            bindings[inp.name] = (io_host, off, n)
+            accesses.append(Access(io_host, off, n, False))
             rows = inp.rows
-            for t, (row_off, row_bytes) in enumerate(rows):
-                key = f"cache:{inp.name}" if len(rows) == 1 else f"cache:{inp.name}#{t}"
-                bindings[key] = (self.host_cache, row_off, row_bytes)
-                accesses.append(Access(self.host_cache, row_off, row_bytes, True))
-            off += inp.nbytes
+            if len(rows) == 1:
+                row_off, row_bytes = rows[0]
+                bindings[f"cache:{inp.name}"] = (cache, row_off, row_bytes)
+                accesses.append(Access(cache, row_off, row_bytes, True))
+            else:
+                for t, (row_off, row_bytes) in enumerate(rows):
+                    bindings[f"cache:{inp.name}#{t}"] = (cache, row_off, row_bytes)
+                    accesses.append(Access(cache, row_off, row_bytes, True))
+            off += n
         run = self.program.cpu_run(split, bindings) if self.program else None
-        yield from self.be.run_host(Work(split.name, split.compute_s, 0, run, tuple(accesses), tag="cpu"))
+        yield from self.be.run_host(Work(split.name, split.compute_s, 0, run, tuple(accesses), "cpu"))
 
     def _small_inputs(self, split: Split, stats: GraphStats, bindings: dict[str, Binding]) -> HostOp:
         """The split's small ordered inputs (an activation from another device first, through the host)."""

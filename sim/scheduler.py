@@ -147,14 +147,9 @@ class TransportScheduler(OrderedPath):
 
     def _plan(self, graph: DecodeGraph, stats: GraphStats) -> dict[int, _DevicePlan]:
         plans: dict[int, _DevicePlan] = {}
-        by_dev: dict[int, list[Split]] = {}
-        for s in graph.staged_splits:
-            by_dev.setdefault(s.device, []).append(s)
-        for dev, splits in by_dev.items():
+        for dev, splits, need, entries, full in self._slot_needs(graph):
             stats.staged_splits += len(splits)
             ring = self._ring(dev)
-            need, entries = slot_entries(splits, self.span[dev])
-            full = max(full_need(s, graph, self.span[dev]) for s in splits)
             stats.slot_need_bytes = max(stats.slot_need_bytes, need)
             stats.full_slot_need_bytes = max(stats.full_slot_need_bytes, full)
             plan = plans[dev] = _DevicePlan(False, need, entries, splits)
@@ -169,6 +164,22 @@ class TransportScheduler(OrderedPath):
             stats.slot_alloc_bytes = max(stats.slot_alloc_bytes, ring.slot_alloc_bytes)
         return plans
 
+    def _slot_needs(self, graph: DecodeGraph) -> list[tuple[int, list[Split], int, dict[int, list[tuple[StagedInput, int]]], int]]:
+        """Per device with staged splits: (device, its staged splits, slot need, entries, full-context need). A pure
+        function of the graph and the slot layout, kept with the graph (read, never changed)."""
+        key = ("slot_needs", self.cfg.pack_streams, tuple(self.align))
+        kept = graph.memo.get(key)
+        if kept is None:
+            by_dev: dict[int, list[Split]] = {}
+            for s in graph.staged_splits:
+                by_dev.setdefault(s.device, []).append(s)
+            kept = []
+            for dev, splits in by_dev.items():
+                need, entries = slot_entries(splits, self.span[dev])
+                kept.append((dev, splits, need, entries, max(full_need(s, graph, self.span[dev]) for s in splits)))
+            graph.memo[key] = kept
+        return kept
+
     def _plan_deliveries(self, dev: int, plan: _DevicePlan) -> None:
         """The deliveries of an active plan, into the ring (or, mutated, the graph allocator's input region)."""
         ring = self.rings[dev]
@@ -177,11 +188,12 @@ class TransportScheduler(OrderedPath):
             plan.target, slot_bytes = ring.buffer, ring.slot_alloc_bytes
         else:
             plan.target, slot_bytes = self.graph_mem[dev], 0
-        refresh = self.policy.refresh_prefix
+        early_of = None  # the stable prefix of each piece, as the graph gives it
+        if not self.policy.refresh_prefix:  # the stale-prefix mutation: each piece's prefix as the ring first saw it
 
-        def early_of(inp: StagedInput, i: int, prefix: int, nbytes: int) -> int:
-            p = inp.pieces[i]
-            return ring.early_bytes(f"{inp.name}#{i}", prefix, nbytes, p.width, p.rows > 1, refresh)
+            def early_of(inp: StagedInput, i: int, prefix: int, nbytes: int) -> int:
+                p = inp.pieces[i]
+                return ring.early_bytes(f"{inp.name}#{i}", prefix, nbytes, p.width, p.rows > 1, False)
 
         plan.deliveries = plan_deliveries(plan.order, plan.entries, ring.n_slots, lambda slot: slot * slot_bytes, self.span[dev],
                                           early_of, one_cell_early=not self.policy.stream_sized_ranges)
@@ -247,8 +259,8 @@ class TransportScheduler(OrderedPath):
         be = self.be
         stats = GraphStats(token=graph.token)
         t0 = be.now_s()
-        rows = [sum(i.nbytes for i in s.ordered) for s in graph.splits if s.kind == "cpu"]
-        self.kernel_io_bytes = align_up(max([KERNEL_IO_BYTES, *rows]), KERNEL_IO_BYTES)
+        self.kernel_io_bytes = graph.memo.get("kernel_io_bytes") or graph.memo.setdefault("kernel_io_bytes", align_up(
+            max([KERNEL_IO_BYTES, *(sum(i.nbytes for i in s.ordered) for s in graph.splits if s.kind == "cpu")]), KERNEL_IO_BYTES))
         if self.policy.boundary_wait:
             yield from self._boundary_wait(stats)
         if graph.host_writes_at_start:
