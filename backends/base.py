@@ -197,12 +197,18 @@ def plan_copy(dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], tag: str = 
 
 
 class Access(NamedTuple):
-    """A byte range of a buffer that an operation reads or writes (for the race checker). Immutable."""
+    """A byte range of a buffer that an operation reads or writes (for the race checker). Immutable.
+
+    With ``repeat`` > 1 it is ``repeat`` ranges of ``nbytes`` each, ``pitch`` bytes apart from ``offset`` (the rows
+    one CPU split writes, one per sequence stream): the checker compares every one of them.
+    """
 
     buffer: Buffer
     offset: int
     nbytes: int
     write: bool
+    repeat: int = 1
+    pitch: int = 0
 
 
 class Work(NamedTuple):

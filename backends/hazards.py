@@ -105,8 +105,16 @@ def copy_ranges(src: Buffer, dst: Buffer, ranges: Sequence[CopyRange]) -> list[R
 
 
 def work_ranges(accesses: Sequence[Any]) -> list[Range]:
-    """A kernel's or CPU split's declared ``Access``es as ranges (empty ones left out)."""
-    return [(x.buffer, x.offset, x.offset + x.nbytes, x.write) for x in accesses if x.nbytes > 0]
+    """A kernel's or CPU split's declared ``Access``es as ranges (empty ones left out; a strided one row by row)."""
+    out: list[Range] = []
+    for x in accesses:
+        if x.nbytes <= 0:
+            continue
+        if x.repeat == 1:
+            out.append((x.buffer, x.offset, x.offset + x.nbytes, x.write))
+        else:
+            out += [(x.buffer, o, o + x.nbytes, x.write) for o in range(x.offset, x.offset + x.repeat * x.pitch, x.pitch)]
+    return out
 
 
 def ranges_of(item: Item) -> Found:

@@ -38,9 +38,25 @@ class Machine:
         """Number of devices. Does not block."""
         raise NotImplementedError
 
+    _plans: dict[int, tuple[Buffer, Buffer, Sequence[CopyRange], CopyPlan]] | None = None
+
     def copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], tag: str = "") -> HostOp:
-        """See ``Backend.copy``. Raises BackendError at the call for a bad direction or range."""
-        return self._copy(stream, dst, src, plan_copy(dst, src, ranges, tag), tag)
+        """See ``Backend.copy``. Raises BackendError at the call for a bad direction or range.
+
+        A copy of the same tuple of several ranges between the same buffers (the scheduler keeps a window's ranges per
+        layout) is planned once: the plan is kept with the tuple, which it keeps alive, so the tuple's id names it.
+        """
+        if len(ranges) < 2 or type(ranges) is not tuple:
+            return self._copy(stream, dst, src, plan_copy(dst, src, ranges, tag), tag)
+        plans = self._plans
+        if plans is None:
+            plans = self._plans = {}
+        kept = plans.get(id(ranges))
+        if kept is None or kept[0] is not dst or kept[1] is not src:
+            if len(plans) >= 4096:
+                plans.clear()
+            kept = plans[id(ranges)] = (dst, src, ranges, plan_copy(dst, src, ranges, tag))
+        return self._copy(stream, dst, src, kept[3], tag)
 
     def alloc(self, device: int, nbytes: int, name: str) -> Buffer:
         """See ``Backend.alloc``. Raises BackendError for a bad device or a negative size. Does not block."""

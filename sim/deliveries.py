@@ -27,14 +27,17 @@ Units: bytes.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from backends.base import CopyRange
 from sim.graph import DecodeGraph, Split, StagedInput, WindowPiece
 
 SpanFn = Callable[[int, int], int]  # (window bytes, the stream's reserved stride) -> bytes in a slot
 PrefixFn = Callable[[StagedInput, int, int, int], int]
+WindowEntry = tuple[str, int, int]  # (binding name, offset, bytes)
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,12 @@ class Delivery:
     base: int
     early: tuple[CopyRange, ...]
     late: tuple[CopyRange, ...]
-    windows: tuple[tuple[str, int, int], ...]
+    parts: tuple[tuple[tuple[WindowEntry, ...], tuple[WindowEntry, ...]], ...]  # per staged input, window_parts
+
+    @property
+    def windows(self) -> tuple[WindowEntry, ...]:
+        """Every binding the split's kernels read: per input its whole window, then its per-stream parts."""
+        return tuple(e for whole, parts in self.parts for e in whole + parts)
 
     @property
     def early_bytes(self) -> int:
@@ -79,9 +87,11 @@ def piece_range(p: WindowPiece, dst_offset: int, start: int, end: int) -> CopyRa
     return CopyRange(p.src_offset + start // w * p.src_pitch, dst_offset + start, end - start, (end - start) // w, p.src_pitch)
 
 
+@functools.cache
 def span_fn(pack_streams: bool, alignment: int) -> SpanFn:
     """Bytes a piece takes in a slot, from its window bytes and its stream's stride: the window padded (packed) or
-    the stream's whole stride (unpacked). Called as ``span(p.nbytes, p.reserve_bytes)``."""
+    the stream's whole stride (unpacked). Called as ``span(p.nbytes, p.reserve_bytes)``. One function per
+    arguments (kept), so a span names its layout in the caches below."""
     if pack_streams:
         return lambda nbytes, reserve: align_up(nbytes, alignment)
     return lambda nbytes, reserve: align_up(max(nbytes, reserve), alignment)
@@ -108,16 +118,58 @@ def full_need(split: Split, graph: DecodeGraph, span: SpanFn) -> int:
     return sum(span(int(p.nbytes * scale), p.reserve_bytes) for inp in split.staged for p in inp.pieces)
 
 
-def window_bindings(inp: StagedInput, start: int, span: SpanFn) -> tuple[tuple[str, int, int], ...]:
-    """``inp`` as the kernels read it from ``start``: ``window:<name>`` and, with several streams, ``window:<name>#<i>``."""
+_WINDOWS: dict[tuple[int, str, int, SpanFn], tuple[tuple[WindowEntry, ...], tuple[WindowEntry, ...]]] = {}
+_ORDERED: dict[tuple[int, int, SpanFn], tuple[tuple[CopyRange, ...], int]] = {}
+KEPT_LAYOUTS = 1 << 16  # entries per cache; a full one is emptied (ids are never reused, so nothing kept goes stale)
+
+
+def _kept(cache: dict[Any, Any], key: Any, make: Callable[[], Any]) -> Any:
+    got = cache.get(key)
+    if got is None:
+        if len(cache) >= KEPT_LAYOUTS:
+            cache.clear()
+        got = cache[key] = make()
+    return got
+
+
+def window_parts(inp: StagedInput, start: int, span: SpanFn) -> tuple[tuple[WindowEntry, ...], tuple[WindowEntry, ...]]:
+    """``inp`` as the kernels read it from ``start``: (the whole window, ``window:<name>``; with several streams each
+    stream's part, ``window:<name>#<i>``, inside it, else nothing). A function of the name and the pieces' layout,
+    kept by both (``inp.layout_id``: see ``sim.graph.StagedInput``). Pure."""
+    if inp.layout_id < 0:
+        return _window_parts(inp, start, span)
+    return _kept(_WINDOWS, (inp.layout_id, inp.name, start, span), lambda: _window_parts(inp, start, span))  # type: ignore[no-any-return]
+
+
+def _window_parts(inp: StagedInput, start: int, span: SpanFn) -> tuple[tuple[WindowEntry, ...], tuple[WindowEntry, ...]]:
     if len(inp.pieces) == 1:
-        return ((f"window:{inp.name}", start, inp.nbytes),)
+        return ((f"window:{inp.name}", start, inp.nbytes),), ()
     out, off, end = [], start, start
     for i, p in enumerate(inp.pieces):
         out.append((f"window:{inp.name}#{i}", off, p.nbytes))
         end = off + p.nbytes
         off += span(p.nbytes, p.reserve_bytes)
-    return ((f"window:{inp.name}", start, end - start), *out)
+    return ((f"window:{inp.name}", start, end - start),), tuple(out)
+
+
+def window_bindings(inp: StagedInput, start: int, span: SpanFn) -> tuple[WindowEntry, ...]:
+    """``inp`` as the kernels read it from ``start``: ``window:<name>`` and, with several streams, ``window:<name>#<i>``."""
+    whole, parts = window_parts(inp, start, span)
+    return whole + parts
+
+
+def ordered_copy(inp: StagedInput, start: int, span: SpanFn) -> tuple[tuple[CopyRange, ...], int]:
+    """(the ranges, bytes spanned) of ``inp`` copied whole to ``start`` (the ordered path): one range per piece, each
+    at its span. A function of the pieces' layout, kept by ``inp.layout_id``. Pure."""
+
+    def make() -> tuple[tuple[CopyRange, ...], int]:
+        off, ranges = start, []
+        for p in inp.pieces:
+            ranges.append(piece_range(p, off, 0, p.nbytes))
+            off += span(p.nbytes, p.reserve_bytes)
+        return tuple(ranges), off - start
+
+    return make() if inp.layout_id < 0 else _kept(_ORDERED, (inp.layout_id, start, span), make)  # type: ignore[no-any-return]
 
 
 def plan_deliveries(order: Sequence[Split], entries: dict[int, list[tuple[StagedInput, int]]], n_slots: int,
@@ -139,7 +191,7 @@ def plan_deliveries(order: Sequence[Split], entries: dict[int, list[tuple[Staged
         base = slot_base(slot)
         early: list[CopyRange] = []
         late: list[CopyRange] = []
-        windows: list[tuple[str, int, int]] = []
+        parts: list[tuple[tuple[WindowEntry, ...], tuple[WindowEntry, ...]]] = []
         for inp, entry_off in entries[split.index]:
             off = base + entry_off
             for i, p in enumerate(inp.pieces):
@@ -151,6 +203,6 @@ def plan_deliveries(order: Sequence[Split], entries: dict[int, list[tuple[Staged
                 if e:
                     early.append(piece_range(p, off, 0, e))
                 off += span(p.nbytes, p.reserve_bytes)
-            windows += window_bindings(inp, base + entry_off, span)
-        out.append(Delivery(o, split.index, slot, base, tuple(early), tuple(late), tuple(windows)))
+            parts.append(window_parts(inp, base + entry_off, span))
+        out.append(Delivery(o, split.index, slot, base, tuple(early), tuple(late), tuple(parts)))
     return out

@@ -28,25 +28,15 @@ cells within them.
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from backends.profile import ComputeModel
 from sim.workload import Workload
 
 
-@dataclass(frozen=True)
-class WindowPiece:
-    """One stream's part of a staged window: ``nbytes`` at ``src_offset``; the first ``prefix_bytes`` are stable.
-
-    A piece is contiguous (``rows == 1``) or, for a head slice of a tensor
-    split, ``rows`` blocks of ``nbytes // rows`` bytes ``src_pitch`` apart in
-    the host cache (one 2D copy). ``reserve_bytes`` is what an *unpacked*
-    slot reserves for it (the stream's whole stride); a packed slot reserves
-    ``nbytes`` padded to the alignment. ``cell_bytes`` is one cache cell's
-    share of the piece (a row, or a head slice's width of it; 0: unknown).
-    """
-
+class _WindowPieceFields(NamedTuple):
     src_offset: int
     nbytes: int
     prefix_bytes: int
@@ -55,11 +45,32 @@ class WindowPiece:
     reserve_bytes: int = 0
     cell_bytes: int = 0
 
-    def __post_init__(self) -> None:
-        if not 0 <= self.prefix_bytes <= self.nbytes:
-            raise ValueError(f"prefix {self.prefix_bytes} outside 0..{self.nbytes}")
-        if self.rows < 1 or self.nbytes % self.rows:
-            raise ValueError(f"a strided piece needs whole rows: {self.nbytes} B in {self.rows} rows")
+
+class WindowPiece(_WindowPieceFields):
+    """One stream's part of a staged window: ``nbytes`` at ``src_offset``; the first ``prefix_bytes`` are stable.
+
+    A piece is contiguous (``rows == 1``) or, for a head slice of a tensor
+    split, ``rows`` blocks of ``nbytes // rows`` bytes ``src_pitch`` apart in
+    the host cache (one 2D copy). ``reserve_bytes`` is what an *unpacked*
+    slot reserves for it (the stream's whole stride); a packed slot reserves
+    ``nbytes`` padded to the alignment. ``cell_bytes`` is one cache cell's
+    share of the piece (a row, or a head slice's width of it; 0: unknown).
+    Immutable (a tuple: a graph of many sequences holds thousands). Raises
+    ValueError for a prefix outside the piece or rows that do not split it.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, src_offset: int, nbytes: int, prefix_bytes: int, rows: int = 1, src_pitch: int = 0,
+                reserve_bytes: int = 0, cell_bytes: int = 0) -> WindowPiece:
+        if not 0 <= prefix_bytes <= nbytes:
+            raise ValueError(f"prefix {prefix_bytes} outside 0..{nbytes}")
+        if rows != 1 and (rows < 1 or nbytes % rows):
+            raise ValueError(f"a strided piece needs whole rows: {nbytes} B in {rows} rows")
+        return tuple.__new__(cls, (src_offset, nbytes, prefix_bytes, rows, src_pitch, reserve_bytes, cell_bytes))
+
+    def __repr__(self) -> str:
+        return "WindowPiece(" + ", ".join(f"{k}={v}" for k, v in zip(self._fields, self, strict=True)) + ")"
 
     @property
     def late_bytes(self) -> int:
@@ -72,11 +83,17 @@ class WindowPiece:
 
 @dataclass(frozen=True)
 class StagedInput:
-    """A host-resident window one attention split reads (K or V of one layer)."""
+    """A host-resident window one attention split reads (K or V of one layer).
+
+    ``layout_id`` names the pieces' layout: every field of every piece but its prefix. The graph builder gives
+    equal layouts the same id (within a process; -1: none given), so what is derived from the layout alone (the
+    ordered path's copy, the kernels' bindings) is worked out once per window size, not once per token.
+    """
 
     name: str
     layer: int
     pieces: tuple[WindowPiece, ...]
+    layout_id: int = field(default=-1, compare=False)
 
     @property
     def nbytes(self) -> int:
@@ -111,6 +128,30 @@ class SmallInput:
         """(host offset, bytes) of each cache row a D2H input lands in (several sequences: one row each). Computed once."""
         offs = self.row_offsets or (self.host_offset,)
         return tuple((o, self.nbytes // len(offs)) for o in offs)
+
+    @functools.cached_property
+    def row_spans(self) -> tuple[tuple[int, int], ...]:
+        """:attr:`rows` with adjacent rows merged: (host offset, bytes) of each contiguous run (a unified cache's
+        sequences write neighbouring cells). Computed once."""
+        out: list[list[int]] = []
+        for o, n in self.rows:
+            if out and out[-1][0] + out[-1][1] == o:
+                out[-1][1] += n
+            else:
+                out.append([o, n])
+        return tuple((o, n) for o, n in out)
+
+    @functools.cached_property
+    def row_pattern(self) -> tuple[tuple[int, int, int, int], ...]:
+        """:attr:`row_spans` as (offset, bytes, count, pitch): one entry when they are equal and evenly spaced (one
+        row per stream of a split cache), else one per span (count 1). Computed once."""
+        spans = self.row_spans
+        if len(spans) > 2:
+            o0, n = spans[0]
+            pitch = spans[1][0] - o0
+            if pitch >= n and all(o == o0 + i * pitch and b == n for i, (o, b) in enumerate(spans)):
+                return ((o0, n, len(spans), pitch),)
+        return tuple((o, b, 1, 0) for o, b in spans)
 
 
 @dataclass(frozen=True)
@@ -186,6 +227,30 @@ def layout_of(wl: Workload) -> CacheLayout:
     return CacheLayout(wl.model.n_attn, wl.cells_per_stream, wl.n_streams, wl.k_row_bytes, wl.v_row_bytes)
 
 
+_LAYOUT_IDS: dict[Any, int] = {}  # a piece layout's key -> its id (see StagedInput.layout_id)
+LAYOUT_IDS_KEPT = 1 << 20
+
+
+def layout_id(wl: Workload, layout: CacheLayout, j: int, kind: str, rows: int, heads: tuple[int, int] | None) -> int:
+    """The id of the layout :func:`_pieces` gives layer ``j``'s ``kind`` window of ``rows`` rows. Does not block."""
+    if len(_LAYOUT_IDS) >= LAYOUT_IDS_KEPT:  # bounded; ids are never reused, so what was derived from an old one stays right
+        _LAYOUT_IDS.clear()
+    key = (layout, wl.model.n_head_kv, j, kind, rows, heads)
+    got = _LAYOUT_IDS.get(key)
+    if got is None:
+        got = _LAYOUT_IDS[key] = next(_NEXT_LAYOUT_ID)
+    return got
+
+
+_NEXT_LAYOUT_ID = itertools.count()
+
+
+def _staged(name: str, layer: int, wl: Workload, layout: CacheLayout, j: int, kind: str, rows: int,
+            writes: tuple[tuple[int, int], ...], prefix_row: int | None, heads: tuple[int, int] | None) -> StagedInput:
+    return StagedInput(name, layer, _pieces(wl, layout, j, kind, rows, writes, prefix_row, heads),
+                       layout_id(wl, layout, j, kind, rows, heads))
+
+
 def _pieces(
     wl: Workload, layout: CacheLayout, j: int, kind: str, rows: int, writes: tuple[tuple[int, int], ...],
     prefix_row: int | None, heads: tuple[int, int] | None,
@@ -193,7 +258,10 @@ def _pieces(
     """One piece per stream of layer j's K or V window, each with its own stable prefix."""
     row_b = layout.k_row_bytes if kind == "k" else layout.v_row_bytes
     offset = layout.k_offset if kind == "k" else layout.v_offset
-    lowest = {s: min(r for st, r in writes if st == s) for s in {st for st, _ in writes}}
+    lowest: dict[int, int] = {}  # stream -> the lowest row any of its sequences writes
+    for st, r in writes:
+        if r < lowest.get(st, r + 1):
+            lowest[st] = r
     streams = range(layout.n_streams)
     prefix_rows = [min(rows, lowest.get(s, rows) if prefix_row is None else prefix_row) for s in streams]
     if wl.flat_prefix and layout.n_streams > 1:
@@ -291,12 +359,9 @@ def decode_graph(
                 staged: tuple[StagedInput, ...] = ()
                 if attn_j >= 0 and not host_attention:
                     hr = heads[d]
-                    staged = (
-                        StagedInput(f"cache_k_l{model.attn_layers[attn_j]}@{d}", model.attn_layers[attn_j],
-                                    _pieces(wl, layout, attn_j, "k", rows, writes, prefix_row, hr)),
-                        StagedInput(f"cache_v_l{model.attn_layers[attn_j]}@{d}", model.attn_layers[attn_j],
-                                    _pieces(wl, layout, attn_j, "v", rows, writes, prefix_row, hr)),
-                    )
+                    a = model.attn_layers[attn_j]
+                    staged = (_staged(f"cache_k_l{a}@{d}", a, wl, layout, attn_j, "k", rows, writes, prefix_row, hr),
+                              _staged(f"cache_v_l{a}@{d}", a, wl, layout, attn_j, "v", rows, writes, prefix_row, hr))
                 c = comp(d)
                 secs = len(layers) * c.layer_seconds(model.layer_weight_bytes) * frac
                 secs += c.batch_seconds(n_tok, len(layers), bool(staged)) * frac
@@ -321,10 +386,8 @@ def decode_graph(
             staged = ()
             if i == 0 and attn_j >= 0 and not host_attention:
                 a = model.attn_layers[attn_j]
-                staged = (
-                    StagedInput(f"cache_k_l{a}", a, _pieces(wl, layout, attn_j, "k", rows, writes, prefix_row, None)),
-                    StagedInput(f"cache_v_l{a}", a, _pieces(wl, layout, attn_j, "v", rows, writes, prefix_row, None)),
-                )
+                staged = (_staged(f"cache_k_l{a}", a, wl, layout, attn_j, "k", rows, writes, prefix_row, None),
+                          _staged(f"cache_v_l{a}", a, wl, layout, attn_j, "v", rows, writes, prefix_row, None))
                 secs += c.attention_seconds(sum(inp.nbytes for inp in staged))
             secs += c.batch_seconds(n_tok, len(run), i == 0 and attn_j >= 0)
             if head and i == len(runs) - 1:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from backends.base import Access, Backend, Buffer, CopyRange, HostOp, Stream, Work
-from sim.deliveries import SpanFn, piece_range, window_bindings
+from sim.deliveries import SpanFn, WindowEntry, ordered_copy, window_parts
 from sim.graph import DecodeGraph, Split, StagedInput
 from sim.ring import Ring
 from sim.transport_config import GraphStats
@@ -92,20 +92,18 @@ class OrderedPath:
         bindings: dict[str, Binding] = {}
         accesses: list[Access] = []
         off = 0
+        bind_rows = self.program is not None  # the rows' own names are for the program; the checker reads accesses
         for inp in split.ordered:
             n = inp.nbytes
             yield from self._blocking_copy(stream, io_host, io, (CopyRange(off, off, n),), stats, inp.name)
             bindings[inp.name] = (io_host, off, n)
             accesses.append(Access(io_host, off, n, False))
-            rows = inp.rows
-            if len(rows) == 1:
-                row_off, row_bytes = rows[0]
-                bindings[f"cache:{inp.name}"] = (cache, row_off, row_bytes)
-                accesses.append(Access(cache, row_off, row_bytes, True))
-            else:
+            for row_off, row_bytes, count, pitch in inp.row_pattern:
+                accesses.append(Access(cache, row_off, row_bytes, True, count, pitch))
+            if bind_rows:
+                rows = inp.rows
                 for t, (row_off, row_bytes) in enumerate(rows):
-                    bindings[f"cache:{inp.name}#{t}"] = (cache, row_off, row_bytes)
-                    accesses.append(Access(cache, row_off, row_bytes, True))
+                    bindings[f"cache:{inp.name}" if len(rows) == 1 else f"cache:{inp.name}#{t}"] = (cache, row_off, row_bytes)
             off += n
         run = self.program.cpu_run(split, bindings) if self.program else None
         yield from self.be.run_host(Work(split.name, split.compute_s, 0, run, tuple(accesses), "cpu"))
@@ -133,11 +131,9 @@ class OrderedPath:
         yield from self._wait_consumer(dev, stats)
         gm, span, off = self.graph_mem[dev], self.span[dev], 0
         for inp in split.staged:
-            self._bind(bindings, pieces, gm, window_bindings(inp, off, span))
-            ranges = []
-            for p in inp.pieces:
-                ranges.append(piece_range(p, off, 0, p.nbytes))
-                off += span(p.nbytes, p.reserve_bytes)
+            self._bind_parts(bindings, pieces, gm, window_parts(inp, off, span))
+            ranges, spanned = ordered_copy(inp, off, span)
+            off += spanned
             yield from self._blocking_copy(self.consumer[dev], gm, self.host_cache, ranges, stats, inp.name)
 
     def _make_resident(self, devices: list[int], stats: GraphStats) -> HostOp:
@@ -162,8 +158,13 @@ class OrderedPath:
 
     # pipelined pieces ------------------------------------------------
 
-    @staticmethod
-    def _bind(bindings: dict[str, Binding], pieces: dict[str, Binding], buf: Buffer, windows: Sequence[tuple[str, int, int]]) -> None:
-        """A window's bindings: the whole window (the split's accesses) and its per-stream parts (``#i``, read inside it)."""
-        for name, off, n in windows:
-            (pieces if "#" in name else bindings)[name] = (buf, off, n)
+    def _bind_parts(self, bindings: dict[str, Binding], pieces: dict[str, Binding], buf: Buffer,
+                    parts: tuple[tuple[WindowEntry, ...], tuple[WindowEntry, ...]]) -> None:
+        """A window's bindings from ``sim.deliveries.window_parts``: the whole window (the split's accesses) and, for the
+        program only, its per-stream parts."""
+        for name, off, n in parts[0]:
+            bindings[name] = (buf, off, n)
+        if self.program is not None:
+            for name, off, n in parts[1]:
+                pieces[name] = (buf, off, n)
+

@@ -297,7 +297,8 @@ class TransportScheduler(OrderedPath):
         d = plan.deliveries[plan.consumed]
         assert d.split == split.index, f"delivery {d.o} is staged split {d.split}, not {split.index}"
         assert plan.target is not None
-        self._bind(bindings, pieces, plan.target, d.windows)
+        for parts in d.parts:
+            self._bind_parts(bindings, pieces, plan.target, parts)
         if d.late:
             yield from self.be.copy(self.consumer[split.device], plan.target, self.host_cache, list(d.late), tag="late")
             stats.late_bytes += d.late_bytes

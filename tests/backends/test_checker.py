@@ -313,3 +313,20 @@ def test_checker_cost_in_a_plain_simulation() -> None:
                 fn(p)
             best[label] = min(best[label], time.perf_counter() - t)
     print(f"plain {best['plain']:.3f} s, checked {best['checked']:.3f} s, overhead {best['checked'] / best['plain'] - 1:+.1%}")
+
+
+@pytest.mark.parametrize(("read_at", "hit"), [(240, True), (300, False), (990, True), (1040, False), (160, False)])
+def test_a_strided_access_is_checked_row_by_row(read_at: int, hit: bool) -> None:
+    """``Access(repeat=4, pitch=256)``: four 64-byte rows at 200, 456, 712, 968; a copy reading 32 bytes at ``copy_at``
+    conflicts with a row it touches and not with the gaps between them or the bytes past the last."""
+
+    def prog(be: CheckedBackend) -> HostOp:
+        host, dev, a, _ = setup(be)
+        yield from be.copy(a, dev, host, [CopyRange(read_at, 0, 32)], tag="delivery0")
+        yield from be.run_host(Work("cpu_rows", 0.0, 0, None, (Access(host, 200, 64, True, repeat=4, pitch=256),)))
+
+    c = run(prog)
+    assert c.hazard_count == (1 if hit else 0)
+    if hit:
+        lo = c.examples[0].lo
+        assert (lo - 200) % 256 < 64
