@@ -41,7 +41,7 @@ from sim.points import GridSpec
 from sim.points import points as grid_points
 from sim.simulate import Point
 from sim.sweep import gain_rows, run_sweep
-from sim.transport_config import MAX_DEPTH, MIB, TransportConfig
+from sim.transport_config import MAX_BUDGET_MIB, MAX_DEPTH, MIB, TransportConfig
 from sim.workload import WINDOW_PAD_ROWS, Workload
 
 DEFAULT_BUDGET_MIB = TransportConfig().budget_mib
@@ -62,6 +62,7 @@ class PlanRequest:
     tokens: int = 4
     default_budget_mib: float = DEFAULT_BUDGET_MIB
     budget_for_gain: float | None = None
+    budgets_mib: tuple[float, ...] = ()  # also: per context, the best depth and its gain at each of these budgets
     pinned: bool = True
     jobs: int | None = None
     llama_cpp: bool = False  # also the llama.cpp flags per context and the verdict against a cache on the device
@@ -74,6 +75,9 @@ class PlanRequest:
             raise InputError(f"--max-depth {self.max_depth} out of range; allowed: 1..{MAX_DEPTH}")
         if self.budget_for_gain is not None and not 0 < self.budget_for_gain <= 1:
             raise InputError(f"--budget-for-gain {self.budget_for_gain:g} out of range; allowed: a fraction in (0, 1]")
+        for b in self.budgets_mib:
+            if not 0 <= b <= MAX_BUDGET_MIB:
+                raise InputError(f"--budget {b:g} out of range; allowed: 0 (no cap) .. {MAX_BUDGET_MIB}")
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,7 @@ class ContextPlan:
     budget_for_gain: float | None = None
     budget_mib_for_gain: float | None = None
     depth_for_gain: int | None = None
+    best_by_budget: dict[float, tuple[int, float]] = field(default_factory=dict)  # budget MiB -> (best depth, its gain)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -125,6 +130,7 @@ class ContextPlan:
         d.update(d.pop("extra"))
         d["gain_by_depth"] = {str(k): v for k, v in self.gain_by_depth.items()}
         d["ring_mib_by_depth"] = {str(k): v for k, v in self.ring_mib_by_depth.items()}
+        d["best_by_budget"] = {f"{b:g}": {"depth": dd, "gain": g} for b, (dd, g) in self.best_by_budget.items()}
         return d
 
 
@@ -231,10 +237,12 @@ def decline_rows(ring_mib: float, window_rows: int, budget_mib: float) -> int | 
 def plan(req: PlanRequest) -> list[ContextPlan]:
     """Plan every context of ``req``. Blocks for the simulations (about a second on two cores)."""
     depths = list(range(req.max_depth + 1))
-    rows = _run(req, points(req, list(req.contexts), depths, 0))
+    budgets = [0.0, *(b for b in req.budgets_mib if b)]  # uncapped first; the asked budgets in the same run
+    rows = _run(req, [p for b in budgets for p in points(req, list(req.contexts), depths, b)])
     by_ctx: dict[int, dict[int, dict[str, Any]]] = {}
     for r in rows:
-        by_ctx.setdefault(r["context"], {})[r["depth"]] = r
+        if r["budget_mib"] == 0:
+            by_ctx.setdefault(r["context"], {})[r["depth"]] = r
     out = [_uncapped(req, c, by_ctx[c]) for c in req.contexts]
     _at_budget(req, out)
     peak_depth = Counter(p.best_depth for p in out if p.best_depth).most_common(1)
@@ -242,6 +250,8 @@ def plan(req: PlanRequest) -> list[ContextPlan]:
     _peak(req, out, depth)
     if req.budget_for_gain is not None:
         _budget_for_gain(req, out, by_ctx)
+    if req.budgets_mib:
+        _by_budget(req, out, rows)
     if req.llama_cpp:
         _llama_cpp(req, out)
     return out
@@ -358,6 +368,23 @@ def _budget_for_gain(req: PlanRequest, out: list[ContextPlan], by_ctx: dict[int,
         p.extra["gain_at_budget_for_gain"] = 0.0 if r["declined"] else r["gain"]
 
 
+def _by_budget(req: PlanRequest, out: list[ContextPlan], rows: list[dict[str, Any]]) -> None:
+    """Each context's best depth and its gain at each budget of ``req.budgets_mib``, from ``rows`` (every context x
+    depth x budget, run with the uncapped points: a budget that keeps the uncapped plan, or declines the ring, is a
+    simulation already run, and the point planner runs each distinct one once). Ties go to the shallower depth; a
+    best gain <= 0 is depth 0."""
+    gains: dict[tuple[float, int], dict[int, float]] = {}
+    for r in rows:
+        if r["depth"]:
+            gains.setdefault((float(r["budget_mib"]), r["context"]), {})[r["depth"]] = 0.0 if r["declined"] else r["gain"]
+    for budget in req.budgets_mib:
+        for p in out:
+            g = gains[(float(budget), p.context)]
+            top = max(g.values())
+            best = min(d for d, v in g.items() if v >= top - TIE_GAIN)
+            p.best_by_budget[budget] = (best, g[best]) if g[best] > 0 else (0, 0.0)
+
+
 # ----------------------------------------------------------- llama.cpp
 
 
@@ -451,6 +478,8 @@ def render(plans: list[ContextPlan]) -> str:
             "default declines past", "gain %/MiB", "copy ms", "compute ms"]
     if frac is not None:
         head += [f"budget MiB ({frac:.0%} of gain)", "at depth"]
+    budgets = list(plans[0].best_by_budget)
+    head += [f"@{b:g} MiB: depth gain" if b else "no cap: depth gain" for b in budgets]
     lines = [head]
     for p in plans:
         line = [f"{p.context:,}", f"{p.window_rows:,}", str(p.best_depth), f"{p.uncapped_gain:+.1%}",
@@ -461,6 +490,7 @@ def render(plans: list[ContextPlan]) -> str:
         if frac is not None:
             line += [f"{p.budget_mib_for_gain:g}" if p.budget_mib_for_gain is not None else "-",
                      str(p.depth_for_gain) if p.depth_for_gain is not None else "-"]
+        line += [f"{p.best_by_budget[b][0]} {p.best_by_budget[b][1]:+.1%}" for b in budgets]
         lines.append(line)
     widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
     text = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in lines]

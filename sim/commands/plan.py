@@ -28,6 +28,9 @@ def register(sub: Any) -> None:
     p.add_argument("--max-depth", type=int, default=4, help="deepest look-ahead to try (default 4)")
     p.add_argument("--default-budget", "--kv-pipeline-budget", "-kvpb", dest="default_budget", type=float, default=DEFAULT_BUDGET_MIB,
                    help="the budget to judge, MiB (default 128)")
+    p.add_argument("--budget", "--budgets", dest="budgets", metavar="MIB[,MIB...]",
+                   help="also: per context, the best depth and its gain at each of these budgets, MiB (0: no cap; "
+                        "START..STOP/STEP ranges too)")
     p.add_argument("--budget-for-gain", type=float, metavar="FRACTION",
                    help="also: smallest budget keeping this fraction of the uncapped gain")
     p.add_argument("--tokens", type=int, default=4, help="decode tokens simulated per point (default 4)")
@@ -46,6 +49,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--tokens must be >= 1 and --jobs >= 0")
     if not 0 <= args.default_budget <= MAX_BUDGET_MIB:
         raise UsageError(f"--default-budget {args.default_budget:g} out of range; allowed: 0 (no cap) .. {MAX_BUDGET_MIB}")
+    budgets = parse_list(expand_ranges(args.budgets), float, "--budget", f"numbers 0 (no cap) .. {MAX_BUDGET_MIB}") if args.budgets else []
+    for b in budgets:
+        if not 0 <= b <= MAX_BUDGET_MIB:
+            raise UsageError(f"--budget {b:g} out of range; allowed: 0 (no cap) .. {MAX_BUDGET_MIB}")
     for flag in ("model", "hardware", "cache_type"):
         if "," in getattr(args, flag):
             raise UsageError("plan takes one model, one hardware and one cache type")
@@ -53,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
 
     req = PlanRequest(model=args.model, hardware=args.hardware, cache_type=args.cache_type, contexts=tuple(contexts),
                       max_depth=args.max_depth, tokens=args.tokens, default_budget_mib=args.default_budget,
-                      budget_for_gain=args.budget_for_gain, pinned=not args.pageable, jobs=args.jobs or None,
+                      budget_for_gain=args.budget_for_gain, budgets_mib=tuple(dict.fromkeys(budgets)),
+                      pinned=not args.pageable, jobs=args.jobs or None,
                       llama_cpp=args.llama_cpp, exact=args.exact)
     plans = plan(req)
     if args.json:

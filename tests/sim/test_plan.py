@@ -7,7 +7,7 @@ import json
 import pytest
 
 from sim.cli import main
-from sim.plan import PlanRequest, closed_form, peak_ring_bytes, peak_rows, plan, points
+from sim.plan import TIE_GAIN, PlanRequest, closed_form, peak_ring_bytes, peak_rows, plan, points
 from sim.scheduler import MIB
 from sim.sweep import gain_rows, run_sweep
 from sim.workload import WINDOW_PAD_ROWS
@@ -114,6 +114,9 @@ def test_json_has_one_object_per_context_with_the_required_keys(capsys: pytest.C
     (["--context", "0"], "context 0"),
     (["--max-depth", "15"], "max-depth"),
     (["--default-budget=-1"], "default-budget"),
+    (["--budget", "64,nan"], "--budget nan"),
+    (["--budget", "64,x"], "--budget 'x'"),
+    (["--budget=-8"], "--budget -8"),
 ])
 def test_bad_input_one_line_exit_2(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
     assert main(["plan", "--tokens", "1", *args]) == 2
@@ -142,3 +145,21 @@ def test_llama_cpp_flags_of_the_ordered_path_have_no_budget() -> None:
     from sim.plan import llama_cpp_flags
 
     assert llama_cpp_flags("f16", "q8_0", 2048, 0, 128, pinned=False) == "-nkvo --kv-pipeline-depth 0 -c 2048 -ctk f16 -ctv q8_0"
+
+
+def test_best_depth_by_budget_is_the_best_of_every_depth_at_that_budget() -> None:
+    """``plan --budget``: per context and budget, the depth with the highest gain among depths 1..max simulated at
+    that budget (ties to the shallower; none positive: depth 0), with that gain; the budgets run with the uncapped
+    points, so the planner shares what they have in common."""
+    req = PlanRequest(contexts=(4096, 16384, 32768), max_depth=2, tokens=2, budgets_mib=(0.0, 64.0, 128.0), jobs=1)
+    got = {p.context: p.best_by_budget for p in plan(req)}
+    for budget in req.budgets_mib:
+        rows = gain_rows(run_sweep(points(req, list(req.contexts), [0, 1, 2], budget), None, jobs=1, progress=False).rows)
+        for c in req.contexts:
+            gains = {r["depth"]: 0.0 if r["declined"] else r["gain"] for r in rows if r["context"] == c and r["depth"]}
+            best = min(d for d in gains if gains[d] >= max(gains.values()) - TIE_GAIN)  # a tie goes to the shallower
+            want = (best, gains[best]) if gains[best] > 0 else (0, 0.0)
+            assert got[c][budget][0] == want[0] and got[c][budget][1] == pytest.approx(want[1], rel=1e-12, abs=1e-15)
+    # 64 MiB holds depth 1's ring at 4,096 (28 MiB) but not at 16,384 (104 MiB): the budget decides, not the depth
+    assert got[4096][64.0][0] == 1 and got[16384][64.0] == (0, 0.0) and got[16384][128.0][0] == 1
+    assert got[16384][0.0] == (1, pytest.approx(got[16384][128.0][1]))
