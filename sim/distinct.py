@@ -22,6 +22,7 @@ Units: bytes.
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -98,8 +99,10 @@ class _Ledger:
         return self.total[device] - self.used[device]
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def window_rows_at(wl: Workload, step: int) -> int:
-    """Rows the attention of decode step ``step`` reads: the window of the highest row any sequence writes. Pure."""
+    """Rows the attention of decode step ``step`` reads: the window of the highest row any sequence writes. Pure;
+    kept (every depth and budget of a grid asks it of the same workload)."""
     return wl.window_rows(max(r for _, r in wl.writes(step)))
 
 

@@ -27,13 +27,40 @@ cells within them.
 
 from __future__ import annotations
 
-import functools
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, Generic, Literal, NamedTuple, TypeVar, overload
 
 from backends.profile import ComputeModel
 from sim.workload import Workload
+
+T = TypeVar("T")
+
+
+class computed_once(Generic[T]):  # noqa: N801 - used like functools.cached_property
+    """``functools.cached_property`` without its lock (Python 3.11 takes an RLock on every first read, a third of the
+    cost of a small graph's inputs): the value is computed on first read and kept in the instance's ``__dict__``,
+    which later reads find first. For frozen dataclasses whose derived values are pure."""
+
+    def __init__(self, fn: Callable[[Any], T]) -> None:
+        self.fn, self.name = fn, fn.__name__
+        self.__doc__ = fn.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, cls: type | None = None) -> computed_once[T]: ...
+
+    @overload
+    def __get__(self, obj: object, cls: type | None = None) -> T: ...
+
+    def __get__(self, obj: object, cls: type | None = None) -> T | computed_once[T]:
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
 
 
 class _WindowPieceFields(NamedTuple):
@@ -123,13 +150,13 @@ class SmallInput:
     src_device: int = -1
     row_offsets: tuple[int, ...] = ()
 
-    @functools.cached_property
+    @computed_once
     def rows(self) -> tuple[tuple[int, int], ...]:
         """(host offset, bytes) of each cache row a D2H input lands in (several sequences: one row each). Computed once."""
         offs = self.row_offsets or (self.host_offset,)
         return tuple((o, self.nbytes // len(offs)) for o in offs)
 
-    @functools.cached_property
+    @computed_once
     def row_spans(self) -> tuple[tuple[int, int], ...]:
         """:attr:`rows` with adjacent rows merged: (host offset, bytes) of each contiguous run (a unified cache's
         sequences write neighbouring cells). Computed once."""
@@ -141,10 +168,12 @@ class SmallInput:
                 out.append([o, n])
         return tuple((o, n) for o, n in out)
 
-    @functools.cached_property
+    @computed_once
     def row_pattern(self) -> tuple[tuple[int, int, int, int], ...]:
         """:attr:`row_spans` as (offset, bytes, count, pitch): one entry when they are equal and evenly spaced (one
         row per stream of a split cache), else one per span (count 1). Computed once."""
+        if not self.row_offsets:
+            return ((self.host_offset, self.nbytes, 1, 0),)
         spans = self.row_spans
         if len(spans) > 2:
             o0, n = spans[0]
@@ -184,12 +213,12 @@ class DecodeGraph:
     host_writes_at_start: tuple[tuple[int, int], ...] = field(default=())  # (offset, nbytes) written before split 0
     reads_output: bool = True  # False: an intermediate ubatch whose logits the loop does not read (no host sync at its end)
 
-    @functools.cached_property
+    @computed_once
     def staged_splits(self) -> tuple[Split, ...]:
         """The splits that read staged windows, in graph order (computed once)."""
         return tuple(s for s in self.splits if s.staged)
 
-    @functools.cached_property
+    @computed_once
     def memo(self) -> dict[Any, Any]:
         """What readers derive from this graph and keep with it, by a key of their own (the graph is frozen and
         shared by every point that differs only in depth and budget): not a field, so no part of equality."""
