@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 import threading
@@ -73,6 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kvpipe: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (``kvpipe plan | head``): stop quietly, as a shell tool does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush of stdout must not raise again
+        return 141
     except Exception as exc:  # a bug, not bad input: one line, the traceback behind --debug
         if debug:
             raise

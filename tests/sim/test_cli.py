@@ -145,3 +145,20 @@ def test_a_bug_is_one_line_and_exit_1_with_its_traceback_behind_debug(capsys: py
     assert err.count("\n") == 1 and "internal error: RuntimeError: a bug" in err and "--debug" in err
     with pytest.raises(RuntimeError, match="a bug"):
         main(["simulate", "--context", "4096", "--depth", "0", "--debug"])
+
+
+def test_a_closed_pipe_stops_quietly() -> None:
+    """``kvpipe simulate --json | head -1``: the reader closes the pipe early (the output, 48 rows, is larger than a
+    pipe holds, so the write meets the closed pipe); no traceback and no 'internal error' line."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "sim.cli", "simulate", "--context", "1024..49152/1024", "--depth", "0",
+                             "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # as head does after its line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) in (0, 141)
+    assert "internal error" not in err and "Traceback" not in err
