@@ -106,20 +106,39 @@ def slot_entries(splits: Sequence[Split], span: SpanFn) -> tuple[int, dict[int, 
         lst = []
         for inp in s.staged:
             lst.append((inp, off))
-            off += sum(span(p.nbytes, p.reserve_bytes) for p in inp.pieces)
+            off += slot_span(inp, span)
         entries[s.index] = lst
         need = max(need, off)
     return need, entries
 
 
+def slot_span(inp: StagedInput, span: SpanFn) -> int:
+    """Bytes ``inp`` takes in a slot: its pieces' spans. A function of its layout, kept by ``inp.layout_id``. Pure."""
+
+    def make() -> int:
+        return sum(span(p.nbytes, p.reserve_bytes) for p in inp.pieces)
+
+    return make() if inp.layout_id < 0 else _kept(_SPANS, (inp.layout_id, span), make)  # type: ignore[no-any-return]
+
+
 def full_need(split: Split, graph: DecodeGraph, span: SpanFn) -> int:
-    """What the split's slot would need with every window at the full context."""
+    """What the split's slot would need with every window at the full context (kept per layout and window sizes)."""
     scale = graph.full_window_rows / max(1, graph.window_rows)
-    return sum(span(int(p.nbytes * scale), p.reserve_bytes) for inp in split.staged for p in inp.pieces)
+    out = 0
+    for inp in split.staged:
+
+        def make(inp: StagedInput = inp) -> int:
+            return sum(span(int(p.nbytes * scale), p.reserve_bytes) for p in inp.pieces)
+
+        key = (inp.layout_id, span, graph.full_window_rows, graph.window_rows)
+        out += make() if inp.layout_id < 0 else _kept(_FULL, key, make)
+    return out
 
 
 _WINDOWS: dict[tuple[int, str, int, SpanFn], tuple[tuple[WindowEntry, ...], tuple[WindowEntry, ...]]] = {}
 _ORDERED: dict[tuple[int, int, SpanFn], tuple[tuple[CopyRange, ...], int]] = {}
+_SPANS: dict[tuple[int, SpanFn], int] = {}
+_FULL: dict[tuple[int, SpanFn, int, int], int] = {}
 KEPT_LAYOUTS = 1 << 16  # entries per cache; a full one is emptied (ids are never reused, so nothing kept goes stale)
 
 

@@ -141,6 +141,10 @@ class SmallInput:
 
     ``src_device`` >= 0 marks an activation handed over from another device
     (layer split): it is first brought back from that device, then sent on.
+    The cache rows a D2H input of several sequences lands in are
+    ``row_offsets`` (one per sequence), or, evenly spaced, ``n_rows`` rows
+    ``row_pitch`` apart from ``host_offset`` (one per stream of a split cache,
+    or neighbouring cells: a description that does not grow with the sequences).
     """
 
     name: str
@@ -149,10 +153,14 @@ class SmallInput:
     host_offset: int = 0
     src_device: int = -1
     row_offsets: tuple[int, ...] = ()
+    n_rows: int = 0
+    row_pitch: int = 0
 
     @computed_once
     def rows(self) -> tuple[tuple[int, int], ...]:
         """(host offset, bytes) of each cache row a D2H input lands in (several sequences: one row each). Computed once."""
+        if self.n_rows:
+            return tuple((self.host_offset + i * self.row_pitch, self.nbytes // self.n_rows) for i in range(self.n_rows))
         offs = self.row_offsets or (self.host_offset,)
         return tuple((o, self.nbytes // len(offs)) for o in offs)
 
@@ -172,6 +180,11 @@ class SmallInput:
     def row_pattern(self) -> tuple[tuple[int, int, int, int], ...]:
         """:attr:`row_spans` as (offset, bytes, count, pitch): one entry when they are equal and evenly spaced (one
         row per stream of a split cache), else one per span (count 1). Computed once."""
+        if self.n_rows:
+            row = self.nbytes // self.n_rows
+            if self.n_rows == 1 or self.row_pitch == row:  # one row, or neighbouring cells: one range
+                return ((self.host_offset, self.nbytes, 1, 0),)
+            return ((self.host_offset, row, self.n_rows, self.row_pitch),)
         if not self.row_offsets:
             return ((self.host_offset, self.nbytes, 1, 0),)
         spans = self.row_spans
@@ -196,7 +209,6 @@ class Split:
     attn_layer: int = -1
     staged: tuple[StagedInput, ...] = ()
     ordered: tuple[SmallInput, ...] = ()
-    row_writes: tuple[tuple[int, int], ...] = ()  # (attention index, host byte offset) of rows written
     n_launches: int = 1
 
 
@@ -276,17 +288,15 @@ _NEXT_LAYOUT_ID = itertools.count()
 
 def _staged(name: str, layer: int, wl: Workload, layout: CacheLayout, j: int, kind: str, rows: int,
             writes: tuple[tuple[int, int], ...], prefix_row: int | None, heads: tuple[int, int] | None) -> StagedInput:
-    return StagedInput(name, layer, _pieces(wl, layout, j, kind, rows, writes, prefix_row, heads),
-                       layout_id(wl, layout, j, kind, rows, heads))
+    lid = layout_id(wl, layout, j, kind, rows, heads)
+    return StagedInput(name, layer, _pieces(wl, layout, j, kind, rows, writes, prefix_row, heads, lid), lid)
 
 
 def _pieces(
     wl: Workload, layout: CacheLayout, j: int, kind: str, rows: int, writes: tuple[tuple[int, int], ...],
-    prefix_row: int | None, heads: tuple[int, int] | None,
+    prefix_row: int | None, heads: tuple[int, int] | None, lid: int | None = None,
 ) -> tuple[WindowPiece, ...]:
-    """One piece per stream of layer j's K or V window, each with its own stable prefix."""
-    row_b = layout.k_row_bytes if kind == "k" else layout.v_row_bytes
-    offset = layout.k_offset if kind == "k" else layout.v_offset
+    """One piece per stream of layer j's K or V window, each with its own stable prefix (``lid``: its layout id)."""
     lowest: dict[int, int] = {}  # stream -> the lowest row any of its sequences writes
     for st, r in writes:
         if r < lowest.get(st, r + 1):
@@ -297,18 +307,36 @@ def _pieces(
         # Old behaviour: one prefix over the flat window; the lowest-writing stream caps every stream above it.
         flat = min(s * rows + prefix_rows[s] for s in streams)
         prefix_rows = [max(0, min(rows, flat - s * rows)) for s in streams]
-    h0, h1 = heads if heads else (0, 0)
-    head_b = row_b // wl.model.n_head_kv
-    out = []
-    for s in streams:
+    base = _piece_bases(wl, layout, j, kind, rows, heads, lid)
+    return tuple(WindowPiece(o, n, pr * cell, r, pitch, reserve, cell)
+                 for (o, n, r, pitch, reserve, cell), pr in zip(base, prefix_rows, strict=True))
+
+
+_BASES: dict[int, tuple[tuple[int, int, int, int, int, int], ...]] = {}  # layout id -> every field of each piece but its prefix
+
+
+def _piece_bases(wl: Workload, layout: CacheLayout, j: int, kind: str, rows: int, heads: tuple[int, int] | None,
+                 lid: int | None = None) -> tuple[tuple[int, int, int, int, int, int], ...]:
+    """Per stream (src_offset, nbytes, rows, src_pitch, reserve_bytes, cell_bytes) of layer ``j``'s ``kind`` window:
+    its layout, kept by layout id (the same for every token of a window size)."""
+    if lid is None:
+        lid = layout_id(wl, layout, j, kind, rows, heads)
+    got = _BASES.get(lid)
+    if got is None:
+        if len(_BASES) >= LAYOUT_IDS_KEPT:
+            _BASES.clear()
+        row_b = layout.k_row_bytes if kind == "k" else layout.v_row_bytes
+        offset = layout.k_offset if kind == "k" else layout.v_offset
+        cps = layout.cells_per_stream
         if heads:
+            h0, h1 = heads
+            head_b = row_b // wl.model.n_head_kv
             width = (h1 - h0) * head_b
-            out.append(WindowPiece(offset(j, s, 0) + h0 * head_b, rows * width, prefix_rows[s] * width, rows, row_b,
-                                   layout.cells_per_stream * width, width))
+            got = tuple((offset(j, s, 0) + h0 * head_b, rows * width, rows, row_b, cps * width, width) for s in range(layout.n_streams))
         else:
-            out.append(WindowPiece(offset(j, s, 0), rows * row_b, prefix_rows[s] * row_b,
-                                   reserve_bytes=layout.cells_per_stream * row_b, cell_bytes=row_b))
-    return tuple(out)
+            got = tuple((offset(j, s, 0), rows * row_b, 1, 0, cps * row_b, row_b) for s in range(layout.n_streams))
+        _BASES[lid] = got
+    return got
 
 
 def head_ranges(n_head_kv: int, proportions: tuple[float, ...], n_devices: int) -> list[tuple[int, int]]:
@@ -432,22 +460,29 @@ def decode_graph(
     small += (SmallInput("kq_mask", rows * 2 * n_tok * layout.n_streams, True),)
     bounds = list(model.attn_layers) + [model.n_layers]
     gpu("gpu0", list(range(bounds[0])), ordered=small)
+    cells = [st * layout.cells_per_stream + r for st, r in writes]  # each sequence's new row, as a cell of the cache
+    step_cells = cells[1] - cells[0] if n_tok > 1 else 0
+    even = n_tok > 1 and step_cells > 0 and all(c == cells[0] + i * step_cells for i, c in enumerate(cells))
     for j, a in enumerate(model.attn_layers):
-        k_offs = tuple(layout.k_offset(j, st, r) for st, r in writes)
-        v_offs = tuple(layout.v_offset(j, st, r) for st, r in writes)
-        row_ins: tuple[SmallInput, ...] = (
-            SmallInput(f"k_cur_l{a}", kb * n_tok, False, k_offs[0], row_offsets=k_offs if n_tok > 1 else ()),
-            SmallInput(f"v_cur_l{a}", vb * n_tok, False, v_offs[0], row_offsets=v_offs if n_tok > 1 else ()),
-        )
+        k0, v0 = layout.k_offset(j, *writes[0]), layout.v_offset(j, *writes[0])
+        if even or n_tok == 1:  # evenly spaced rows (one per stream, or neighbouring cells): no list of offsets
+            row_ins: tuple[SmallInput, ...] = (
+                SmallInput(f"k_cur_l{a}", kb * n_tok, False, k0, n_rows=n_tok if n_tok > 1 else 0, row_pitch=step_cells * kb),
+                SmallInput(f"v_cur_l{a}", vb * n_tok, False, v0, n_rows=n_tok if n_tok > 1 else 0, row_pitch=step_cells * vb),
+            )
+        else:
+            k_offs = tuple(layout.k_offset(j, st, r) for st, r in writes)
+            v_offs = tuple(layout.v_offset(j, st, r) for st, r in writes)
+            row_ins = (SmallInput(f"k_cur_l{a}", kb * n_tok, False, k0, row_offsets=k_offs),
+                       SmallInput(f"v_cur_l{a}", vb * n_tok, False, v0, row_offsets=v_offs))
         cpu_s = comp(0).cpu_split_s + max(0, n_tok - 1) * comp(0).cpu_row_s
         after: tuple[SmallInput, ...] = ()
         if host_attention:  # the attention itself on the CPU: Q comes down too (f32), the output goes back up
             window = sum(p.nbytes for x in ("k", "v") for p in _pieces(wl, layout, j, x, rows, writes, prefix_row, None))
             cpu_s += comp(0).host_attention_seconds(window)
-            row_ins = (SmallInput(f"q_cur_l{a}", model.n_head * model.head_dim_k * 4 * n_tok, False, k_offs[0]), *row_ins)
+            row_ins = (SmallInput(f"q_cur_l{a}", model.n_head * model.head_dim_k * 4 * n_tok, False, k0), *row_ins)
             after = (SmallInput(f"attn_out_l{a}", model.n_head * model.head_dim_v * 4 * n_tok, True),)
-        add(kind="cpu", device=-1, name=f"cpu_rows_l{a}", compute_s=cpu_s, layers=(a,),
-            ordered=row_ins, row_writes=tuple((j, o) for o in k_offs + v_offs))
+        add(kind="cpu", device=-1, name=f"cpu_rows_l{a}", compute_s=cpu_s, layers=(a,), ordered=row_ins)
         gpu(f"gpu_attn_l{a}", list(range(a, bounds[j + 1])), attn_j=j, head=j == model.n_attn - 1, ordered=after)
     return DecodeGraph(
         token=token,

@@ -53,3 +53,24 @@ def test_a_kept_copy_plan_is_the_plan_of_its_own_buffers() -> None:
         assert "outside" in str(exc)
     else:
         raise AssertionError("a copy past the end of `small` went through on a kept plan")
+
+
+def test_evenly_spaced_new_rows_are_described_without_a_list_and_land_where_each_sequence_writes() -> None:
+    """A CPU split's new rows: one per sequence at ``layout.k_offset(j, stream, row)``, whether the input lists them
+    (uneven contexts) or describes them as ``n_rows`` rows ``row_pitch`` apart (a split cache; a unified one's
+    neighbouring cells); the checker's row pattern is one access for the even cases."""
+    from sim.graph import layout_of
+
+    q, m = cache_type("q8_0"), load_model("qwen3.8-27b")
+    compute = load_profile("rtx4070-gen4x16").devices[0].compute
+    cases = [((2048,) * 4, False, True), ((2048,) * 4, True, True), ((1000, 2048, 3000, 512), False, False)]
+    for contexts, unified, even in cases:
+        wl = Workload(m, q, q, contexts, tokens=2, n_parallel=4, unified=unified)
+        layout, writes = layout_of(wl), wl.writes(1)
+        cpu = [s for s in decode_graph(wl, compute, step=1).splits if s.kind == "cpu"]
+        for j, split in enumerate(cpu):
+            k, v = split.ordered
+            assert [o for o, _ in k.rows] == [layout.k_offset(j, st, r) for st, r in writes]
+            assert [o for o, _ in v.rows] == [layout.v_offset(j, st, r) for st, r in writes]
+            assert (k.n_rows == 4 and not k.row_offsets) is even
+            assert len(k.row_pattern) == (1 if even else len({o for o, _ in k.row_spans}))
