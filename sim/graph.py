@@ -313,6 +313,7 @@ def _pieces(
 
 
 _BASES: dict[int, tuple[tuple[int, int, int, int, int, int], ...]] = {}  # layout id -> every field of each piece but its prefix
+BASES_KEPT = 1 << 16  # a full cache is emptied (each entry holds a tuple per stream)
 
 
 def _piece_bases(wl: Workload, layout: CacheLayout, j: int, kind: str, rows: int, heads: tuple[int, int] | None,
@@ -323,7 +324,7 @@ def _piece_bases(wl: Workload, layout: CacheLayout, j: int, kind: str, rows: int
         lid = layout_id(wl, layout, j, kind, rows, heads)
     got = _BASES.get(lid)
     if got is None:
-        if len(_BASES) >= LAYOUT_IDS_KEPT:
+        if len(_BASES) >= BASES_KEPT:
             _BASES.clear()
         row_b = layout.k_row_bytes if kind == "k" else layout.v_row_bytes
         offset = layout.k_offset if kind == "k" else layout.v_offset
