@@ -349,6 +349,7 @@ def run_sweep(
     """
     if not points:
         raise InputError("the grid is empty; give at least one value per flag")
+    from sim import checks  # noqa: F401 - imported once here, so local workers forked from this process inherit it
     t0 = time.perf_counter()
     with executor_for(jobs, dask_address) as ex:  # first: a missing extra or scheduler writes nothing
         order: list[Key] = []
