@@ -119,6 +119,13 @@ class CopyCall(NamedTuple):
         return [(self.src_offset + i * self.src_pitch, self.dst_offset + i * self.dst_pitch, self.width) for i in range(self.height)]
 
 
+class KeptRanges(tuple):  # type: ignore[type-arg]
+    """A tuple of ``CopyRange``s its maker keeps and copies again and again (the scheduler's ordered window of one
+    window size, ``sim.deliveries.ordered_copy``): a machine may plan a copy of it once per pair of buffers."""
+
+    __slots__ = ()
+
+
 class CopyPlan(NamedTuple):
     """A copy checked and shaped once (:func:`plan_copy`): its direction, the calls to issue, its bytes."""
 

@@ -280,7 +280,8 @@ class CheckedBackend:
         return a, clock, tick, False
 
     def copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], tag: str = "") -> HostOp:
-        ranges = tuple(ranges)  # kept: the caller's sequence is not ours
+        if not isinstance(ranges, tuple):  # kept: the caller's sequence is not ours (a tuple, KeptRanges too, is)
+            ranges = tuple(ranges)
         inner = self.inner.copy(stream, dst, src, ranges, tag)  # first: a copy the machine refuses leaves no trace here
         a, clock, tick, in_flight = self._enqueue(stream)
         if in_flight:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from backends.base import BackendError, Buffer, CopyPlan, CopyRange, HostOp, Stream, drive, plan_copy
+from backends.base import BackendError, Buffer, CopyPlan, CopyRange, HostOp, KeptRanges, Stream, drive, plan_copy
 
 
 class Machine:
@@ -43,10 +43,10 @@ class Machine:
     def copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], tag: str = "") -> HostOp:
         """See ``Backend.copy``. Raises BackendError at the call for a bad direction or range.
 
-        A copy of the same tuple of several ranges between the same buffers (the scheduler keeps a window's ranges per
-        layout) is planned once: the plan is kept with the tuple, which it keeps alive, so the tuple's id names it.
+        A copy of the same ``KeptRanges`` between the same buffers (the scheduler keeps a window's ranges per layout)
+        is planned once: the plan is kept with the tuple, which it keeps alive, so the tuple's id names it.
         """
-        if len(ranges) < 2 or type(ranges) is not tuple:
+        if type(ranges) is not KeptRanges:
             return self._copy(stream, dst, src, plan_copy(dst, src, ranges, tag), tag)
         plans = self._plans
         if plans is None:

@@ -328,7 +328,44 @@ class SimMachine(Machine):
                 continue
             kind, name, payload = queue.popleft()
             if kind == "copy":
-                yield from self._run_copy(stream, name, *payload)
+                # One copy on its lane's engine: its plan's link time, or a pageable copy's DMA chunk (seconds,
+                # bytes; a chunk with no plan moves no bytes: its copy's last chunk moves them all). Inline, not a
+                # generator of its own: the stream resumes through it at every step of every copy.
+                dst, src, plan, lane, chunk = payload
+                engine = lane.engine
+                held, st.held = st.held, None
+                if held is not None and held[0] is not engine:
+                    held[0].release(held[1])
+                    held = None
+                if held is None:
+                    req = engine.request()
+                    yield req
+                else:
+                    req = held[1]
+                try:
+                    t = env.now
+                    if chunk is None:
+                        seconds, nbytes = calls_seconds(lane, plan.calls), plan.nbytes
+                    else:
+                        seconds, nbytes = chunk
+                    if lane.other.users:
+                        seconds *= lane.slowdown
+                    if self._dram[lane.device]:
+                        self._copies[lane.device].append((t, t + seconds, nbytes))
+                    yield self._timeout(seconds)
+                    # The bytes move at completion: a write to the source while the copy is in flight shows.
+                    if self.functional and dst.array is not None and plan is not None:
+                        s_arr, d_arr = src.array, dst.array
+                        for so, do, n in plan.pieces():
+                            d_arr[do : do + n] = s_arr[so : so + n]
+                    if self.tracing:
+                        self._span(lane.track, name, t, bytes=nbytes, stream=stream.name)
+                        self._span(stream.name, name, t, bytes=nbytes)
+                finally:
+                    if lane.drains and self._next_copy_on(stream, lane.to_device, lane.device):
+                        st.held = (engine, req)
+                    else:
+                        engine.release(req)
             elif kind == "kernel":
                 t = env.now
                 yield self._timeout(payload.duration_s)
@@ -373,47 +410,6 @@ class SimMachine(Machine):
                 return
             yield self._timeout(extra)
             t0 = t1
-
-    def _run_copy(self, stream: Stream, name: str, dst: Buffer, src: Buffer, plan: CopyPlan | None, lane: _Lane,
-                  chunk: tuple[float, int] | None) -> Any:
-        """One copy on its lane's engine: ``plan``'s link time, or a pageable copy's DMA ``chunk`` (seconds, bytes); a
-        chunk with no plan moves no bytes: its copy's last chunk moves them all)."""
-        engine = lane.engine
-        st: _StreamState = stream.handle
-        held, st.held = st.held, None
-        if held is not None and held[0] is not engine:
-            held[0].release(held[1])
-            held = None
-        if held is None:
-            req = engine.request()
-            yield req
-        else:
-            req = held[1]
-        try:
-            t = self.env.now
-            if chunk is None:
-                assert plan is not None
-                seconds, nbytes = calls_seconds(lane, plan.calls), plan.nbytes
-            else:
-                seconds, nbytes = chunk
-            if lane.other.users:
-                seconds *= lane.slowdown
-            if self._dram[lane.device]:
-                self._copies[lane.device].append((t, t + seconds, nbytes))
-            yield self._timeout(seconds)
-            # The bytes move at completion: a write to the source while the copy is in flight shows.
-            if self.functional and dst.array is not None and plan is not None:
-                s, d = src.array, dst.array
-                for so, do, n in plan.pieces():
-                    d[do : do + n] = s[so : so + n]
-            if self.tracing:
-                self._span(lane.track, name, t, bytes=nbytes, stream=stream.name)
-                self._span(stream.name, name, t, bytes=nbytes)
-        finally:
-            if lane.drains and self._next_copy_on(stream, lane.to_device, lane.device):
-                st.held = (engine, req)
-            else:
-                engine.release(req)
 
     @staticmethod
     def _next_copy_on(stream: Stream, to_device: bool, device: int) -> bool:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backends.base import CopyRange
+from backends.base import CopyRange, KeptRanges
 from sim.graph import DecodeGraph, Split, StagedInput, WindowPiece
 
 SpanFn = Callable[[int, int], int]  # (window bytes, the stream's reserved stride) -> bytes in a slot
@@ -186,7 +186,7 @@ def ordered_copy(inp: StagedInput, start: int, span: SpanFn) -> tuple[tuple[Copy
         for p in inp.pieces:
             ranges.append(piece_range(p, off, 0, p.nbytes))
             off += span(p.nbytes, p.reserve_bytes)
-        return tuple(ranges), off - start
+        return KeptRanges(ranges), off - start
 
     return make() if inp.layout_id < 0 else _kept(_ORDERED, (inp.layout_id, start, span), make)  # type: ignore[no-any-return]
 

@@ -289,21 +289,6 @@ class TransportScheduler(OrderedPath):
         self.history.append(stats)
         return stats
 
-    def _late_part(self, plan: _DevicePlan, split: Split, stats: GraphStats, bindings: dict[str, Binding],
-                   pieces: dict[str, Binding]) -> HostOp:
-        """The pipelined path at the split: its delivery's late ranges on the consumer stream, then wait on ``ready``."""
-        if self.policy.issue_before_enqueue:
-            yield from self._prefetch(plan, stats, limit_extra=1)
-        d = plan.deliveries[plan.consumed]
-        assert d.split == split.index, f"delivery {d.o} is staged split {d.split}, not {split.index}"
-        assert plan.target is not None
-        for parts in d.parts:
-            self._bind_parts(bindings, pieces, plan.target, parts)
-        if d.late:
-            yield from self.be.copy(self.consumer[split.device], plan.target, self.host_cache, list(d.late), tag="late")
-            stats.late_bytes += d.late_bytes
-        yield from self.be.wait_event(self.consumer[split.device], self.rings[split.device].ready[d.slot])
-
     def _gpu_split(self, split: Split, plan: _DevicePlan | None, stats: GraphStats) -> HostOp:
         dev = split.device
         self._last_gpu_device = dev
@@ -320,9 +305,18 @@ class TransportScheduler(OrderedPath):
             bindings["resident:cache"] = (cache, 0, cache.nbytes)  # the split's kernels write their new rows there
         elif split.staged and not pipelined:
             yield from self._ordered_windows(split, stats, bindings, pieces)
-        elif pipelined:
-            assert plan is not None
-            yield from self._late_part(plan, split, stats, bindings, pieces)
+        elif pipelined:  # the delivery's late ranges on the consumer stream, then a wait on its ``ready``
+            assert plan is not None and plan.target is not None
+            if self.policy.issue_before_enqueue:
+                yield from self._prefetch(plan, stats, limit_extra=1)
+            d = plan.deliveries[plan.consumed]
+            assert d.split == split.index, f"delivery {d.o} is staged split {d.split}, not {split.index}"
+            for parts in d.parts:
+                self._bind_parts(bindings, pieces, plan.target, parts)
+            if d.late:
+                yield from self.be.copy(self.consumer[dev], plan.target, self.host_cache, d.late, tag="late")
+                stats.late_bytes += d.late_bytes
+            yield from self.be.wait_event(self.consumer[dev], self.rings[dev].ready[d.slot])
         io = self.io_dev[dev]
         accesses = [Access(b, o, n, False) for b, o, n in bindings.values()]
         accesses.append(Access(io, 0, self.kernel_io_bytes, True))
@@ -340,29 +334,32 @@ class TransportScheduler(OrderedPath):
                 yield from self._prefetch(plan, stats, limit_extra=0)
 
     def _prefetch(self, plan: _DevicePlan, stats: GraphStats, limit_extra: int) -> HostOp:
-        """Issue deliveries while ``o <= consumed + N`` (+ ``limit_extra`` for the issue-before-enqueue mutation)."""
-        t = self.be.now_s()
-        limit = plan.consumed + self.cfg.depth + limit_extra
-        while plan.issued < len(plan.deliveries) and plan.issued <= limit:
-            yield from self._deliver(plan, plan.deliveries[plan.issued], stats)
-            plan.issued += 1
-        if plan.issued < len(plan.deliveries):
-            stats.depth_stops += 1
-        stats.issue_s += self.be.now_s() - t
+        """Issue deliveries while ``o <= consumed + N`` (+ ``limit_extra`` for the issue-before-enqueue mutation).
 
-    def _deliver(self, plan: _DevicePlan, d: Delivery, stats: GraphStats) -> HostOp:
-        """One delivery's early ranges on the transfer stream, after its slot's release; then ``ready``."""
-        ring = self.rings[plan.order[d.o].device]
-        if ring.slot_used[d.slot] and self.policy.ring_staging:
-            if self.policy.recycle == "host":
-                yield from self.be.wait_host(ring.release[d.slot])
-            elif self.policy.recycle == "stream":
-                yield from self.be.wait_event(ring.transfer, ring.release[d.slot])
-                stats.recycle_waits += 1
-        if d.early:
-            assert plan.target is not None
-            yield from self.be.copy(ring.transfer, plan.target, self.host_cache, list(d.early), tag=f"delivery{d.o}")
-            stats.early_bytes += d.early_bytes
-        yield from self.be.record(ring.ready[d.slot], ring.transfer)
-        ring.slot_used[d.slot] = True
-        stats.deliveries += 1
+        One delivery: its early ranges on the transfer stream, after its slot's release; then ``ready``. (Inline, not
+        a generator of its own: every host operation below resumes through each generator layer above it.)
+        """
+        be, policy = self.be, self.policy
+        t = be.now_s()
+        limit = plan.consumed + self.cfg.depth + limit_extra
+        deliveries = plan.deliveries
+        while plan.issued < len(deliveries) and plan.issued <= limit:
+            d = deliveries[plan.issued]
+            ring = self.rings[plan.order[d.o].device]
+            if ring.slot_used[d.slot] and policy.ring_staging:
+                if policy.recycle == "host":
+                    yield from be.wait_host(ring.release[d.slot])
+                elif policy.recycle == "stream":
+                    yield from be.wait_event(ring.transfer, ring.release[d.slot])
+                    stats.recycle_waits += 1
+            if d.early:
+                assert plan.target is not None
+                yield from be.copy(ring.transfer, plan.target, self.host_cache, d.early, tag=f"delivery{d.o}")
+                stats.early_bytes += d.early_bytes
+            yield from be.record(ring.ready[d.slot], ring.transfer)
+            ring.slot_used[d.slot] = True
+            stats.deliveries += 1
+            plan.issued += 1
+        if plan.issued < len(deliveries):
+            stats.depth_stops += 1
+        stats.issue_s += be.now_s() - t

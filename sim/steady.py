@@ -101,17 +101,11 @@ class _Run:
         self.sched = new_scheduler(backend, point, graph_at(point, 0))
         self.stats: dict[int, GraphStats] = {}
 
-    def token(self, k: int) -> HostOp:
-        """Simulate token ``k`` (its graph on the scheduler). Returns its stats."""
-        s: GraphStats = yield from self.sched.run_graph(graph_at(self.point, k))
-        self.stats[k] = s
-        return s
-
     def segment(self, start: int, stop: int) -> HostOp:
         """Tokens ``start..stop-1`` of one segment: simulated until two consecutive ones match, then filled."""
         prev: GraphStats | None = None
         for k in range(start, stop):
-            s = yield from self.token(k)
+            s = self.stats[k] = yield from self.sched.run_graph(graph_at(self.point, k))  # (no generator layer of its own)
             if prev is not None and k + 1 < stop and matches(prev, s):
                 yield from self.fill(prev, s, stop)
                 return
@@ -123,7 +117,7 @@ class _Run:
         the block), the first half is filled from the pair and the second half is a segment of its own."""
         first, last = b.token + 1, stop - 1
         if last - first + 1 > UNCHECKED_TOKENS and last not in self.stats:
-            end = yield from self.token(last)
+            end = self.stats[last] = yield from self.sched.run_graph(graph_at(self.point, last))
             if not predicted(extrapolate(a, b, last), end):
                 mid = (first + last) // 2
                 yield from self.fill(a, b, mid)

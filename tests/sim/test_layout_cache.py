@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backends.base import Buffer, CopyRange
+from backends.base import Buffer, CopyRange, KeptRanges
 from backends.profile import load_profile
 from backends.simpy_machine import SimMachine
 from sim.deliveries import ordered_copy, span_fn, window_parts
@@ -40,7 +40,7 @@ def test_a_kept_copy_plan_is_the_plan_of_its_own_buffers() -> None:
     host = m.alloc_host(1 << 16, "host")
     big, small = m.alloc(0, 1 << 16, "big"), m.alloc(0, 2048, "small")
     stream = m.create_stream(0, "s")
-    ranges = (CopyRange(0, 0, 1024), CopyRange(4096, 4096, 1024))
+    ranges = KeptRanges((CopyRange(0, 0, 1024), CopyRange(4096, 4096, 1024)))
 
     def prog(dst: Buffer) -> object:
         yield from m.copy(stream, dst, host, ranges)
