@@ -123,16 +123,18 @@ def slot_span(inp: StagedInput, span: SpanFn) -> int:
 
 def full_need(split: Split, graph: DecodeGraph, span: SpanFn) -> int:
     """What the split's slot would need with every window at the full context (kept per layout and window sizes)."""
-    scale = graph.full_window_rows / max(1, graph.window_rows)
-    out = 0
-    for inp in split.staged:
+    return sum(_full_span(inp, graph, span) for inp in split.staged)
 
-        def make(inp: StagedInput = inp) -> int:
-            return sum(span(int(p.nbytes * scale), p.reserve_bytes) for p in inp.pieces)
 
-        key = (inp.layout_id, span, graph.full_window_rows, graph.window_rows)
-        out += make() if inp.layout_id < 0 else _kept(_FULL, key, make)
-    return out
+def _full_span(inp: StagedInput, graph: DecodeGraph, span: SpanFn) -> int:
+    """Bytes ``inp`` would take in a slot at the full context: a function of its layout and the two window sizes."""
+
+    def make() -> int:
+        scale = graph.full_window_rows / max(1, graph.window_rows)
+        return sum(span(int(p.nbytes * scale), p.reserve_bytes) for p in inp.pieces)
+
+    key = (inp.layout_id, span, graph.full_window_rows, graph.window_rows)
+    return make() if inp.layout_id < 0 else _kept(_FULL, key, make)  # type: ignore[no-any-return]
 
 
 _WINDOWS: dict[tuple[int, str, int, SpanFn], tuple[tuple[WindowEntry, ...], tuple[WindowEntry, ...]]] = {}
@@ -169,12 +171,6 @@ def _window_parts(inp: StagedInput, start: int, span: SpanFn) -> tuple[tuple[Win
         end = off + p.nbytes
         off += span(p.nbytes, p.reserve_bytes)
     return ((f"window:{inp.name}", start, end - start),), tuple(out)
-
-
-def window_bindings(inp: StagedInput, start: int, span: SpanFn) -> tuple[WindowEntry, ...]:
-    """``inp`` as the kernels read it from ``start``: ``window:<name>`` and, with several streams, ``window:<name>#<i>``."""
-    whole, parts = window_parts(inp, start, span)
-    return whole + parts
 
 
 def ordered_copy(inp: StagedInput, start: int, span: SpanFn) -> tuple[tuple[CopyRange, ...], int]:

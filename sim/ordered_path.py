@@ -78,8 +78,12 @@ class OrderedPath:
         t = self.be.now_s()
         yield from self.be.copy(stream, dst, src, ranges, tag=tag)
         yield from self.be.synchronize(stream)
-        stats.blocked_ordered_s += self.be.now_s() - t
-        stats.ordered_bytes += ranges[0].nbytes if len(ranges) == 1 else sum(r.nbytes for r in ranges)
+        self._count_blocking(stats, t, ranges[0].nbytes if len(ranges) == 1 else sum(r.nbytes for r in ranges))
+
+    def _count_blocking(self, stats: GraphStats, since_s: float, nbytes: int) -> None:
+        """One blocking copy of ``nbytes`` that began at ``since_s``, in the graph's stats."""
+        stats.blocked_ordered_s += self.be.now_s() - since_s
+        stats.ordered_bytes += nbytes
         stats.ordered_copies += 1
 
     def _cpu_split(self, split: Split, stats: GraphStats) -> HostOp:
@@ -99,9 +103,7 @@ class OrderedPath:
             t = be.now_s()  # a blocking copy (``_blocking_copy``, inline: the CPU split makes two a layer)
             yield from be.copy(stream, io_host, io, (CopyRange(off, off, n),), tag=inp.name)
             yield from be.synchronize(stream)
-            stats.blocked_ordered_s += be.now_s() - t
-            stats.ordered_bytes += n
-            stats.ordered_copies += 1
+            self._count_blocking(stats, t, n)
             bindings[inp.name] = (io_host, off, n)
             accesses.append(Access(io_host, off, n, False))
             for row_off, row_bytes, count, pitch in inp.row_pattern:

@@ -99,10 +99,7 @@ class Ring:
         self.buffer = None
         self.slot_alloc_bytes = 0
 
-    def early_bytes(self, name: str, prefix: int, nbytes: int, width: int, strided: bool, refresh: bool) -> int:
-        """Early bytes of one window piece: its stable prefix (whole rows when strided); without ``refresh``
-        (the stale-prefix mutation) the first graph's prefix for this piece, never updated."""
-        if not refresh:
-            prefix = self.prefix_rows_last.setdefault(name, prefix)
-        early = min(prefix, nbytes)
-        return early // width * width if strided else early
+    def stale_prefix(self, name: str, prefix: int) -> int:
+        """The stale-prefix mutation: the prefix bytes piece ``name`` had in the first graph that asked, never updated
+        (the scheduler otherwise reads each graph's own, ``sim.deliveries.stable_early``). Does not block."""
+        return self.prefix_rows_last.setdefault(name, prefix)

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from backends.base import Access, Backend, BackendError, Buffer, HostOp, OutOfDeviceMemory, Work
-from sim.deliveries import Delivery, align_up, full_need, next_pow2, piece_range, plan_deliveries, slot_entries, span_fn
+from sim.deliveries import Delivery, align_up, full_need, next_pow2, piece_range, plan_deliveries, slot_entries, span_fn, stable_early
 from sim.graph import DecodeGraph, Split, StagedInput
 from sim.ordered_path import OrderedPath
 from sim.ring import Ring
@@ -193,7 +193,7 @@ class TransportScheduler(OrderedPath):
 
             def early_of(inp: StagedInput, i: int, prefix: int, nbytes: int) -> int:
                 p = inp.pieces[i]
-                return ring.early_bytes(f"{inp.name}#{i}", prefix, nbytes, p.width, p.rows > 1, False)
+                return stable_early(p._replace(prefix_bytes=min(ring.stale_prefix(f"{inp.name}#{i}", prefix), nbytes)))
 
         plan.deliveries = plan_deliveries(plan.order, plan.entries, ring.n_slots, lambda slot: slot * slot_bytes, self.span[dev],
                                           early_of, one_cell_early=not self.policy.stream_sized_ranges)
