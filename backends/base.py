@@ -4,7 +4,7 @@ A *backend* is a machine that can run one decode graph: a host thread, streams
 that run their items in order, events, host<->device copies, kernels, CPU work
 and device memory. kvpipe has two real ones -- the SimPy machine
 (``backends.simpy_machine``) and a CUDA GPU through CuPy
-(``backends.cupy_gpu``) -- and the scheduler in ``sim.scheduler`` must not be
+(``backends.cupy_gpu``) -- and the scheduler in ``sim.transport.scheduler`` must not be
 able to tell them apart.
 
 The host thread is the only actor that blocks, so every operation that costs
@@ -121,7 +121,7 @@ class CopyCall(NamedTuple):
 
 class KeptRanges(tuple):  # type: ignore[type-arg]
     """A tuple of ``CopyRange``s its maker keeps and copies again and again (the scheduler's ordered window of one
-    window size, ``sim.deliveries.ordered_copy``): a machine may plan a copy of it once per pair of buffers."""
+    window size, ``sim.transport.deliveries.ordered_copy``): a machine may plan a copy of it once per pair of buffers."""
 
     __slots__ = ()
 

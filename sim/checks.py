@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from backends.checked import CheckedBackend
 from backends.simpy_machine import SimMachine
 from sim import steady
-from sim.distinct import PointPlan, plan_point
+from sim.distinct import Member, PointPlan, Task, plan_point
 from sim.graph import DecodeGraph
 from sim.simulate import Point, RunResult, graphs_for, run_decode
 
@@ -120,3 +120,22 @@ def run_checked(point: Point, trace: bool = False, functional: bool = False, exa
     if fast and result.extra["hazards"]:
         return run_checked(point, trace=trace)
     return result
+
+
+def member_result(result: RunResult, member: Member, simulated: Point) -> RunResult:
+    """The result of ``member`` from the run of ``simulated``: its own point and labels (the run's own point where
+    the member is the point simulated: a functional run reports its scaled point), and its plan's ring fields per
+    token where its depth differs from the run's (a declined point over the ordered run). Pure."""
+    graphs = result.graphs
+    if member.point.transport.depth != simulated.transport.depth and member.plan.fits:
+        graphs = [replace(g, **t.fields()) for g, t in zip(graphs, member.plan.tokens, strict=True)]
+    extra = {**result.extra, "simulated_as": dict(member.simulated_as), "shared_with_n": member.shared_with_n}
+    return replace(result, point=result.point if member.point is simulated else member.point, graphs=graphs, extra=extra)
+
+
+def run_task(task: Task, trace: bool = False, functional: bool = False) -> list[RunResult]:
+    """Simulate ``task`` once under the race checker (``run_checked``; the fast path unless the task is
+    exact) and return one result per member. Blocks for the simulation. Raises what the simulation raises."""
+    result = run_checked(task.point, trace=trace, functional=functional, exact=task.exact, plan=task.plan)
+    result.extra["tokens_simulated"] = sum(1 for g in result.graphs if g.extrapolated_from < 0)
+    return [member_result(result, m, task.point) for m in task.members]

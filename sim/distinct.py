@@ -5,9 +5,9 @@ budget, so every budget of a depth-0 point is the same run; a pipelined point wh
 token runs the ordered path too; and two budgets that let the scheduler make the same plan at every token (the
 same rings on, the same slots allocated, the same declines) are the same run. Which of these a point is follows
 from the plan the scheduler would make, not from a row flag, so this module *replays the scheduler's planning*
-per token without simulating anything: the ring's own decisions (``sim.ring.Ring.decline_reason`` and
+per token without simulating anything: the ring's own decisions (``sim.transport.ring.Ring.decline_reason`` and
 ``Ring.ensure_slots``, run against a ledger of the device's memory), the slot need of the token's staged splits
-(``sim.deliveries``), the graph's memory next to the ring, the idle release. That replay is :func:`plan_point`; a
+(``sim.transport.deliveries``), the graph's memory next to the ring, the idle release. That replay is :func:`plan_point`; a
 test holds it to what the simulation decides on the 1,000-point grid.
 
 :func:`tasks` groups the requested points by the simulation that decides them (the key of :func:`sim_key`). Each
@@ -29,11 +29,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from backends.base import Buffer, OutOfDeviceMemory, Stream
-from sim.deliveries import full_need, slot_entries, span_fn
 from sim.graph import Split
-from sim.ring import Ring
-from sim.simulate import GRAPH_BASE_BYTES, Point, RunResult, graph_at, io_bytes_for, placed_hardware
-from sim.transport_config import GraphStats
+from sim.simulate import GRAPH_BASE_BYTES, Point, graph_at, io_bytes_for, placed_hardware
+from sim.transport.config import GraphStats
+from sim.transport.deliveries import full_need, slot_entries, span_fn
+from sim.transport.ring import Ring
 from sim.workload import Workload
 
 #: The GraphStats fields the plan decides (the rest are what the simulation measures).
@@ -179,7 +179,7 @@ class _Replay:
         return TokenPlan(rows, tuple(getattr(st, f) for f in PLAN_FIELDS), rings, counts_idle)
 
     def _plan(self, shape: _Shape, st: GraphStats) -> tuple[dict[int, bool], dict[int, int]]:
-        """Per device with staged splits: is the ring on (decline and sizing by ``sim.ring``), and the slot need."""
+        """Per device with staged splits: is the ring on (decline and sizing by ``sim.transport.ring``), and the slot need."""
         cfg = self.cfg
         active: dict[int, bool] = {}
         needs: dict[int, int] = {}
@@ -260,7 +260,7 @@ class _Replay:
 
 
 def plan_point(point: Point) -> PointPlan:
-    """Replay the scheduler's plan for every token of ``point`` (as ``sim.scheduler.TransportScheduler`` makes it in
+    """Replay the scheduler's plan for every token of ``point`` (as ``sim.transport.scheduler.TransportScheduler`` makes it in
     ``_plan``, ``_reserve_graph`` and ``_account_idle``), with no simulation. Pure; builds one graph per window size."""
     replay = _Replay(point)
     out: list[TokenPlan] = []
@@ -367,24 +367,3 @@ def _plan_or_alone(point: Point) -> PointPlan:
         return plan_point(point)
     except Exception as exc:  # noqa: BLE001 - the simulation of the point raises it again, where it is reported
         return PointPlan((), False, f"{type(exc).__name__}: {exc}")
-
-
-def member_result(result: RunResult, member: Member, simulated: Point) -> RunResult:
-    """The result of ``member`` from the run of ``simulated``: its own point and labels (the run's own point where
-    the member is the point simulated: a functional run reports its scaled point), and its plan's ring fields per
-    token where its depth differs from the run's (a declined point over the ordered run). Pure."""
-    graphs = result.graphs
-    if member.point.transport.depth != simulated.transport.depth and member.plan.fits:
-        graphs = [replace(g, **t.fields()) for g, t in zip(graphs, member.plan.tokens, strict=True)]
-    extra = {**result.extra, "simulated_as": dict(member.simulated_as), "shared_with_n": member.shared_with_n}
-    return replace(result, point=result.point if member.point is simulated else member.point, graphs=graphs, extra=extra)
-
-
-def run_task(task: Task, trace: bool = False, functional: bool = False) -> list[RunResult]:
-    """Simulate ``task`` once under the race checker (``sim.checks.run_checked``; the fast path unless the task is
-    exact) and return one result per member. Blocks for the simulation. Raises what the simulation raises."""
-    from sim import checks
-
-    result = checks.run_checked(task.point, trace=trace, functional=functional, exact=task.exact, plan=task.plan)
-    result.extra["tokens_simulated"] = sum(1 for g in result.graphs if g.extrapolated_from < 0)
-    return [member_result(result, m, task.point) for m in task.members]

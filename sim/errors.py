@@ -2,7 +2,7 @@
 
 :class:`InputError` is a ``ValueError`` whose message is one line naming the
 bad value and what is allowed, in the user's units. The command line
-(``sim.cli``) prints it and exits 2; a library caller catches it like any
+(``kvpipe.cli``) prints it and exits 2; a library caller catches it like any
 ``ValueError``. A bug raises anything else and keeps its traceback.
 """
 

@@ -3,10 +3,10 @@
 :func:`points` expands a :class:`GridSpec` -- models, hardware, cache types,
 contexts, sequences, depths, budgets, ... as Python values -- into
 :class:`sim.simulate.Point` objects, one per element of the cross product,
-each with its whole :class:`~sim.transport_config.TransportConfig` and the
+each with its whole :class:`~sim.transport.config.TransportConfig` and the
 calibrated entry of its program where the hardware profile has one. Bad values
 raise :class:`sim.errors.InputError` with a one-line message. Nothing here
-parses text: ``sim.commands.args`` turns flags into a GridSpec.
+parses text: ``kvpipe.commands.args`` turns flags into a GridSpec.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from backends.profile import HardwareProfile, for_workload, load_profile
 from sim.errors import InputError
 from sim.simulate import Point
-from sim.transport_config import TransportConfig
+from sim.transport.config import TransportConfig
 from sim.workload import CacheType, ModelShape, Workload, cache_type, load_model
 
 

@@ -28,7 +28,7 @@ from typing import Any
 from backends.base import Backend, Buffer, HostOp, Span
 from backends.profile import HardwareProfile, prediction_band, workload_entry
 from sim.graph import DecodeGraph, cost_terms_ms, decode_graph, head_ranges
-from sim.scheduler import MIB, GraphStats, Program, TransportConfig, TransportScheduler
+from sim.transport.scheduler import MIB, GraphStats, Program, TransportConfig, TransportScheduler
 from sim.workload import Workload
 
 GRAPH_BASE_BYTES = 16 * MIB

@@ -33,7 +33,7 @@ from typing import Any
 from backends.base import Backend, HostOp
 from sim.distinct import PointPlan
 from sim.simulate import Point, graph_at, new_scheduler
-from sim.transport_config import GraphStats
+from sim.transport.config import GraphStats
 
 #: Two consecutive tokens match when each time field differs by at most this fraction of the token's time.
 STEADY_RTOL = 1e-4

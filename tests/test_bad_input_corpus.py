@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends.profile import PRESET_DIR, load_profile
-from sim.cli import main
+from kvpipe.cli import main
 from sim.workload import load_model
 
 BAD_FLAGS = {

@@ -1,8 +1,9 @@
-"""The floors hold in the import graph: machines below the model, the model below validation, the CLI on top.
+"""The floors hold in the import graph: machines, then the model and transport, then validation, then the application.
 
-Read from the source (``ast``), not by importing: ``backends`` imports nothing of ``sim`` or ``validate``; no module
-of ``sim`` imports ``validate`` except the command line (``sim/cli.py``, ``sim/commands/``), which sits above both;
-and no library module of ``sim`` imports the command line's flag parsing.
+Read from the source (``ast``), not by importing. Floors, bottom up: ``backends`` < ``sim`` < ``validate`` < ``kvpipe``
+(< ``tools``, outside the installed packages). A module imports only its own floor and the floors below it, lazy
+imports inside functions included; no two modules of the packages import each other, directly or around a circle;
+and the transport scheduler imports ``backends.base`` and no machine.
 """
 
 from __future__ import annotations
@@ -11,41 +12,77 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+FLOORS = ("backends", "sim", "validate", "kvpipe")
 
 
 def _imports(path: Path) -> set[str]:
+    """Every module a file imports, at top level or inside a function; ``from pkg import mod`` counts as ``pkg.mod``."""
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
             out.add(node.module)
+            out |= {f"{node.module}.{a.name}" for a in node.names}
         elif isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
     return out
 
 
-def _modules(pkg: str) -> dict[str, set[str]]:
-    return {str(p.relative_to(ROOT)): _imports(p) for p in (ROOT / pkg).rglob("*.py")}
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def test_backends_import_nothing_above_them() -> None:
-    bad = {f: sorted(m for m in mods if m.split(".")[0] in ("sim", "validate")) for f, mods in _modules("backends").items()}
-    assert {f: m for f, m in bad.items() if m} == {}
+def _graph() -> dict[str, set[str]]:
+    files = [p for pkg in FLOORS for p in (ROOT / pkg).rglob("*.py") if "results" not in p.parts]
+    names = {_module_name(p) for p in files}
+    return {_module_name(p): {m for m in _imports(p) if m in names and m != _module_name(p)} for p in files}
 
 
-def test_only_the_command_line_of_sim_imports_validate_or_the_flag_parser() -> None:
-    cli = ("sim/cli.py", "sim/commands/")
-    bad = {}
-    for f, mods in _modules("sim").items():
-        if f.startswith(cli):
-            continue
-        up = sorted(m for m in mods if m.split(".")[0] == "validate" or m.startswith("sim.commands") or m == "sim.cli")
-        if up:
-            bad[f] = up
-    assert bad == {}
+def test_each_floor_imports_only_itself_and_the_floors_below() -> None:
+    up = {}
+    for mod, deps in _graph().items():
+        floor = FLOORS.index(mod.split(".")[0])
+        bad = sorted(d for d in deps if FLOORS.index(d.split(".")[0]) > floor)
+        if bad:
+            up[mod] = bad
+    assert up == {}
+
+
+def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Each circle met by a depth-first walk, as the modules around it."""
+    state: dict[str, int] = {}
+    circles: list[list[str]] = []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(edges.get(m, ())):
+            if state.get(d) == 1:
+                circles.append(path[path.index(d):] + [d])
+            elif d not in state:
+                visit(d, path + [d])
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m, [m])
+    return circles
+
+
+def test_no_import_circle() -> None:
+    # a package's __init__ importing its own submodules is not a circle between modules
+    edges = {m: {d for d in deps if not m.startswith(d + ".") and not d.startswith(m + ".")} for m, deps in _graph().items()}
+    assert _circles(edges) == []
+
+
+def test_the_circle_check_finds_circles() -> None:
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+    assert _circles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
 
 
 def test_the_scheduler_sees_no_machine() -> None:
-    for f in ("sim/scheduler.py", "sim/deliveries.py", "sim/ring.py", "sim/ordered_path.py", "sim/transport_config.py"):
-        mods = _imports(ROOT / f)
-        assert not [m for m in mods if m.startswith("backends.") and m != "backends.base"], f
+    for f in sorted((ROOT / "sim" / "transport").glob("*.py")):
+        mods = _imports(f)
+        assert not [m for m in mods if m.startswith("backends.") and not m.startswith("backends.base")], f
         assert "simpy" not in mods and "cupy" not in mods, f

@@ -42,8 +42,8 @@ from reference_derivation import (  # noqa: E402
 
 from backends.profile import PRESET_DIR, load_profile, profile_from_dict  # noqa: E402
 from sim.graph import decode_graph  # noqa: E402
-from sim.scheduler import TransportConfig  # noqa: E402
 from sim.simulate import Point, row, simulate  # noqa: E402
+from sim.transport.scheduler import TransportConfig  # noqa: E402
 from sim.workload import Workload, cache_type, load_model  # noqa: E402
 
 RTX3060_PATH = PRESET_DIR / "rtx3060-gen3x4.json"

@@ -33,7 +33,7 @@ EXACT: list[str] = []  # ["--exact"] when writing the exact snapshot
 
 
 def _kvpipe(*args: str) -> Any:
-    out = subprocess.run([sys.executable, "-m", "sim.cli", *args, *EXACT], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run([sys.executable, "-m", "kvpipe.cli", *args, *EXACT], check=True, capture_output=True, text=True).stdout
     return json.loads(out)
 
 
@@ -48,7 +48,7 @@ def _strip(x: Any) -> Any:
 def snapshot() -> dict[str, Any]:
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "sim.cli", "sweep", "--context", "1024..52224/1024", "--depth", "0..4",
+        subprocess.run([sys.executable, "-m", "kvpipe.cli", "sweep", "--context", "1024..52224/1024", "--depth", "0..4",
                         "--budget", "0,64,128,256", "--jobs", "2", "--quiet", "--out", tmp, *EXACT], check=True,
                        capture_output=True)
         out["sweep"] = json.loads((Path(tmp) / "rows.json").read_text())

@@ -42,8 +42,8 @@ from typing import Any
 
 from backends.profile import PRESET_DIR
 from sim.graph import decode_graph
-from sim.scheduler import TransportConfig
 from sim.simulate import GRAPH_BASE_BYTES
+from sim.transport.scheduler import TransportConfig
 from sim.workload import Workload, cache_type, load_model, pad_rows
 from validate.token_fit import TokenRun, fit_compute, fit_runs
 

@@ -39,8 +39,8 @@ from backends.base import Backend
 from backends.profile import MIB, ComputeModel, HardwareProfile, compute_model_of, for_workload, profile_from_dict, workload_key
 from sim.graph import decode_graph
 from sim.program import WeightStore, gpu_program
-from sim.scheduler import TransportConfig
 from sim.simulate import Point, simulate
+from sim.transport.scheduler import TransportConfig
 from sim.workload import CacheType, ModelShape, Workload, cache_type
 from validate import contention, micro
 from validate.gpu_run import run_group

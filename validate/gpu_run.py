@@ -30,8 +30,8 @@ from typing import Any
 from backends.base import Backend, Buffer, Span
 from backends.profile import HardwareProfile
 from sim.program import DecodeProgram
-from sim.scheduler import GraphStats, TransportConfig
 from sim.simulate import Point, RunResult, run_decode
+from sim.transport.scheduler import GraphStats, TransportConfig
 from sim.workload import Workload
 from validate.micro import host_costs, run_on
 

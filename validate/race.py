@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from backends.base import Span
-from sim.scheduler import TransportConfig
+from sim.transport.scheduler import TransportConfig
 from sim.workload import Workload
 
 

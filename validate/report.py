@@ -32,13 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from backends.profile import HardwareProfile, for_workload
-from sim.scheduler import TransportConfig
 from sim.simulate import Point, row, simulate
 from sim.telemetry import write_atomic
+from sim.transport.scheduler import TransportConfig
 from sim.workload import Workload
 from validate import ceiling, race
 from validate.gpu_run import GroupResult, Run, arm_label, result_of
-from validate.report_tools import calibrated_split_launch_us, compare, host_launch_table, label, plots, repredict, transport_of
+from validate.report_tools import calibrated_split_launch_us, compare, host_launch_table, label, plots, transport_of
 
 __all__ = ["compare", "main", "plots", "predict_arm", "repredict", "write_report"]
 
@@ -264,6 +264,36 @@ def write_report(folder: str | Path, groups: Sequence[GroupResult], profile: Har
     if draw:
         plots(pts, folder)
     return doc
+
+
+def repredict(doc: dict[str, Any], calibration: dict[str, Any]) -> str:
+    """A markdown table: each point's measured t/s, the prediction stored with it, and the current simulator's.
+
+    The calibration's host costs are fitted again by the current simulator
+    from what the calibration stored (``validate.calibrate.refit``); nothing
+    of the report's measurements goes into the fit. Blocks for the simulations.
+    """
+    from backends.profile import profile_from_dict
+    from sim.workload import cache_type, load_model
+    from validate.calibrate import refit
+
+    names = {p["model"] for p in doc["points"]} | {k.split("@")[0] for k in calibration.get("workloads", {})}
+    profile = profile_from_dict(refit(calibration, {n: load_model(n) for n in names}), "calibration")
+    lines = ["| point | measured t/s | stored prediction (error) | current prediction (error) |", "|---|---:|---:|---:|"]
+    old_errs, new_errs = [], []
+    for p in doc["points"]:
+        ct = cache_type(p.get("cache_type", "q8_0"))
+        wl = Workload(load_model(p["model"]), ct, ct, (p["context"],), tokens=p["tokens_per_run"],
+                      n_parallel=p.get("parallel", 1), unified=p.get("unified", True))
+        new = predict_arm(wl, int(doc.get("warmup_graphs", 1)), transport_of(p), profile)["tokens_per_s"]
+        meas, old = p["measured_tps"], p["predicted_tps"]
+        old_errs.append(abs(old - meas) / meas)
+        new_errs.append(abs(new - meas) / meas)
+        lines.append(f"| {label(p)} {p['context']:,} N={p['depth']} b={p['budget_mib']:g} | {meas:.2f} | "
+                     f"{old:.2f} ({(old - meas) / meas:+.1%}) | {new:.2f} ({(new - meas) / meas:+.1%}) |")
+    lines.append(rf"| median \|error\| | | {statistics.median(old_errs):.1%} | {statistics.median(new_errs):.1%} |")
+    lines.append(rf"| max \|error\| | | {max(old_errs):.1%} | {max(new_errs):.1%} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

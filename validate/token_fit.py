@@ -44,7 +44,7 @@ from sim.checks import run_checked
 from sim.errors import InputError
 from sim.graph import decode_graph
 from sim.simulate import Point
-from sim.transport_config import TransportConfig
+from sim.transport.config import TransportConfig
 from sim.workload import CacheType, ModelShape, Workload
 
 #: Decode tokens simulated per fitted point (the window grows in 256-row blocks, so two tokens are steady).

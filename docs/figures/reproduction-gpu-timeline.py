@@ -20,9 +20,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from backends.profile import load_profile  # noqa: E402
-from sim.scheduler import TransportConfig  # noqa: E402
 from sim.simulate import Point, simulate  # noqa: E402
 from sim.telemetry import chrome_trace  # noqa: E402
+from sim.transport.scheduler import TransportConfig  # noqa: E402
 from sim.workload import Workload, cache_type, load_model  # noqa: E402
 
 CONTEXT, TOKEN = 131072, 2

@@ -13,8 +13,8 @@ from backends.checked import CheckedBackend
 from backends.profile import load_profile
 from backends.simpy_machine import SimMachine
 from sim.checks import check
-from sim.scheduler import TransportConfig
 from sim.simulate import Point, simulate
+from sim.transport.scheduler import TransportConfig
 from tests.conftest import reference_workload
 
 Program = Callable[[CheckedBackend], HostOp]

@@ -20,7 +20,7 @@ import pytest
 from backends import get_backend
 from backends.base import Backend, BackendUnavailable, CopyCall, CopyRange, Work, copy_calls, drive, ranges_2d
 from backends.cupy_gpu import CupyGPU
-from sim.scheduler import TransportConfig
+from sim.transport.scheduler import TransportConfig
 
 
 def make_fake_cupy() -> tuple[types.ModuleType, types.ModuleType]:

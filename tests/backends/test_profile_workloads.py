@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from backends.profile import for_workload, load_profile, profile_from_dict, workload_entry
-from sim.commands.args import points_from_args
+from kvpipe.commands.args import points_from_args
 
 H200_FILE = Path(__file__).resolve().parents[2] / "validate" / "results" / "h200" / "run3" / "calibrated.json"
 

@@ -15,8 +15,8 @@ import pytest
 from backends.profile import load_profile
 from sim.checks import check
 from sim.functional import functional_graphs, functional_point
-from sim.scheduler import TransportConfig
 from sim.simulate import Point, simulate
+from sim.transport.scheduler import TransportConfig
 from tests.conftest import reference_workload
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from backends.profile import preset_names, read_profile_dict
-from sim.cli import main
+from kvpipe.cli import main
 
 KINDS = ("measured on a device", "fitted from published numbers", "fitted from llama-bench", "a specification estimate")
 

@@ -21,7 +21,7 @@ SETTINGS = [{}, {"OPENBLAS_NUM_THREADS": "1"}, {"OPENBLAS_NUM_THREADS": "2"}, {"
 def _hashes(extra: dict[str, str]) -> list[tuple[int, int, str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENBLAS_", "OMP_", "MKL_"))}
     env.update(extra)
-    out = subprocess.run([sys.executable, "-m", "sim.cli", "simulate", "--functional", "--context", "8192,16384",
+    out = subprocess.run([sys.executable, "-m", "kvpipe.cli", "simulate", "--functional", "--context", "8192,16384",
                           "--depth", "0,2", "--json"], check=True, capture_output=True, text=True, env=env).stdout
     return sorted((r["context"], r["depth"], r["output_hash"]) for r in json.loads(out))
 

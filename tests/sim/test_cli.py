@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from sim.cli import main
+from kvpipe.cli import main
 
 ROW_KEYS = {
     "context", "depth", "budget_mib", "tokens_per_s", "ms_per_token", "ring_mib", "ring_alloc_mib", "declined",
@@ -81,7 +81,7 @@ def test_unreadable_files_are_one_line_errors(tmp_path, capsys):  # type: ignore
 
 
 def test_console_script_exit_code_without_traceback():  # type: ignore[no-untyped-def]
-    r = subprocess.run([sys.executable, "-m", "sim.cli", "simulate", "--depth", "99"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "kvpipe.cli", "simulate", "--depth", "99"], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
 
 
@@ -103,9 +103,9 @@ def test_llama_cpp_flag_names_are_aliases(capsys: pytest.CaptureFixture[str]) ->
     resident = next(r for r in rows if r["arm"] == "resident" and r["context"] == 4096)
     assert resident["ordered_mib"] < 1 and resident["early_mib"] == 0  # the one-time load is not a token's cost
     assert resident["tokens"] == 2
-    from sim.cli import build_parser
-    from sim.commands.args import points_from_args  # a sweep's rows leave the load out too (shared: checks.run_checked)
-    from sim.sweep import run_chunk
+    from kvpipe.cli import build_parser
+    from kvpipe.commands.args import points_from_args  # a sweep's rows leave the load out too (shared: checks.run_checked)
+    from kvpipe.sweep import run_chunk
 
     ns = build_parser().parse_args(["sweep", "-d", "4096", "-nkvo", "0", "--tokens", "2"])
     (row,) = run_chunk(points_from_args(ns))
@@ -134,7 +134,7 @@ def test_weights_that_do_not_fit_the_card_are_reported(capsys: pytest.CaptureFix
 
 def test_a_bug_is_one_line_and_exit_1_with_its_traceback_behind_debug(capsys: pytest.CaptureFixture[str],
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    import sim.commands.simulate as cmd
+    import kvpipe.commands.simulate as cmd
 
     def broken(*_a, **_k):  # type: ignore[no-untyped-def]
         raise RuntimeError("a bug")
@@ -153,7 +153,7 @@ def test_a_closed_pipe_stops_quietly() -> None:
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-m", "sim.cli", "simulate", "--context", "1024..49152/1024", "--depth", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "kvpipe.cli", "simulate", "--context", "1024..49152/1024", "--depth", "0",
                              "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sim.cli import main
+from kvpipe.cli import main
 
 GRID = ["--context", "1024..12288/1024", "--depth", "0,1", "--budget", "0,128", "--tokens", "2", "--quiet"]
 

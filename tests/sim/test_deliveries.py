@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from backends.profile import load_profile
-from sim.deliveries import plan_deliveries, slot_entries, span_fn
 from sim.graph import decode_graph
+from sim.transport.deliveries import plan_deliveries, slot_entries, span_fn
 from tests.conftest import reference_workload
 
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from kvpipe.cli import main
+from kvpipe.sweep import executor_for, run_sweep
 from sim import checks, distinct, steady
-from sim.cli import main
 from sim.points import GridSpec, points
 from sim.simulate import Point, RunResult, graph_at, row
-from sim.sweep import executor_for, run_sweep
 
 GRID = GridSpec(contexts=tuple((c,) for c in range(1024, 52225, 1024)), depths=(0, 1, 2, 3, 4), budgets_mib=(0, 64, 128, 256))
 #: Row fields the fast path must give bit-identical (the time fields within REL of exact).

@@ -10,11 +10,11 @@ import pytest
 from backends.base import OutOfDeviceMemory
 from backends.profile import load_profile
 from backends.simpy_machine import SimMachine
+from kvpipe.cli import main
 from sim import functional as fn
 from sim.checks import check, run_checked
-from sim.cli import main
-from sim.scheduler import TransportConfig
 from sim.simulate import Point
+from sim.transport.scheduler import TransportConfig
 from tests.conftest import reference_workload
 
 DEPTHS = (0, 1, 2, 4)

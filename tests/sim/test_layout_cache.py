@@ -5,8 +5,8 @@ from __future__ import annotations
 from backends.base import Buffer, CopyRange, KeptRanges
 from backends.profile import load_profile
 from backends.simpy_machine import SimMachine
-from sim.deliveries import ordered_copy, span_fn, window_parts
 from sim.graph import StagedInput, WindowPiece, decode_graph
+from sim.transport.deliveries import ordered_copy, span_fn, window_parts
 from sim.workload import Workload, cache_type, load_model
 
 

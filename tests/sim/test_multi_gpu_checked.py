@@ -12,8 +12,8 @@ import pytest
 
 from backends.profile import load_profile
 from sim.checks import check
-from sim.scheduler import TransportConfig
 from sim.simulate import Point
+from sim.transport.scheduler import TransportConfig
 from sim.workload import Workload, cache_type, load_model
 
 PAIR = "rtx4070-gen4x16+rtx3060-gen3x4"

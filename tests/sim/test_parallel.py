@@ -8,8 +8,8 @@ import pytest
 
 from backends.profile import load_profile
 from sim.graph import decode_graph, head_ranges, layout_of
-from sim.scheduler import MIB, TransportConfig, align_up
 from sim.simulate import Point, graphs_for, row, simulate
+from sim.transport.scheduler import MIB, TransportConfig, align_up
 from sim.workload import Workload, cache_type, load_model
 from tests.sim.test_scheduler import run_recorded
 
@@ -170,7 +170,7 @@ def test_tensor_split_delivers_each_device_only_its_kv_heads_and_slow_link_bound
 
 
 def test_split_mode_needs_several_devices(capsys):  # type: ignore[no-untyped-def]
-    from sim.cli import main
+    from kvpipe.cli import main
 
     assert main(["simulate", "--split-mode", "layer"]) == 2
     assert "needs several devices" in capsys.readouterr().err
@@ -179,7 +179,7 @@ def test_split_mode_needs_several_devices(capsys):  # type: ignore[no-untyped-de
 def test_cli_parallel_flags(capsys):  # type: ignore[no-untyped-def]
     import json
 
-    from sim.cli import main
+    from kvpipe.cli import main
 
     code = main(["simulate", "--parallel", "2", "--no-kv-unified", "--ctx-size", "16384", "--context", "4000:12",
                  "--depth", "1", "--tokens", "1", "--json"])

@@ -12,10 +12,10 @@ import simpy
 from backends.base import Buffer, CopyRange, Event, Span, Stream
 from backends.profile import load_profile
 from backends.simpy_machine import SimMachine, _Engine, _Lane, copy_seconds
-from sim.bench import CountingEnvironment, bare_loop, run_bench
+from kvpipe.bench import CountingEnvironment, bare_loop, run_bench
 from sim.graph import decode_graph
-from sim.scheduler import TransportConfig
 from sim.simulate import GRAPH_CACHE_SIZE, Point, clear_graph_cache, graphs_for, row, run_decode, simulate
+from sim.transport.scheduler import TransportConfig
 from tests.conftest import reference_workload
 
 

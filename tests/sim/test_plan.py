@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from sim.cli import main
-from sim.plan import TIE_GAIN, PlanRequest, closed_form, peak_ring_bytes, peak_rows, plan, points
-from sim.scheduler import MIB
-from sim.sweep import gain_rows, run_sweep
+from kvpipe.cli import main
+from kvpipe.plan import TIE_GAIN, PlanRequest, closed_form, peak_ring_bytes, peak_rows, plan, points
+from kvpipe.sweep import gain_rows, run_sweep
+from sim.transport.scheduler import MIB
 from sim.workload import WINDOW_PAD_ROWS
 
 REF = PlanRequest(contexts=(4096, 16384, 32768), tokens=2, budget_for_gain=0.9, jobs=1)
@@ -125,7 +125,7 @@ def test_bad_input_one_line_exit_2(capsys: pytest.CaptureFixture[str], args: lis
 
 
 def test_llama_cpp_flags_and_the_verdict_against_a_cache_on_the_device(capsys):  # type: ignore[no-untyped-def]
-    from sim.cli import main
+    from kvpipe.cli import main
 
     assert main(["plan", "--llama-cpp", "--context", "4096,131072", "--max-depth", "2", "--tokens", "2", "--json"]) == 0
     small, large = (p["llama_cpp"] for p in json.loads(capsys.readouterr().out))
@@ -142,7 +142,7 @@ def test_llama_cpp_flags_and_the_verdict_against_a_cache_on_the_device(capsys): 
 
 
 def test_llama_cpp_flags_of_the_ordered_path_have_no_budget() -> None:
-    from sim.plan import llama_cpp_flags
+    from kvpipe.plan import llama_cpp_flags
 
     assert llama_cpp_flags("f16", "q8_0", 2048, 0, 128, pinned=False) == "-nkvo --kv-pipeline-depth 0 -c 2048 -ctk f16 -ctv q8_0"
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from sim import plots
-from sim.cli import main
-from sim.commands.plot import read_rows
-from sim.plan import PlanRequest, points
+from kvpipe import plots
+from kvpipe.cli import main
+from kvpipe.commands.plot import read_rows
+from kvpipe.plan import PlanRequest, points
+from kvpipe.sweep import gain_rows
 from sim.simulate import simulate
-from sim.sweep import gain_rows
 
 GRID = ["--context", "4096..24576/4096", "--depth", "0,1", "--budget", "0,128", "--tokens", "2", "--jobs", "1"]
 
@@ -51,8 +51,8 @@ def test_gain_vs_context_marks_where_the_budget_declines(sweep_dir: Path) -> Non
 
 
 def test_peak_mark_is_the_closed_form(sweep_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from sim.commands.plot import _peak_marks
-    from sim.plan import closed_form
+    from kvpipe.commands.plot import _peak_marks
+    from kvpipe.plan import closed_form
 
     rows = gain_rows(read_rows(str(sweep_dir / "rows.json")))
     (label, x), = _peak_marks(rows)

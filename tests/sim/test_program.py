@@ -11,8 +11,8 @@ from backends.profile import load_profile
 from sim.checks import check
 from sim.graph import layout_of
 from sim.program import DecodeProgram, ProgramConfig, decode_rows, encode_rows
-from sim.scheduler import TransportConfig
 from sim.simulate import Point
+from sim.transport.scheduler import TransportConfig
 from sim.workload import CacheType, Workload, cache_type
 from tests.conftest import toy_model
 

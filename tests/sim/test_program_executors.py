@@ -14,8 +14,8 @@ import pytest
 
 from backends.profile import load_profile
 from sim.program import DecodeProgram, ProgramConfig, WeightStore
-from sim.scheduler import TransportConfig
 from sim.simulate import Point, graphs_for, run_decode
+from sim.transport.scheduler import TransportConfig
 from sim.workload import Workload, cache_type
 from tests.conftest import toy_model
 

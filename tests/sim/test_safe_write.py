@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main as kvpipe
+from kvpipe.cli import main as kvpipe
 from sim.errors import InputError
 from sim.safe_write import write_output
 

@@ -11,8 +11,8 @@ from backends.base import BackendError, CopyRange
 from backends.profile import ComputeModel
 from backends.simpy_machine import SimMachine
 from sim.graph import DecodeGraph, decode_graph
-from sim.scheduler import MIB, TransportConfig, TransportScheduler
 from sim.simulate import Point, graphs_for, row, run_decode, simulate
+from sim.transport.scheduler import MIB, TransportConfig, TransportScheduler
 from sim.workload import Workload, cache_type
 from tests.conftest import Recorder, fast_profile, reference_workload, toy_model
 

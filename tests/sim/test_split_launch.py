@@ -19,8 +19,8 @@ import pytest
 from backends.base import CopyRange, Work
 from backends.profile import for_workload, load_profile, profile_from_dict
 from backends.simpy_machine import SimMachine
-from sim.scheduler import TransportConfig
 from sim.simulate import Point, simulate
+from sim.transport.scheduler import TransportConfig
 from sim.workload import cache_type, load_model
 from tests.conftest import fast_profile
 from validate.calibrate import _residual, refit

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from backends.profile import PRESET_DIR
-from sim import study
-from sim.cli import main
+from kvpipe import study
+from kvpipe.cli import main
 from sim.model_files import PRESET_DIR as MODEL_PRESET_DIR
 from tests.sim.test_sweep import _simulate_json
 from tests.test_bad_input_corpus import _run

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sim import sweep
-from sim.cli import main
-from sim.commands.args import UsageError, expand_ranges
+from kvpipe import sweep
+from kvpipe.cli import main
+from kvpipe.commands.args import UsageError, expand_ranges
 
 GRID = ["--context", "2048,16384", "--depth", "0,1", "--budget", "0,128", "--tokens", "2"]
 
@@ -155,10 +155,10 @@ def test_expand_ranges() -> None:
 
 
 def sweep_points(args: list[str]):  # type: ignore[no-untyped-def]
-    from sim.cli import build_parser
+    from kvpipe.cli import build_parser
 
     ns = build_parser().parse_args(["sweep", *args])
-    from sim.commands.sweep import grid_points
+    from kvpipe.commands.sweep import grid_points
 
     return grid_points(ns)
 
@@ -222,8 +222,8 @@ def test_thousand_point_sweep_benchmark(tmp_path: Path) -> None:
 def test_resident_and_ordered_rows_of_one_context_are_two_rows(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import argparse
 
-    from sim.commands.args import add_grid_args, points_from_args
-    from sim.sweep import gain_rows, run_sweep
+    from kvpipe.commands.args import add_grid_args, points_from_args
+    from kvpipe.sweep import gain_rows, run_sweep
 
     p = argparse.ArgumentParser()
     add_grid_args(p)

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from backends.profile import LinkCurve, load_profile, profile_from_dict
-from sim.scheduler import MIB, TransportConfig
 from sim.simulate import Point, row, simulate
+from sim.transport.scheduler import MIB, TransportConfig
 from sim.workload import Workload, cache_type, load_model
 from tests.conftest import tool
 

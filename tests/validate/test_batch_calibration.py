@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from backends.profile import compute_model_of, read_profile_dict
-from sim.cli import main
+from kvpipe.cli import main
 from sim.graph import decode_graph
 from sim.workload import Workload, cache_type, load_model
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from backends.profile import read_profile_dict
-from sim.cli import main
+from kvpipe.cli import main
 from sim.graph import decode_graph
 from sim.workload import cache_type, load_model
 from validate.token_fit import simulated_s, workload_at

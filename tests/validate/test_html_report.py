@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from sim.cli import main
+from kvpipe import html_report
+from kvpipe.cli import main
 from sim.errors import InputError
-from validate import html_report
 
 ROOT = Path(__file__).resolve().parents[2]
 H200 = ROOT / "validate/results/h200/run13/report/report.json"  # the committed H200 validation (docs/validation.md)
@@ -285,6 +285,6 @@ def test_the_h200_validation_report_renders_in_chromium(h200_page: Path, tmp_pat
 
 
 def test_the_command_line_names_the_kinds_the_report_reads() -> None:
-    from sim.commands import report
+    from kvpipe.commands import report
 
     assert report.ALLOWED == html_report.ALLOWED  # kept apart so that building the parser imports no report code

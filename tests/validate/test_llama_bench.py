@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from backends.profile import load_profile, read_profile_dict
-from sim.cli import main
+from kvpipe.cli import main
 from sim.workload import cache_type, load_model
 from tests.conftest import tool
 from validate import llama_bench

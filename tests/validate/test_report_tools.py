@@ -41,7 +41,7 @@ def test_a_folder_without_a_report_is_one_line_and_exit_2(tmp_path: Path, capsys
 
 
 def test_validate_keeps_parallel_sequences_apart_and_counts_every_sequence_s_tokens(tmp_path: Path) -> None:
-    from sim.cli import main as kvpipe
+    from kvpipe.cli import main as kvpipe
 
     hw = str(H200 / "calibrated.json")
     rc = kvpipe(["validate", "--machine", "simpy", "--hardware", hw, "--model", "llama-3.1-8b", "--context", "256",

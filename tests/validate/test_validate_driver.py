@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main as kvpipe
+from kvpipe.cli import main as kvpipe
 from validate.gpu_run import GroupRunner
 
 HW = str(Path(__file__).resolve().parents[2] / "validate" / "results" / "h200" / "run3" / "calibrated.json")

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from sim.cli import main as kvpipe  # noqa: E402
+from kvpipe.cli import main as kvpipe  # noqa: E402
 from sim.workload import cache_type, load_model  # noqa: E402
 from validate.token_fit import simulated_s, workload_at  # noqa: E402
 

@@ -7,7 +7,7 @@ validation ``report.json`` (or its folder) and a Chrome trace
 (``--trace``). :func:`load_inputs` tells which one a file is from its content
 and raises :class:`sim.errors.InputError` (one line naming the file and the
 kinds allowed) for anything else. :func:`page` draws each input with the
-plotting functions the other commands use (``sim.plots``,
+plotting functions the other commands use (``kvpipe.plots``,
 ``validate.report_tools.plots``) as inline SVG, lays out its tables -- every
 numeric cell keeps the input's value in ``data-value`` -- and names the
 command that produced it: as recorded in the file, else the grid its rows
@@ -318,8 +318,8 @@ ROW_COLS = (
 
 
 def _rows_section(inp: Input, figs: Figures) -> str:
-    from sim import plots
-    from sim.sweep import gain_rows
+    from kvpipe import plots
+    from kvpipe.sweep import gain_rows
 
     rows = gain_rows(inp.data)
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
@@ -354,7 +354,7 @@ PLAN_COLS = (
 
 
 def plan_rows(plans: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A plan's uncapped gain and ring per (context, depth) as result rows ``sim.plots`` draws."""
+    """A plan's uncapped gain and ring per (context, depth) as result rows ``kvpipe.plots`` draws."""
     out = []
     for p in plans:
         for d, gain in p["gain_by_depth"].items():
@@ -366,7 +366,7 @@ def plan_rows(plans: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _plan_section(inp: Input, figs: Figures) -> str:
-    from sim import plots
+    from kvpipe import plots
 
     plans, rows = inp.data, plan_rows(inp.data)
     budgets = sorted({p["default_budget_mib"] for p in plans if p.get("default_budget_mib")})
@@ -481,7 +481,7 @@ def last_token(spans: Sequence[Any]) -> tuple[float, float, int]:
 
 
 def _trace_section(inp: Input, figs: Figures) -> str:
-    from sim import plots
+    from kvpipe import plots
 
     lines = trace_timelines(inp.data)
     if not lines:

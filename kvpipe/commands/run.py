@@ -1,7 +1,7 @@
 """``kvpipe run STUDY.toml``: run the commands a study file stands for.
 
-``sim/study.py`` turns the study into ``kvpipe`` command lines; each is
-parsed by the command's own parser (``sim.cli.build_parser``) and, for the
+``kvpipe/study.py`` turns the study into ``kvpipe`` command lines; each is
+parsed by the command's own parser (``kvpipe.cli.build_parser``) and, for the
 grid commands, expanded by the same ``points_from_args`` they call, all before
 anything runs, so a bad value is the flag's own one-line message (prefixed with
 the study file and table) and nothing is written. Then each command's ``run``
@@ -21,9 +21,9 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from sim import study
-from sim.cli import build_parser
-from sim.commands.args import UsageError, points_from_args
+from kvpipe import study
+from kvpipe.cli import build_parser
+from kvpipe.commands.args import UsageError, points_from_args
 from sim.safe_write import write_output
 
 GRID_COMMANDS = ("simulate", "sweep", "plot")  # the commands whose grid flags points_from_args expands

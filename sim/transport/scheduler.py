@@ -5,13 +5,13 @@ It imports the backend Protocol (``backends.base``) and the graph's data
 SimPy machine and a real GPU, so what the simulation predicts is what the GPU
 executes. Three jobs, three modules:
 
-* **plan** -- ``sim.ring`` decides, per graph and device, whether a ring of
+* **plan** -- ``sim.transport.ring`` decides, per graph and device, whether a ring of
   N + 2 slots fits the budget and the headroom, and sizes it;
-  ``sim.deliveries`` (pure, no backend) turns the device's staged splits into
+  ``sim.transport.deliveries`` (pure, no backend) turns the device's staged splits into
   delivery records: slot, early ranges, late ranges, kernel bindings (its
   docstring walks one delivery from plan to slot to event);
 * **execute** -- this module issues them, as llama.cpp's scheduler does;
-* **mutations** -- ``sim.transport_config.Mutations``, a policy consulted at
+* **mutations** -- ``sim.transport.config.Mutations``, a policy consulted at
   named decision points.
 
 Two paths:
@@ -49,11 +49,21 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from backends.base import Access, Backend, BackendError, Buffer, HostOp, OutOfDeviceMemory, Work
-from sim.deliveries import Delivery, align_up, full_need, next_pow2, piece_range, plan_deliveries, slot_entries, span_fn, stable_early
 from sim.graph import DecodeGraph, Split, StagedInput
-from sim.ordered_path import OrderedPath
-from sim.ring import Ring
-from sim.transport_config import ARMS, MAX_BUDGET_MIB, MAX_DEPTH, MIB, MUTATIONS, GraphStats, Mutations, TransportConfig
+from sim.transport.config import ARMS, MAX_BUDGET_MIB, MAX_DEPTH, MIB, MUTATIONS, GraphStats, Mutations, TransportConfig
+from sim.transport.deliveries import (
+    Delivery,
+    align_up,
+    full_need,
+    next_pow2,
+    piece_range,
+    plan_deliveries,
+    slot_entries,
+    span_fn,
+    stable_early,
+)
+from sim.transport.ordered_path import OrderedPath
+from sim.transport.ring import Ring
 
 __all__ = ["ARMS", "KERNEL_IO_BYTES", "MAX_BUDGET_MIB", "MAX_DEPTH", "MIB", "MUTATIONS", "GraphStats", "Mutations", "Program",
            "TransportConfig", "TransportScheduler", "align_up", "next_pow2", "piece_range"]

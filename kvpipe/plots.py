@@ -1,7 +1,7 @@
 """Plots of sweeps and timelines, headless (matplotlib's Agg canvas, no pyplot state).
 
 Each plot takes result rows (the ``simulate --json`` schema, with ``gain``
-added by :func:`sim.sweep.gain_rows`) or a timeline, draws one figure and
+added by :func:`kvpipe.sweep.gain_rows`) or a timeline, draws one figure and
 writes it as PNG and/or SVG. The kinds answer the capacity questions:
 
 * ``gain-vs-depth``: does a deeper look-ahead pay? (one line per context)

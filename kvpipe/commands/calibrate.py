@@ -17,7 +17,7 @@ import shlex
 import sys
 from typing import Any
 
-from sim.commands.args import UsageError, _int, parse_list
+from kvpipe.commands.args import UsageError, _int, parse_list
 
 DEFAULT_MODELS = "llama-3.1-8b,qwen3.8-27b"
 

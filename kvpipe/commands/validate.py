@@ -19,7 +19,7 @@ import shlex
 import sys
 from typing import Any
 
-from sim.commands.args import UsageError, add_grid_args, points_from_args
+from kvpipe.commands.args import UsageError, add_grid_args, points_from_args
 
 
 def register(sub: Any) -> None:

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from sim.commands.args import UsageError
+from kvpipe.commands.args import UsageError
 
 
 def register(sub: Any) -> None:
@@ -25,7 +25,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim.bench import run_bench
+    from kvpipe.bench import run_bench
     from sim.points import GridSpec, points
 
     if args.repeats < 1:

@@ -35,13 +35,13 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kvpipe.sweep import gain_rows, run_sweep
 from sim.errors import InputError
 from sim.graph import decode_graph
 from sim.points import GridSpec
 from sim.points import points as grid_points
 from sim.simulate import Point
-from sim.sweep import gain_rows, run_sweep
-from sim.transport_config import MAX_BUDGET_MIB, MAX_DEPTH, MIB, TransportConfig
+from sim.transport.config import MAX_BUDGET_MIB, MAX_DEPTH, MIB, TransportConfig
 from sim.workload import WINDOW_PAD_ROWS, Workload
 
 DEFAULT_BUDGET_MIB = TransportConfig().budget_mib

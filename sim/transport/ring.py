@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from backends.base import Buffer, Event, OutOfDeviceMemory, Stream
-from sim.deliveries import align_up, next_pow2
-from sim.transport_config import MIB, TransportConfig
+from sim.transport.config import MIB, TransportConfig
+from sim.transport.deliveries import align_up, next_pow2
 
 
 class Memory(Protocol):
@@ -101,5 +101,5 @@ class Ring:
 
     def stale_prefix(self, name: str, prefix: int) -> int:
         """The stale-prefix mutation: the prefix bytes piece ``name`` had in the first graph that asked, never updated
-        (the scheduler otherwise reads each graph's own, ``sim.deliveries.stable_early``). Does not block."""
+        (the scheduler otherwise reads each graph's own, ``sim.transport.deliveries.stable_early``). Does not block."""
         return self.prefix_rows_last.setdefault(name, prefix)

@@ -33,9 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         try:
-            module = importlib.import_module(f"sim.commands.{name}")
+            module = importlib.import_module(f"kvpipe.commands.{name}")
         except ModuleNotFoundError as exc:
-            if exc.name == f"sim.commands.{name}":
+            if exc.name == f"kvpipe.commands.{name}":
                 continue
             raise
         module.register(sub)

@@ -17,10 +17,10 @@ import sys
 from typing import Any
 
 from backends.base import OutOfDeviceMemory
-from sim.commands.args import add_grid_args, points_from_args
-from sim.scheduler import GraphStats
+from kvpipe.commands.args import add_grid_args, points_from_args
 from sim.simulate import Point, RunResult, row
 from sim.telemetry import chrome_trace, rows_to_csv, table, write_atomic
+from sim.transport.scheduler import GraphStats
 
 
 def register(sub: Any) -> None:
@@ -42,13 +42,13 @@ def run_points(points: list[Point], trace: bool = False, functional: bool = Fals
                exact: bool = False) -> list[tuple[RunResult, dict[str, Any]]]:
     """Simulate each distinct point once (``sim.distinct``; on the fast path unless ``exact``, a trace or a functional
     run); returns (result, row) pairs, one per point. Blocks for the simulations' wall time."""
-    from sim import distinct
+    from sim import checks, distinct
 
     out: dict[int, tuple[RunResult, dict[str, Any]]] = {}
     alone = trace or functional
     for task in distinct.tasks(points, exact=exact or alone, share=not alone):
         try:
-            results = distinct.run_task(task, trace=trace, functional=functional)
+            results = checks.run_task(task, trace=trace, functional=functional)
         except OutOfDeviceMemory as exc:  # a point that does not fit is a row that says so; the rest of the grid runs
             results = [RunResult(m.point, [GraphStats()], extra={"fits": False, "fit_reason": str(exc)}) for m in task.members]
         for m, result in zip(task.members, results, strict=True):

@@ -2,7 +2,7 @@
 
 One model on one machine (the grid flags' syntax, one value each) over a
 list of contexts; a table, or ``--json`` with one object per context. See
-``sim/plan.py`` for the method and docs/capacity-planning.md for how to read it.
+``kvpipe/plan.py`` for the method and docs/capacity-planning.md for how to read it.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import argparse
 import json
 from typing import Any
 
-from sim.commands.args import EXACT_HELP, REFERENCE_CONTEXTS, UsageError, expand_ranges, parse_list
-from sim.transport_config import MAX_BUDGET_MIB, TransportConfig
+from kvpipe.commands.args import EXACT_HELP, REFERENCE_CONTEXTS, UsageError, expand_ranges, parse_list
+from sim.transport.config import MAX_BUDGET_MIB, TransportConfig
 from sim.workload import MAX_CONTEXT
 
-DEFAULT_BUDGET_MIB = TransportConfig().budget_mib  # sim.plan's default, without importing it at parser build
+DEFAULT_BUDGET_MIB = TransportConfig().budget_mib  # kvpipe.plan's default, without importing it at parser build
 
 
 def register(sub: Any) -> None:
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("model", "hardware", "cache_type"):
         if "," in getattr(args, flag):
             raise UsageError("plan takes one model, one hardware and one cache type")
-    from sim.plan import PlanRequest, plan, render, render_llama_cpp
+    from kvpipe.plan import PlanRequest, plan, render, render_llama_cpp
 
     req = PlanRequest(model=args.model, hardware=args.hardware, cache_type=args.cache_type, contexts=tuple(contexts),
                       max_depth=args.max_depth, tokens=args.tokens, default_budget_mib=args.default_budget,

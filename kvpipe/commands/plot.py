@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sim.commands.args import UsageError, add_grid_args, parse_list
+from kvpipe.commands.args import UsageError, add_grid_args, parse_list
 
 ROW_KINDS = ("gain-vs-depth", "gain-vs-context", "gain-per-mib", "ring-vs-context", "tps-vs-context")
 ROW_FIELDS = ("model", "hardware", "cache_type", "context", "depth", "budget_mib", "tokens", "tokens_per_s", "window_rows",
@@ -23,7 +23,7 @@ ROW_FIELDS = ("model", "hardware", "cache_type", "context", "depth", "budget_mib
 
 
 def register(sub: Any) -> None:
-    from sim.plots import KINDS
+    from kvpipe.plots import KINDS
 
     p = sub.add_parser("plot", help="plot gain/ring against depth and context, or a token's timeline (PNG, SVG)")
     p.add_argument("kind", help=f"one of: {', '.join(KINDS)}, all")
@@ -81,14 +81,14 @@ def _value(text: str) -> Any:
 
 
 def _simulated_rows(args: argparse.Namespace, need_baseline: bool) -> list[dict[str, Any]]:
-    from sim.commands.args import points_from_args as grid_points
+    from kvpipe.commands.args import points_from_args as grid_points
 
     if need_baseline:
-        from sim.commands.args import expand_ranges
+        from kvpipe.commands.args import expand_ranges
 
         depths = expand_ranges(args.depth).split(",")
         args.depth = ",".join(["0", *[d for d in depths if d.strip() != "0"]])
-    from sim.sweep import run_sweep
+    from kvpipe.sweep import run_sweep
 
     res = run_sweep(grid_points(args), None, jobs=args.jobs or None, progress=False, exact=args.exact)
     if res.failed:
@@ -99,9 +99,9 @@ def _simulated_rows(args: argparse.Namespace, need_baseline: bool) -> list[dict[
 def _timeline_figure(args: argparse.Namespace) -> Any:
     from dataclasses import replace
 
+    from kvpipe.commands.args import points_from_args as grid_points
+    from kvpipe.plots import timeline, token_window
     from sim import checks
-    from sim.commands.args import points_from_args as grid_points
-    from sim.plots import timeline, token_window
 
     points = grid_points(args)
     first = points[0]
@@ -128,7 +128,7 @@ def _timeline_figure(args: argparse.Namespace) -> Any:
 
 def _peak_marks(rows: list[dict[str, Any]]) -> list[tuple[str, float]]:
     """The closed-form peak of the rows' one model/hardware/cache type, as a context to mark."""
-    from sim.plan import PlanRequest, closed_form, points
+    from kvpipe.plan import PlanRequest, closed_form, points
 
     combos = {(r["model"], r["hardware"], r["cache_type"]) for r in rows}
     if len(combos) != 1:
@@ -139,7 +139,7 @@ def _peak_marks(rows: list[dict[str, Any]]) -> list[tuple[str, float]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim import plots
+    from kvpipe import plots
 
     kinds = [*ROW_KINDS, *([] if args.rows else ["timeline"])] if args.kind == "all" else [args.kind]
     if args.kind not in plots.KINDS and args.kind != "all":
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             if rows is None:
                 rows = read_rows(args.rows) if args.rows else _simulated_rows(args, need_baseline=kind != "xy")
-                from sim.sweep import gain_rows
+                from kvpipe.sweep import gain_rows
 
                 rows = gain_rows(rows)
             if kind == "xy":

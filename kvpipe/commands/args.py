@@ -5,7 +5,7 @@ flag takes comma-separated values and ``START..STOP/STEP`` ranges; the grid is
 their cross product, built by :func:`sim.points.points` from the typed
 :class:`sim.points.GridSpec` that :func:`spec_from_args` makes. Bad values
 raise :class:`UsageError` (a :class:`sim.errors.InputError`) with a one-line
-message naming the value and what is allowed; ``sim.cli`` turns that into exit
+message naming the value and what is allowed; ``kvpipe.cli`` turns that into exit
 code 2.
 """
 
@@ -19,7 +19,7 @@ from typing import TypeVar
 from sim.errors import InputError
 from sim.points import GridSpec, points
 from sim.simulate import Point
-from sim.transport_config import MAX_BUDGET_MIB, MAX_DEPTH, MUTATIONS
+from sim.transport.config import MAX_BUDGET_MIB, MAX_DEPTH, MUTATIONS
 from sim.workload import CACHE_TYPES, MAX_CONTEXT
 
 T = TypeVar("T")

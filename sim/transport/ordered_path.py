@@ -2,7 +2,7 @@
 
 Everything here either blocks the host (a blocking copy is a copy and a
 synchronize; a CPU split waits for the split that produced its rows) or
-writes host memory before a copy reads it. ``sim.scheduler.TransportScheduler``
+writes host memory before a copy reads it. ``sim.transport.scheduler.TransportScheduler``
 inherits it; the pipelined path, which never blocks the host, lives there.
 Units: seconds and bytes.
 """
@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from backends.base import Access, Backend, Buffer, CopyRange, HostOp, Stream, Work
-from sim.deliveries import SpanFn, WindowEntry, ordered_copy, window_parts
 from sim.graph import DecodeGraph, Split, StagedInput
-from sim.ring import Ring
-from sim.transport_config import GraphStats
+from sim.transport.config import GraphStats
+from sim.transport.deliveries import SpanFn, WindowEntry, ordered_copy, window_parts
+from sim.transport.ring import Ring
 
 Binding = tuple[Buffer, int, int]
 
@@ -168,7 +168,7 @@ class OrderedPath:
 
     def _bind_parts(self, bindings: dict[str, Binding], pieces: dict[str, Binding], buf: Buffer,
                     parts: tuple[tuple[WindowEntry, ...], tuple[WindowEntry, ...]]) -> None:
-        """A window's bindings from ``sim.deliveries.window_parts``: the whole window (the split's accesses) and, for the
+        """A window's bindings from ``sim.transport.deliveries.window_parts``: the whole window (the split's accesses) and, for the
         program only, its per-stream parts."""
         for name, off, n in parts[0]:
             bindings[name] = (buf, off, n)

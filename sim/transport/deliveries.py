@@ -9,7 +9,7 @@ it goes into slot ``o mod n_slots``; its ``early`` ranges (the stable prefix,
 rows below the ubatch) are what the transfer stream copies ahead of time, its
 ``late`` ranges (the rows written this ubatch) what the consumer stream copies
 at the split, and ``windows`` the bindings the split's kernels read (offsets in
-the slot's buffer). The executor (``sim.scheduler``) issues them.
+the slot's buffer). The executor (``sim.transport.scheduler``) issues them.
 
 One walk of a delivery: split ``gpu_attn_l7`` is staged split 1; with depth 1
 the ring holds 3 slots, so delivery 1 goes to slot 1 at ``base = 1 x

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim import distinct
+from sim import checks, distinct
 from sim.errors import InputError
 from sim.simulate import Point, row
 from sim.telemetry import rows_to_csv, write_atomic
@@ -133,7 +133,7 @@ def run_chunk(chunk: Chunk | Sequence[Point]) -> list[dict[str, Any] | str]:
     out: dict[int, dict[str, Any] | str] = {}
     for task in distinct.tasks(list(chunk.points), list(chunk.todo), exact=chunk.exact):
         try:
-            rows: list[dict[str, Any] | str] = [row(r) for r in distinct.run_task(task)]
+            rows: list[dict[str, Any] | str] = [row(r) for r in checks.run_task(task)]
         except Exception as exc:  # one bad point must not sink the sweep; reported at the end
             rows = [f"{type(exc).__name__}: {exc}"] * len(task.members)
         for m, r in zip(task.members, rows, strict=True):

@@ -3,7 +3,7 @@
 Each INPUT is a sweep folder (``kvpipe sweep --out DIR``) or its rows.json,
 ``kvpipe simulate --json`` or ``kvpipe plan --json`` saved to a file, a
 validation report.json (or its folder) or a Chrome trace; the kind is read
-from the content. See ``validate/html_report.py`` for the page.
+from the content. See ``kvpipe/html_report.py`` for the page.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import argparse
 import shlex
 from typing import Any
 
-#: The input kinds (``validate.html_report.ALLOWED``, which a test holds this to; not imported at parser build).
+#: The input kinds (``kvpipe.html_report.ALLOWED``, which a test holds this to; not imported at parser build).
 ALLOWED = ("result rows (kvpipe sweep --out DIR, its rows.json, kvpipe simulate --json); a capacity plan (kvpipe plan --json); "
            "a validation report (kvpipe validate's report.json, or its folder); a Chrome trace (kvpipe simulate/validate --trace, "
            ".json or .json.gz)")
@@ -27,8 +27,8 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvpipe.html_report import load_inputs, page
     from sim.safe_write import write_output
-    from validate.html_report import load_inputs, page
 
     inputs = [x for path in args.inputs for x in load_inputs(path)]
     command = shlex.join(["kvpipe", "report", *args.inputs, "--out", args.out]

@@ -15,7 +15,7 @@ import argparse
 import sys
 from typing import Any
 
-from sim.commands.args import UsageError, add_grid_args, points_from_args
+from kvpipe.commands.args import UsageError, add_grid_args, points_from_args
 
 
 def register(sub: Any) -> None:
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs < 0:
         raise UsageError(f"--jobs {args.jobs} out of range; allowed: >= 1 (0 = all cores)")
     points = grid_points(args)
-    from sim.sweep import JOURNAL, ROWS_CSV, ROWS_JSON, run_sweep  # here, not at parser build: it pulls in multiprocessing
+    from kvpipe.sweep import JOURNAL, ROWS_CSV, ROWS_JSON, run_sweep  # here, not at parser build: it pulls in multiprocessing
 
     res = run_sweep(points, out_dir=args.out, jobs=args.jobs or None, dask_address=args.dask, progress=not args.quiet,
                     exact=args.exact)
