@@ -136,6 +136,10 @@ class ComputeModel:
     layer_seq_s: float = 0.0  # each sequence past the first: its share of a layer's matrix products (weights read once)
     attn_seq_s: float = 0.0  # each sequence past the first: its attention's fixed cost in an attention split
     cpu_row_s: float = 0.0  # each sequence past the first: host time of storing its rows in a CPU split
+    #: A layer run on the CPU (past llama.cpp's -ngl): ``host_layer_s + layer_weight_bytes / host_weight_bytes_per_s``
+    #: of host time (its weights stream from host memory); 0 rate = not known for this host.
+    host_layer_s: float = 0.0
+    host_weight_bytes_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name, value in self.__dict__.items():
@@ -150,6 +154,11 @@ class ComputeModel:
         """GPU time a split of ``layers`` layers (and an attention layer) adds for sequences past the first."""
         extra = max(0, n_seq - 1)
         return extra * (layers * self.layer_seq_s + (self.attn_seq_s if attention else 0.0))
+
+    def host_layer_seconds(self, weight_bytes: float) -> float:
+        """Host time of one layer run on the CPU (a layer below llama.cpp's ``-ngl`` GPU layers), seconds. Pure."""
+        w = weight_bytes / self.host_weight_bytes_per_s if self.host_weight_bytes_per_s > 0 else 0.0
+        return self.host_layer_s + w
 
     def host_attention_seconds(self, window_bytes: float) -> float:
         """Host time of one attention layer run on the CPU over ``window_bytes`` of host cache (upstream llama.cpp's -nkvo)."""
@@ -274,6 +283,8 @@ def compute_model_of(c: dict[str, Any]) -> ComputeModel:
         layer_seq_s=float(c.get("layer_seq_us", 0.0)) * 1e-6,
         attn_seq_s=float(c.get("attn_seq_us", 0.0)) * 1e-6,
         cpu_row_s=float(c.get("cpu_row_us", 0.0)) * 1e-6,
+        host_layer_s=float(c.get("host_layer_us", 0.0)) * 1e-6,
+        host_weight_bytes_per_s=float(c.get("host_weight_GBps", 0.0)) * 1e9,
     )
 
 

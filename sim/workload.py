@@ -23,12 +23,13 @@ from sim.model_files import ModelShape, load_model, model_preset_names
 from sim.sequences import SequenceCells
 
 __all__ = [
-    "CACHE_TYPES", "MAX_CONTEXT", "SPLIT_MODES", "WINDOW_PAD_ROWS", "CacheType", "ModelShape", "Workload", "cache_type",
+    "ALL_LAYERS", "CACHE_TYPES", "MAX_CONTEXT", "SPLIT_MODES", "WINDOW_PAD_ROWS", "CacheType", "ModelShape", "Workload", "cache_type",
     "load_model", "model_preset_names", "pad_rows",
 ]
 
 WINDOW_PAD_ROWS = 256
 MAX_CONTEXT = 1 << 24
+ALL_LAYERS = 999  # -ngl 999: every layer on the GPU, as llama.cpp users write -ngl 99
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,14 @@ class Workload:
     proportions ``tensor_split``. ``flat_prefix`` reproduces the old
     behaviour that treated a multi-stream window as one flat byte range with
     one stable prefix (for comparison only).
+
+    ``n_gpu_layers`` is llama.cpp's ``-ngl``: the *last* ``n_gpu_layers``
+    layers run on the GPU, the layers before them on the CPU with their weights
+    and KV in host memory (any value >= the layer count: every layer on the
+    GPU; ``gpu_layer_start`` is the first GPU layer). ``kv_gpu_layers`` is the
+    fork's ``--kv-gpu-layers`` (GenerelSchwerz/llama.cpp): the first
+    ``kv_gpu_layers`` attention layers keep their K and V on the device under
+    ``-nkvo``; the rest are delivered from host memory.
     """
 
     model: ModelShape
@@ -101,6 +110,8 @@ class Workload:
     split_mode: str = "none"
     tensor_split: tuple[float, ...] = ()
     flat_prefix: bool = False
+    n_gpu_layers: int = ALL_LAYERS
+    kv_gpu_layers: int = 0
 
     def __post_init__(self) -> None:
         if not self.context:
@@ -118,6 +129,11 @@ class Workload:
             raise ValueError(f"split-mode {self.split_mode!r} unknown; allowed: {', '.join(SPLIT_MODES)}")
         if any(not math.isfinite(p) or p < 0 for p in self.tensor_split) or (self.tensor_split and sum(self.tensor_split) <= 0):
             raise ValueError(f"tensor-split {list(self.tensor_split)} must be non-negative proportions with a positive sum")
+        if self.n_gpu_layers < 0:
+            raise ValueError(f"n-gpu-layers {self.n_gpu_layers} out of range; allowed: >= 0 (>= {self.model.n_layers}: every layer)")
+        if not 0 <= self.kv_gpu_layers <= self.model.n_attn:
+            raise ValueError(f"kv-gpu-layers {self.kv_gpu_layers} out of range; allowed: 0..{self.model.n_attn} "
+                             f"(the attention layers of {self.model.name})")
         if self.ctx_size and self.ctx_size < self._cells_needed():
             raise ValueError(f"ctx-size {self.ctx_size} cannot hold context {max(self.context)} + {self.tokens} tokens "
                              f"for {self.n_parallel} sequence(s)")
@@ -126,6 +142,11 @@ class Workload:
     def contexts(self) -> tuple[int, ...]:
         """Tokens already cached, one entry per sequence."""
         return self.context * self.n_parallel if len(self.context) == 1 else self.context
+
+    @property
+    def gpu_layer_start(self) -> int:
+        """The first layer on the GPU (llama.cpp puts the last ``-ngl`` layers there); 0: every layer on the GPU."""
+        return max(0, self.model.n_layers - self.n_gpu_layers)
 
     @property
     def n_streams(self) -> int:

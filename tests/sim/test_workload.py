@@ -126,3 +126,17 @@ def test_workload_validates_its_inputs(qwen):  # type: ignore[no-untyped-def]
         Workload(qwen, q, q, (0,))
     with pytest.raises(ValueError, match="ctx-size 100 cannot hold"):
         Workload(qwen, q, q, (4096,), ctx_size=100)
+
+
+def test_gpu_layers_follow_llama_cpp_and_kv_gpu_layers_are_bounded_by_the_attention_layers() -> None:
+    from sim.workload import Workload, cache_type, load_model
+
+    m, q8 = load_model("llama-3.1-8b"), cache_type("q8_0")
+    assert Workload(m, q8, q8).gpu_layer_start == 0
+    assert Workload(m, q8, q8, n_gpu_layers=99).gpu_layer_start == 0
+    assert Workload(m, q8, q8, n_gpu_layers=20).gpu_layer_start == m.n_layers - 20  # the last 20 layers on the GPU
+    assert Workload(m, q8, q8, n_gpu_layers=0).gpu_layer_start == m.n_layers
+    with pytest.raises(ValueError, match=r"n-gpu-layers -1 out of range"):
+        Workload(m, q8, q8, n_gpu_layers=-1)
+    with pytest.raises(ValueError, match=rf"kv-gpu-layers {m.n_attn + 1} out of range; allowed: 0..{m.n_attn}"):
+        Workload(m, q8, q8, kv_gpu_layers=m.n_attn + 1)
