@@ -195,7 +195,8 @@ def derive() -> dict[str, Any]:
             "engine drains a stream before serving another (kvpipe's schedule on this GPU, docs/reproduction.md); "
             "dram_GBps is the specified HBM3e bandwidth (4.8 TB/s), which copies and kernels share. The probe ran "
             "through CuPy, so launch_us (61 us) is a Python-side launch and the kernels are the probe's own; "
-            "memory_reserved is the profile's default reservation (the weights a model places are computed per workload), cpu_split_us an estimate (no probe)."
+            "memory_reserved is the profile's default reservation "
+            "(what a model places is computed per workload), cpu_split_us an estimate (no probe)."
         ),
         "estimate": False,
         "schema": "kvpipe.profile/1",
