@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from kvpipe.commands.args import EXACT_HELP, REFERENCE_CONTEXTS, UsageError, expand_ranges, parse_list
@@ -50,6 +51,7 @@ def register(sub: Any) -> None:
                         "per weight")
     p.add_argument("--exact", action="store_true", help=EXACT_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object per context")
+    p.add_argument("--plot", metavar="PREFIX", help="also write PREFIX.png and PREFIX.svg: t/s and the memory split per context")
     p.set_defaults(func=run)
 
 
@@ -81,6 +83,12 @@ def run(args: argparse.Namespace) -> int:
                       n_gpu_layers=ALL_LAYERS if args.n_gpu_layers is None else args.n_gpu_layers,
                       weights_type=args.weights_type or "")
     fp = plan_fit(req)
+    if args.plot:
+        from kvpipe.capacity_plot import memory_plan
+        from kvpipe.plots import save
+
+        for path in save(memory_plan(fp, args.cache_type), args.plot):
+            print(f"wrote {path}", file=sys.stderr)
     if args.json:
         head = fp.to_json()
         by_ctx = {p.context: p for p in fp.plans}

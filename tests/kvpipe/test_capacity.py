@@ -117,3 +117,12 @@ def test_bad_memory_plan_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixt
     assert main(["plan", "--tokens", "1", "-d", "4096", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
+
+
+def test_the_plot_draws_every_context_that_fits_and_the_memory_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--tokens", "2", "--max-depth", "1", "--jobs", "1", "--host-mem", "64", "-m", "llama-3.1-8b",
+                 "-d", "16384,131072", "--plot", str(tmp_path / "plan")]) == 0
+    capsys.readouterr()
+    assert (tmp_path / "plan.png").stat().st_size > 10_000
+    svg = (tmp_path / "plan.svg").read_text()
+    assert "16,384" in svg and "131,072" in svg and "KV on the device" in svg and "compute buffer~" in svg
