@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, NamedTuple, TypeVar, overload
 
 from backends.profile import ComputeModel
+from sim.placement import cpu_layers_seconds
 from sim.workload import Workload
 
 T = TypeVar("T")
@@ -210,6 +211,12 @@ class Split:
     staged: tuple[StagedInput, ...] = ()
     ordered: tuple[SmallInput, ...] = ()
     n_launches: int = 1
+    #: Windows of device-resident attention layers (``--kv-gpu-layers``) whose attention runs inside this split: read
+    #: where the device's KV buffer holds them (its offsets are the host cache's), never delivered.
+    resident: tuple[StagedInput, ...] = ()
+    #: The new K/V rows this split writes into the device's KV buffer (one K and one V input per resident layer;
+    #: ``host_offset``/``rows`` name the cells, at the host cache's offsets).
+    resident_rows: tuple[SmallInput, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -224,6 +231,7 @@ class DecodeGraph:
     positions: tuple[int, ...]
     host_writes_at_start: tuple[tuple[int, int], ...] = field(default=())  # (offset, nbytes) written before split 0
     reads_output: bool = True  # False: an intermediate ubatch whose logits the loop does not read (no host sync at its end)
+    device_kv_bytes: int = 0  # the host cache's first bytes a device keeps (--kv-gpu-layers: those layers' K and V blocks)
 
     @computed_once
     def staged_splits(self) -> tuple[Split, ...]:
@@ -380,6 +388,15 @@ def decode_graph(
     (its window bytes at ``host_attention_seconds``), the GPU splits carry no
     window and no attention, the CPU split takes Q as well as the new K/V rows
     (D2H) and the next GPU split takes the attention output (H2D).
+
+    ``wl.kv_gpu_layers`` (the fork's ``--kv-gpu-layers``): attention layer j <
+    N has no CPU split and no window to deliver; its attention runs inside the
+    GPU split that reaches it (``Split.resident``: the GPU splits around it are
+    one), over the device's copy of the host cache's first
+    ``DecodeGraph.device_kv_bytes``, where its new rows go too
+    (``Split.resident_rows``). ``wl.gpu_layer_start`` (llama.cpp's ``-ngl``):
+    the layers below it run first, in one CPU split (``sim.placement``), and
+    their activation goes up with the first GPU split's inputs.
     """
     model = wl.model
     layout = layout_of(wl)
@@ -407,8 +424,24 @@ def decode_graph(
     def add(**kw: object) -> None:
         splits.append(Split(index=len(splits), **kw))  # type: ignore[arg-type]
 
-    def gpu(name: str, layers: list[int], attn_j: int = -1, ordered: tuple[SmallInput, ...] = (), head: bool = False) -> None:
-        """Add the GPU split(s) of ``layers``: one per device run (layer split) or one per device (tensor split)."""
+    def window_pair(j: int, hr: tuple[int, int] | None = None, suffix: str = "") -> tuple[StagedInput, StagedInput]:
+        a = model.attn_layers[j]
+        return (_staged(f"cache_k_l{a}{suffix}", a, wl, layout, j, "k", rows, writes, prefix_row, hr),
+                _staged(f"cache_v_l{a}{suffix}", a, wl, layout, j, "v", rows, writes, prefix_row, hr))
+
+    def resident_parts(c: ComputeModel, js: list[int]) -> tuple[float, tuple[StagedInput, ...], tuple[SmallInput, ...]]:
+        """(GPU seconds, windows, new rows) of the resident attention layers ``js`` inside one split."""
+        if not js:
+            return 0.0, (), ()
+        wins = tuple(w for j in js for w in window_pair(j))
+        secs = sum(c.attention_seconds(wins[2 * i].nbytes + wins[2 * i + 1].nbytes) + c.batch_seconds(n_tok, 0, True)
+                   for i in range(len(js)))
+        return secs, wins, tuple(r for j in js for r in row_inputs(j))
+
+    def gpu(name: str, layers: list[int], attn_j: int = -1, ordered: tuple[SmallInput, ...] = (), head: bool = False,
+            resident: tuple[int, ...] = ()) -> None:
+        """Add the GPU split(s) of ``layers``: one per device run (layer split) or one per device (tensor split);
+        ``resident``: the device-resident attention layers among them (one device only, or a layer split)."""
         if tensor:
             for d in range(n_devices):
                 frac = shares[d] / model.n_head_kv
@@ -416,10 +449,7 @@ def decode_graph(
                     continue
                 staged: tuple[StagedInput, ...] = ()
                 if attn_j >= 0 and not host_attention:
-                    hr = heads[d]
-                    a = model.attn_layers[attn_j]
-                    staged = (_staged(f"cache_k_l{a}@{d}", a, wl, layout, attn_j, "k", rows, writes, prefix_row, hr),
-                              _staged(f"cache_v_l{a}@{d}", a, wl, layout, attn_j, "v", rows, writes, prefix_row, hr))
+                    staged = window_pair(attn_j, heads[d], f"@{d}")
                 c = comp(d)
                 secs = len(layers) * c.layer_seconds(model.layer_weight_bytes) * frac
                 secs += c.batch_seconds(n_tok, len(layers), bool(staged)) * frac
@@ -443,48 +473,67 @@ def decode_graph(
             secs = len(run) * c.layer_seconds(model.layer_weight_bytes)
             staged = ()
             if i == 0 and attn_j >= 0 and not host_attention:
-                a = model.attn_layers[attn_j]
-                staged = (_staged(f"cache_k_l{a}", a, wl, layout, attn_j, "k", rows, writes, prefix_row, None),
-                          _staged(f"cache_v_l{a}", a, wl, layout, attn_j, "v", rows, writes, prefix_row, None))
+                staged = window_pair(attn_j)
                 secs += c.attention_seconds(sum(inp.nbytes for inp in staged))
             secs += c.batch_seconds(n_tok, len(run), i == 0 and attn_j >= 0)
+            res_s, res_w, res_rows = resident_parts(c, [j for j in resident if model.attn_layers[j] in run])
+            secs += res_s
             if head and i == len(runs) - 1:
                 secs += c.head_s
             extra: tuple[SmallInput, ...] = ordered if i == 0 else ()
             if d != last_dev[0]:
                 extra = (*extra, SmallInput(f"act_from{last_dev[0]}", model.hidden * 4 * n_tok, True, src_device=last_dev[0]))
             add(kind="gpu", device=d, name=name if i == 0 else f"{name}.{i}", compute_s=secs, layers=tuple(run),
-                attn_layer=model.attn_layers[attn_j] if i == 0 and attn_j >= 0 else -1, staged=staged, ordered=extra)
+                attn_layer=model.attn_layers[attn_j] if i == 0 and attn_j >= 0 else -1, staged=staged, ordered=extra,
+                resident=res_w, resident_rows=res_rows)
             last_dev[0] = d
 
-    small = tuple(SmallInput(f"inp_{i}", n, True) for i, n in enumerate(model.small_inputs_bytes))
-    small += (SmallInput("kq_mask", rows * 2 * n_tok * layout.n_streams, True),)
-    bounds = list(model.attn_layers) + [model.n_layers]
-    gpu("gpu0", list(range(bounds[0])), ordered=small)
     cells = [st * layout.cells_per_stream + r for st, r in writes]  # each sequence's new row, as a cell of the cache
     step_cells = cells[1] - cells[0] if n_tok > 1 else 0
     even = n_tok > 1 and step_cells > 0 and all(c == cells[0] + i * step_cells for i, c in enumerate(cells))
-    for j, a in enumerate(model.attn_layers):
+
+    def row_inputs(j: int) -> tuple[SmallInput, SmallInput]:
+        """Attention layer j's new K and V rows of every sequence, as inputs landing in their cache cells."""
+        a = model.attn_layers[j]
         k0, v0 = layout.k_offset(j, *writes[0]), layout.v_offset(j, *writes[0])
         if even or n_tok == 1:  # evenly spaced rows (one per stream, or neighbouring cells): no list of offsets
-            row_ins: tuple[SmallInput, ...] = (
-                SmallInput(f"k_cur_l{a}", kb * n_tok, False, k0, n_rows=n_tok if n_tok > 1 else 0, row_pitch=step_cells * kb),
-                SmallInput(f"v_cur_l{a}", vb * n_tok, False, v0, n_rows=n_tok if n_tok > 1 else 0, row_pitch=step_cells * vb),
-            )
-        else:
-            k_offs = tuple(layout.k_offset(j, st, r) for st, r in writes)
-            v_offs = tuple(layout.v_offset(j, st, r) for st, r in writes)
-            row_ins = (SmallInput(f"k_cur_l{a}", kb * n_tok, False, k0, row_offsets=k_offs),
-                       SmallInput(f"v_cur_l{a}", vb * n_tok, False, v0, row_offsets=v_offs))
+            return (SmallInput(f"k_cur_l{a}", kb * n_tok, False, k0, n_rows=n_tok if n_tok > 1 else 0, row_pitch=step_cells * kb),
+                    SmallInput(f"v_cur_l{a}", vb * n_tok, False, v0, n_rows=n_tok if n_tok > 1 else 0, row_pitch=step_cells * vb))
+        k_offs = tuple(layout.k_offset(j, st, r) for st, r in writes)
+        v_offs = tuple(layout.v_offset(j, st, r) for st, r in writes)
+        return (SmallInput(f"k_cur_l{a}", kb * n_tok, False, k0, row_offsets=k_offs),
+                SmallInput(f"v_cur_l{a}", vb * n_tok, False, v0, row_offsets=v_offs))
+
+    def window_bytes(j: int) -> int:
+        return sum(p.nbytes for x in ("k", "v") for p in _pieces(wl, layout, j, x, rows, writes, prefix_row, None))
+
+    start = wl.gpu_layer_start
+    small = tuple(SmallInput(f"inp_{i}", n, True) for i, n in enumerate(model.small_inputs_bytes))
+    small += (SmallInput("kq_mask", rows * 2 * n_tok * layout.n_streams, True),)
+    if start:  # -ngl: the layers below ``start`` on the CPU first; their activation goes up with the GPU's first inputs
+        cpu_attn = [j for j, a in enumerate(model.attn_layers) if a < start]
+        add(kind="cpu", device=-1, name="cpu_layers", layers=tuple(range(start)),
+            compute_s=cpu_layers_seconds(comp(0), model.layer_weight_bytes, start, [window_bytes(j) for j in cpu_attn], n_tok))
+        small += (SmallInput("act_cpu", model.hidden * 4 * n_tok, True),)
+    on_gpu = [(j, a) for j, a in enumerate(model.attn_layers) if a >= start]
+    bounds = [a for _, a in on_gpu] + [model.n_layers]
+    pending: dict[str, Any] = {"name": "gpu0", "layers": list(range(start, bounds[0])), "ordered": small, "resident": ()}
+    for (j, a), end in zip(on_gpu, bounds[1:], strict=True):
+        if j < wl.kv_gpu_layers:  # on the device: no CPU split, the same GPU split goes on through it
+            pending["layers"] += range(a, end)
+            pending["resident"] += (j,)
+            continue
+        gpu(**pending)
+        row_ins: tuple[SmallInput, ...] = row_inputs(j)
         cpu_s = comp(0).cpu_split_s + max(0, n_tok - 1) * comp(0).cpu_row_s
         after: tuple[SmallInput, ...] = ()
         if host_attention:  # the attention itself on the CPU: Q comes down too (f32), the output goes back up
-            window = sum(p.nbytes for x in ("k", "v") for p in _pieces(wl, layout, j, x, rows, writes, prefix_row, None))
-            cpu_s += comp(0).host_attention_seconds(window)
-            row_ins = (SmallInput(f"q_cur_l{a}", model.n_head * model.head_dim_k * 4 * n_tok, False, k0), *row_ins)
+            cpu_s += comp(0).host_attention_seconds(window_bytes(j))
+            row_ins = (SmallInput(f"q_cur_l{a}", model.n_head * model.head_dim_k * 4 * n_tok, False, row_ins[0].host_offset), *row_ins)
             after = (SmallInput(f"attn_out_l{a}", model.n_head * model.head_dim_v * 4 * n_tok, True),)
         add(kind="cpu", device=-1, name=f"cpu_rows_l{a}", compute_s=cpu_s, layers=(a,), ordered=row_ins)
-        gpu(f"gpu_attn_l{a}", list(range(a, bounds[j + 1])), attn_j=j, head=j == model.n_attn - 1, ordered=after)
+        pending = {"name": f"gpu_attn_l{a}", "layers": list(range(a, end)), "attn_j": j, "ordered": after, "resident": ()}
+    gpu(**pending, head=True)
     return DecodeGraph(
         token=token,
         splits=tuple(splits),
@@ -492,6 +541,7 @@ def decode_graph(
         full_window_rows=wl.cells_per_stream,
         host_cache_bytes=layout.nbytes,
         positions=tuple(r for _, r in writes),
+        device_kv_bytes=layout.k_offset(wl.kv_gpu_layers) if wl.kv_gpu_layers else 0,
     )
 
 

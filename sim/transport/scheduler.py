@@ -276,6 +276,8 @@ class TransportScheduler(OrderedPath):
         if graph.host_writes_at_start:
             yield from self._host_writes(graph, stats)
         self._inputs = self.program.graph_inputs(graph) if self.program else {}
+        if graph.device_kv_bytes and self.cfg.arm != "resident":  # --kv-gpu-layers: placed before any ring is sized
+            yield from self._make_resident(sorted({s.device for s in graph.splits if s.resident}), stats, graph.device_kv_bytes)
         plans = self._plan(graph, stats)
         yield from self._reserve_graph(graph, plans, stats)
         self._account_idle(plans)
@@ -327,9 +329,16 @@ class TransportScheduler(OrderedPath):
                 yield from self.be.copy(self.consumer[dev], plan.target, self.host_cache, d.late, tag="late")
                 stats.late_bytes += d.late_bytes
             yield from self.be.wait_event(self.consumer[dev], self.rings[dev].ready[d.slot])
+        if split.resident:  # --kv-gpu-layers: these layers' windows where the device keeps them; their new rows go there
+            cache = self.resident[dev]
+            for inp in split.resident:
+                self._bind_resident(bindings, pieces, inp, cache)
+            bindings["resident:cache"] = (cache, 0, cache.nbytes)
         io = self.io_dev[dev]
         accesses = [Access(b, o, n, False) for b, o, n in bindings.values()]
         accesses.append(Access(io, 0, self.kernel_io_bytes, True))
+        for rows in split.resident_rows:
+            accesses += [Access(self.resident[dev], o, n, True, count, pitch) for o, n, count, pitch in rows.row_pattern]
         bindings.update(pieces)
         bindings["io"] = (io, 0, io.nbytes)
         if self.cfg.arm != "copy-only":
