@@ -549,7 +549,9 @@ def cost_terms_ms(wl: Workload, compute: ComputeModel, graph: DecodeGraph) -> di
     """The compute model's terms of one decode step, ms summed over its splits (one device's model; ``simulate --json``
     shows them as ``batch_ms``): the weights, read once however many sequences; the attention over every sequence's
     cells; what each sequence past the first adds to the GPU splits (``per_sequence_gpu``) and to the CPU splits'
-    row stores (``per_sequence_cpu``); the CPU splits' fixed part and, on the host-attention arm, the CPU's attention.
+    row stores (``per_sequence_cpu``); the CPU splits' fixed part and, on the host-attention arm, the CPU's attention;
+    with -ngl, the CPU split of the layers on the CPU (``cpu_layers``). Device-resident attention layers count in
+    ``attention``.
     Pure; does not block.
     """
     key = ("cost_terms_ms", compute, wl.model.layer_weight_bytes)
@@ -569,6 +571,11 @@ def _cost_terms_ms(wl: Workload, compute: ComputeModel, graph: DecodeGraph) -> d
             if s.staged:
                 out["attention"] += compute.attention_seconds(sum(i.nbytes for i in s.staged))
             out["per_sequence_gpu"] += compute.batch_seconds(n, len(s.layers), s.attn_layer >= 0 and bool(s.staged))
+            for k, v in zip(s.resident[::2], s.resident[1::2], strict=True):  # device-resident attention layers
+                out["attention"] += compute.attention_seconds(k.nbytes + v.nbytes)
+                out["per_sequence_gpu"] += compute.batch_seconds(n, 0, True)
+        elif s.name == "cpu_layers":  # -ngl: the layers on the CPU (only in such rows)
+            out["cpu_layers"] = s.compute_s
         else:
             row = max(0, n - 1) * compute.cpu_row_s
             out["cpu_splits"] += compute.cpu_split_s

@@ -268,6 +268,10 @@ class TransportScheduler(OrderedPath):
         """The host thread's program for one graph. Returns its GraphStats. Blocks the host as the real calls do."""
         be = self.be
         stats = GraphStats(token=graph.token)
+        if graph.device_kv_bytes and self.cfg.arm != "resident":
+            # --kv-gpu-layers: the prefix is placed once, before any ring is sized and before the token's clock starts
+            # (llama.cpp holds those layers on the device from the prompt on: a model load, not a decode cost)
+            yield from self._make_resident(sorted({s.device for s in graph.splits if s.resident}), GraphStats(), graph.device_kv_bytes)
         t0 = be.now_s()
         self.kernel_io_bytes = graph.memo.get("kernel_io_bytes") or graph.memo.setdefault("kernel_io_bytes", align_up(
             max([KERNEL_IO_BYTES, *(sum(i.nbytes for i in s.ordered) for s in graph.splits if s.kind == "cpu")]), KERNEL_IO_BYTES))
@@ -276,8 +280,6 @@ class TransportScheduler(OrderedPath):
         if graph.host_writes_at_start:
             yield from self._host_writes(graph, stats)
         self._inputs = self.program.graph_inputs(graph) if self.program else {}
-        if graph.device_kv_bytes and self.cfg.arm != "resident":  # --kv-gpu-layers: placed before any ring is sized
-            yield from self._make_resident(sorted({s.device for s in graph.splits if s.resident}), stats, graph.device_kv_bytes)
         plans = self._plan(graph, stats)
         yield from self._reserve_graph(graph, plans, stats)
         self._account_idle(plans)
