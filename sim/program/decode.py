@@ -93,6 +93,9 @@ class DecodeProgram:
 
     def __init__(self, workload: Workload, config: ProgramConfig | None = None, xp: Any = None,
                  store: WeightStore | None = None) -> None:
+        if workload.gpu_layer_start:
+            raise ValueError(f"the decode program runs every layer on the GPU; got -ngl {workload.n_gpu_layers} of "
+                             f"{workload.model.n_layers} layers")
         self.wl = workload
         self.cfg = config or ProgramConfig()
         self.xp = xp if xp is not None else np
