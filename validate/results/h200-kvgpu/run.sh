@@ -12,9 +12,9 @@ R=$OUT/h200-kvgpu; mkdir -p $R
 CAL=validate/results/h200/run11/calibrated.json
 START=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv | tee $R/nvidia-smi.txt
-timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/sim/test_program_executors.py 2>&1 | tail -4 | tee $R/pytest-gpu.txt
+timeout 80 python3 -m pytest -q -p no:cacheprovider -m gpu tests/sim/test_program_executors.py 2>&1 | tail -4 | tee $R/pytest-gpu.txt
 echo "pytest at $(( $(date +%s) - START )) s" | tee -a $R/pytest-gpu.txt
-timeout $((330 - $(date +%s) + START)) nice -n -10 taskset -c 5 python3 -m kvpipe.cli validate --hardware $CAL \
+timeout $((300 - $(date +%s) + START)) nice -n -10 taskset -c 5 python3 -m kvpipe.cli validate --hardware $CAL \
   --model llama-3.1-8b --cache-type q8_0 --context 8192,49152 --kv-gpu-layers 0,8,16 --depth 0,1,2 --budget 0 \
   --tokens 8 --warmup 2 --reps 3 --out $R/report 2>$R/validate.err | tee $R/validate.txt
 echo "validate rc=$? at $(( $(date +%s) - START )) s" | tee -a $R/validate.txt
