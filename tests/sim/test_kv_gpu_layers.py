@@ -173,3 +173,13 @@ def test_ngl_runs_the_first_layers_in_one_cpu_split_priced_by_the_profile_or_an_
     assert r["n_gpu_layers"] == 40 and r["cpu_layers_cost"] == "estimate" and r["hazards"] == 0
     prof = replace(REF, devices=(replace(REF.devices[0], compute=measured),))
     assert row(run_checked(Point(wl, prof, TransportConfig(depth=0))))["cpu_layers_cost"] == "profile"
+
+
+def test_the_table_takes_each_placement_s_gain_over_its_own_ordered_row(capsys: pytest.CaptureFixture[str]) -> None:
+    from sim.telemetry import gains, table
+
+    assert main(["simulate", "-d", "8192", "-ngl", "999,48", "--kv-gpu-layers", "0", "--depth", "0,1", "--tokens", "2",
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [g == 0.0 for g in gains(rows)] == [True, False, True, False]  # each -ngl's depth 1 over its own depth 0
+    assert "-ngl 48 (CPU layers at an estimated host rate)" in table(rows)
