@@ -155,6 +155,15 @@ class OrderedPath:
                 whole = [CopyRange(0, 0, nbytes)]
                 yield from self._blocking_copy(self.consumer[dev], self.resident[dev], self.host_cache, whole, stats, "resident")
 
+    @classmethod
+    def _bind_device_kv(cls, bindings: dict[str, Binding], pieces: dict[str, Binding], inputs: Sequence[StagedInput],
+                        cache: Buffer) -> None:
+        """Bind ``inputs`` where the device's copy of the cache (the resident arm's, or the --kv-gpu-layers prefix)
+        holds them, and the copy itself as ``resident:cache``: the split's kernels write their new rows there."""
+        for inp in inputs:
+            cls._bind_resident(bindings, pieces, inp, cache)
+        bindings["resident:cache"] = (cache, 0, cache.nbytes)
+
     @staticmethod
     def _bind_resident(bindings: dict[str, Binding], pieces: dict[str, Binding], inp: StagedInput, cache: Buffer) -> None:
         """Bind ``inp`` where the resident cache holds it: at its host-cache offsets (one range per stream)."""

@@ -313,10 +313,7 @@ class TransportScheduler(OrderedPath):
             yield from self._small_inputs(split, stats, bindings)
         pipelined = plan is not None and plan.active and bool(split.staged)
         if self.cfg.arm == "resident":
-            cache = self.resident[dev]
-            for inp in split.staged:
-                self._bind_resident(bindings, pieces, inp, cache)
-            bindings["resident:cache"] = (cache, 0, cache.nbytes)  # the split's kernels write their new rows there
+            self._bind_device_kv(bindings, pieces, split.staged + split.resident, self.resident[dev])
         elif split.staged and not pipelined:
             yield from self._ordered_windows(split, stats, bindings, pieces)
         elif pipelined:  # the delivery's late ranges on the consumer stream, then a wait on its ``ready``
@@ -331,11 +328,8 @@ class TransportScheduler(OrderedPath):
                 yield from self.be.copy(self.consumer[dev], plan.target, self.host_cache, d.late, tag="late")
                 stats.late_bytes += d.late_bytes
             yield from self.be.wait_event(self.consumer[dev], self.rings[dev].ready[d.slot])
-        if split.resident:  # --kv-gpu-layers: these layers' windows where the device keeps them; their new rows go there
-            cache = self.resident[dev]
-            for inp in split.resident:
-                self._bind_resident(bindings, pieces, inp, cache)
-            bindings["resident:cache"] = (cache, 0, cache.nbytes)
+        if split.resident and self.cfg.arm != "resident":  # --kv-gpu-layers: these layers' windows where the device keeps them
+            self._bind_device_kv(bindings, pieces, split.resident, self.resident[dev])
         io = self.io_dev[dev]
         accesses = [Access(b, o, n, False) for b, o, n in bindings.values()]
         accesses.append(Access(io, 0, self.kernel_io_bytes, True))
