@@ -42,14 +42,15 @@ from typing import Any
 
 from sim import checks, distinct
 from sim.errors import InputError
-from sim.simulate import Point, row
+from sim.simulate import Point, placement_fields, row
 from sim.telemetry import rows_to_csv, write_atomic
 
 #: Row fields that identify a point (its grid coordinates).
 KEY_FIELDS = ("model", "hardware", "cache_type", "context", "contexts", "parallel", "unified", "split_mode", "depth",
-              "budget_mib", "tokens", "arm", "cache_type_v")
-#: Key fields rows written before they existed lack, and the value those rows meant.
-KEY_DEFAULTS = {"arm": "transport"}
+              "budget_mib", "tokens", "arm", "cache_type_v", "kv_gpu_layers", "n_gpu_layers")
+#: Key fields rows written before they existed lack, and the value those rows meant (rows of the default placement
+#: still lack the last two: ``sim.simulate.placement_fields``).
+KEY_DEFAULTS = {"arm": "transport", "kv_gpu_layers": 0, "n_gpu_layers": "all"}
 SNAPSHOT_EVERY_S = 2.0
 ROWS_JSON, ROWS_CSV, JOURNAL, MANIFEST = "rows.json", "rows.csv", "rows.jsonl", "sweep.json"
 
@@ -73,7 +74,7 @@ def _norm(field: str, value: Any) -> Any:
         return tuple(int(v) for v in value)
     if field == "budget_mib":
         return float(value)
-    if field in ("context", "parallel", "depth", "tokens"):
+    if field in ("context", "parallel", "depth", "tokens", "kv_gpu_layers"):
         return int(value)
     if field == "unified":
         return bool(value)
@@ -86,7 +87,8 @@ def key_of_point(p: Point) -> Key:
     fields = {"model": wl.model.name, "hardware": p.hardware.name, "cache_type": wl.cache_k.name, "context": p.context,
               "contexts": list(wl.contexts), "parallel": wl.n_parallel, "unified": wl.unified, "split_mode": wl.split_mode,
               "depth": p.transport.depth, "budget_mib": p.transport.budget_mib, "tokens": wl.tokens, "arm": p.transport.arm,
-              "cache_type_v": wl.cache_v.name}
+              "cache_type_v": wl.cache_v.name, "kv_gpu_layers": KEY_DEFAULTS["kv_gpu_layers"],
+              "n_gpu_layers": KEY_DEFAULTS["n_gpu_layers"], **placement_fields(wl)}
     return tuple(_norm(k, fields[k]) for k in KEY_FIELDS)
 
 

@@ -114,6 +114,8 @@ class _Shape:
     staged: tuple[tuple[int, int, int, int], ...]
     gpu_devices: tuple[int, ...]
     host_cache_bytes: int
+    device_kv: tuple[int, ...] = ()  # the devices that keep the --kv-gpu-layers prefix
+    device_kv_bytes: int = 0
 
 
 _SHAPES: OrderedDict[Any, _Shape] = OrderedDict()  # the last shapes planned: the depths and budgets of a grid share them
@@ -143,7 +145,8 @@ def _build_shape(point: Point, step: int, spans: list[Any]) -> _Shape:
         need, _ = slot_entries(splits, spans[dev])
         staged.append((dev, need, max(full_need(s, graph, spans[dev]) for s in splits), len(splits)))
     gpus = tuple(sorted({s.device for s in graph.splits if s.kind == "gpu"}))
-    return _Shape(tuple(staged), gpus, graph.host_cache_bytes)
+    kv = tuple(sorted({s.device for s in graph.splits if s.resident}))
+    return _Shape(tuple(staged), gpus, graph.host_cache_bytes, kv, graph.device_kv_bytes)
 
 
 class _DoesNotFit(Exception):
@@ -152,7 +155,8 @@ class _DoesNotFit(Exception):
 
 class _Replay:
     """The scheduler's planning state for one point, over a memory ledger: rings, graph memory, what is placed once.
-    Its three steps mirror ``TransportScheduler._plan``, ``_reserve_graph`` and ``_account_idle``."""
+    Its steps mirror ``TransportScheduler.run_graph``'s placing of the --kv-gpu-layers prefix, ``_plan``,
+    ``_reserve_graph`` and ``_account_idle``."""
 
     def __init__(self, point: Point) -> None:
         self.point, self.cfg = point, point.transport
@@ -172,6 +176,9 @@ class _Replay:
         rows = window_rows_at(self.point.workload, step)
         shape = self.shapes.get(rows) or self.shapes.setdefault(rows, _shape(self.point, step, rows, self.spans, self.slot_key))
         st = GraphStats()
+        if shape.device_kv_bytes and self.cfg.arm != "resident":  # the scheduler places the prefix before any ring
+            for dev in shape.device_kv:
+                self._once("resident", dev, shape.device_kv_bytes)
         active, needs = self._plan(shape, st)
         self._reserve(shape, st, active, needs)
         counts_idle = self._account_idle(active)

@@ -6,7 +6,8 @@ cache byte) and its attention pattern, cut to the first ``FUNCTIONAL_ATTN``
 attention layers, with weights shrunk so the link, not the compute, is the
 bottleneck (a delivery is still in flight when the host moves on, which is
 where unordered accesses show in the bytes); each sequence's context is the
-point's divided by 32, clipped to 64..1024 rows. The decode program
+point's divided by 32, clipped to 64..1024 rows; ``--kv-gpu-layers`` is clipped to its attention layers, and
+``-ngl`` below the layer count is refused (the program models GPU kernels). The decode program
 (``sim.program``) runs on it with its default (small) sizes.
 
 With ``--parallel N`` the N sequences decode together over a unified cache or
@@ -75,10 +76,14 @@ def functional_point(point: Point) -> Point:
             raise InputError(f"--functional supports cache types {', '.join(PROGRAM_CACHE_TYPES)}; got {ct.name}")
     if getattr(wl, "split_mode", "none") != "none":
         raise InputError("--functional runs on one device for now (no split mode)")
+    if wl.gpu_layer_start:
+        raise InputError(f"--functional runs every layer on the GPU (the program models GPU kernels); got -ngl "
+                         f"{wl.n_gpu_layers} of {wl.model.n_layers} layers")
     contexts = tuple(max(MIN_CONTEXT, min(MAX_CONTEXT, c // 32)) for c in wl.context)
     tokens = max(wl.tokens, MIN_GRAPHS)
     fwl = Workload(functional_model(wl.model), wl.cache_k, wl.cache_v, contexts, tokens=tokens, pinned=wl.pinned,
-                   n_parallel=wl.n_parallel, unified=wl.unified, flat_prefix=wl.flat_prefix)
+                   n_parallel=wl.n_parallel, unified=wl.unified, flat_prefix=wl.flat_prefix,
+                   kv_gpu_layers=min(wl.kv_gpu_layers, FUNCTIONAL_ATTN))
     return replace(point, workload=fwl)
 
 

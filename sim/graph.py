@@ -28,244 +28,24 @@ cells within them.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, NamedTuple, TypeVar, overload
+from typing import Any
 
 from backends.profile import ComputeModel
+from sim.graph_parts import (
+    CacheLayout,
+    DecodeGraph,
+    SmallInput,
+    Split,
+    StagedInput,
+    WindowPiece,
+    computed_once,
+    layout_of,
+)
+from sim.placement import cpu_layers_seconds
 from sim.workload import Workload
 
-T = TypeVar("T")
-
-
-class computed_once(Generic[T]):  # noqa: N801 - used like functools.cached_property
-    """``functools.cached_property`` without its lock (Python 3.11 takes an RLock on every first read, a third of the
-    cost of a small graph's inputs): the value is computed on first read and kept in the instance's ``__dict__``,
-    which later reads find first. For frozen dataclasses whose derived values are pure."""
-
-    def __init__(self, fn: Callable[[Any], T]) -> None:
-        self.fn, self.name = fn, fn.__name__
-        self.__doc__ = fn.__doc__
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    @overload
-    def __get__(self, obj: None, cls: type | None = None) -> computed_once[T]: ...
-
-    @overload
-    def __get__(self, obj: object, cls: type | None = None) -> T: ...
-
-    def __get__(self, obj: object, cls: type | None = None) -> T | computed_once[T]:
-        if obj is None:
-            return self
-        value = obj.__dict__[self.name] = self.fn(obj)
-        return value
-
-
-class _WindowPieceFields(NamedTuple):
-    src_offset: int
-    nbytes: int
-    prefix_bytes: int
-    rows: int = 1
-    src_pitch: int = 0
-    reserve_bytes: int = 0
-    cell_bytes: int = 0
-
-
-class WindowPiece(_WindowPieceFields):
-    """One stream's part of a staged window: ``nbytes`` at ``src_offset``; the first ``prefix_bytes`` are stable.
-
-    A piece is contiguous (``rows == 1``) or, for a head slice of a tensor
-    split, ``rows`` blocks of ``nbytes // rows`` bytes ``src_pitch`` apart in
-    the host cache (one 2D copy). ``reserve_bytes`` is what an *unpacked*
-    slot reserves for it (the stream's whole stride); a packed slot reserves
-    ``nbytes`` padded to the alignment. ``cell_bytes`` is one cache cell's
-    share of the piece (a row, or a head slice's width of it; 0: unknown).
-    Immutable (a tuple: a graph of many sequences holds thousands). Raises
-    ValueError for a prefix outside the piece or rows that do not split it.
-    """
-
-    __slots__ = ()
-
-    def __new__(cls, src_offset: int, nbytes: int, prefix_bytes: int, rows: int = 1, src_pitch: int = 0,
-                reserve_bytes: int = 0, cell_bytes: int = 0) -> WindowPiece:
-        if not 0 <= prefix_bytes <= nbytes:
-            raise ValueError(f"prefix {prefix_bytes} outside 0..{nbytes}")
-        if rows != 1 and (rows < 1 or nbytes % rows):
-            raise ValueError(f"a strided piece needs whole rows: {nbytes} B in {rows} rows")
-        return tuple.__new__(cls, (src_offset, nbytes, prefix_bytes, rows, src_pitch, reserve_bytes, cell_bytes))
-
-    def __repr__(self) -> str:
-        return "WindowPiece(" + ", ".join(f"{k}={v}" for k, v in zip(self._fields, self, strict=True)) + ")"
-
-    @property
-    def late_bytes(self) -> int:
-        return self.nbytes - self.prefix_bytes
-
-    @property
-    def width(self) -> int:
-        return self.nbytes // self.rows
-
-
-@dataclass(frozen=True)
-class StagedInput:
-    """A host-resident window one attention split reads (K or V of one layer).
-
-    ``layout_id`` names the pieces' layout: every field of every piece but its prefix. The graph builder gives
-    equal layouts the same id (within a process; -1: none given), so what is derived from the layout alone (the
-    ordered path's copy, the kernels' bindings) is worked out once per window size, not once per token.
-    """
-
-    name: str
-    layer: int
-    pieces: tuple[WindowPiece, ...]
-    layout_id: int = field(default=-1, compare=False)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(p.nbytes for p in self.pieces)
-
-    @property
-    def early_bytes(self) -> int:
-        return sum(p.prefix_bytes for p in self.pieces)
-
-    @property
-    def late_bytes(self) -> int:
-        return self.nbytes - self.early_bytes
-
-
-@dataclass(frozen=True)
-class SmallInput:
-    """A small tensor copied with a blocking copy (``to_device``: H2D, else D2H).
-
-    ``src_device`` >= 0 marks an activation handed over from another device
-    (layer split): it is first brought back from that device, then sent on.
-    The cache rows a D2H input of several sequences lands in are
-    ``row_offsets`` (one per sequence), or, evenly spaced, ``n_rows`` rows
-    ``row_pitch`` apart from ``host_offset`` (one per stream of a split cache,
-    or neighbouring cells: a description that does not grow with the sequences).
-    """
-
-    name: str
-    nbytes: int
-    to_device: bool
-    host_offset: int = 0
-    src_device: int = -1
-    row_offsets: tuple[int, ...] = ()
-    n_rows: int = 0
-    row_pitch: int = 0
-
-    @computed_once
-    def rows(self) -> tuple[tuple[int, int], ...]:
-        """(host offset, bytes) of each cache row a D2H input lands in (several sequences: one row each). Computed once."""
-        if self.n_rows:
-            return tuple((self.host_offset + i * self.row_pitch, self.nbytes // self.n_rows) for i in range(self.n_rows))
-        offs = self.row_offsets or (self.host_offset,)
-        return tuple((o, self.nbytes // len(offs)) for o in offs)
-
-    @computed_once
-    def row_spans(self) -> tuple[tuple[int, int], ...]:
-        """:attr:`rows` with adjacent rows merged: (host offset, bytes) of each contiguous run (a unified cache's
-        sequences write neighbouring cells). Computed once."""
-        out: list[list[int]] = []
-        for o, n in self.rows:
-            if out and out[-1][0] + out[-1][1] == o:
-                out[-1][1] += n
-            else:
-                out.append([o, n])
-        return tuple((o, n) for o, n in out)
-
-    @computed_once
-    def row_pattern(self) -> tuple[tuple[int, int, int, int], ...]:
-        """:attr:`row_spans` as (offset, bytes, count, pitch): one entry when they are equal and evenly spaced (one
-        row per stream of a split cache), else one per span (count 1). Computed once."""
-        if self.n_rows:
-            row = self.nbytes // self.n_rows
-            if self.n_rows == 1 or self.row_pitch == row:  # one row, or neighbouring cells: one range
-                return ((self.host_offset, self.nbytes, 1, 0),)
-            return ((self.host_offset, row, self.n_rows, self.row_pitch),)
-        if not self.row_offsets:
-            return ((self.host_offset, self.nbytes, 1, 0),)
-        spans = self.row_spans
-        if len(spans) > 2:
-            o0, n = spans[0]
-            pitch = spans[1][0] - o0
-            if pitch >= n and all(o == o0 + i * pitch and b == n for i, (o, b) in enumerate(spans)):
-                return ((o0, n, len(spans), pitch),)
-        return tuple((o, b, 1, 0) for o, b in spans)
-
-
-@dataclass(frozen=True)
-class Split:
-    """One split of the graph, run on one backend (``kind``) of one device."""
-
-    index: int
-    kind: Literal["gpu", "cpu"]
-    device: int
-    name: str
-    compute_s: float
-    layers: tuple[int, ...] = ()
-    attn_layer: int = -1
-    staged: tuple[StagedInput, ...] = ()
-    ordered: tuple[SmallInput, ...] = ()
-    n_launches: int = 1
-
-
-@dataclass(frozen=True)
-class DecodeGraph:
-    """The splits of one decode token, plus what the plan needs to know."""
-
-    token: int
-    splits: tuple[Split, ...]
-    window_rows: int
-    full_window_rows: int
-    host_cache_bytes: int
-    positions: tuple[int, ...]
-    host_writes_at_start: tuple[tuple[int, int], ...] = field(default=())  # (offset, nbytes) written before split 0
-    reads_output: bool = True  # False: an intermediate ubatch whose logits the loop does not read (no host sync at its end)
-
-    @computed_once
-    def staged_splits(self) -> tuple[Split, ...]:
-        """The splits that read staged windows, in graph order (computed once)."""
-        return tuple(s for s in self.splits if s.staged)
-
-    @computed_once
-    def memo(self) -> dict[Any, Any]:
-        """What readers derive from this graph and keep with it, by a key of their own (the graph is frozen and
-        shared by every point that differs only in depth and budget): not a field, so no part of equality."""
-        return {}
-
-
-@dataclass(frozen=True)
-class CacheLayout:
-    """Where each layer's K and V rows of each stream live in the host cache buffer."""
-
-    n_attn: int
-    cells_per_stream: int
-    n_streams: int
-    k_row_bytes: int
-    v_row_bytes: int
-
-    @property
-    def cells(self) -> int:
-        return self.cells_per_stream * self.n_streams
-
-    def k_offset(self, attn_index: int, stream: int = 0, row: int = 0) -> int:
-        base = attn_index * self.cells * (self.k_row_bytes + self.v_row_bytes)
-        return base + (stream * self.cells_per_stream + row) * self.k_row_bytes
-
-    def v_offset(self, attn_index: int, stream: int = 0, row: int = 0) -> int:
-        base = attn_index * self.cells * (self.k_row_bytes + self.v_row_bytes) + self.cells * self.k_row_bytes
-        return base + (stream * self.cells_per_stream + row) * self.v_row_bytes
-
-    @property
-    def nbytes(self) -> int:
-        return self.n_attn * self.cells * (self.k_row_bytes + self.v_row_bytes)
-
-
-def layout_of(wl: Workload) -> CacheLayout:
-    return CacheLayout(wl.model.n_attn, wl.cells_per_stream, wl.n_streams, wl.k_row_bytes, wl.v_row_bytes)
+__all__ = ["CacheLayout", "DecodeGraph", "SmallInput", "Split", "StagedInput", "WindowPiece", "computed_once", "cost_terms_ms",
+           "decode_graph", "head_ranges", "layout_id", "layout_of"]
 
 
 _LAYOUT_IDS: dict[Any, int] = {}  # a piece layout's key -> its id (see StagedInput.layout_id)
@@ -380,6 +160,15 @@ def decode_graph(
     (its window bytes at ``host_attention_seconds``), the GPU splits carry no
     window and no attention, the CPU split takes Q as well as the new K/V rows
     (D2H) and the next GPU split takes the attention output (H2D).
+
+    ``wl.kv_gpu_layers`` (the fork's ``--kv-gpu-layers``): attention layer j <
+    N has no CPU split and no window to deliver; its attention runs inside the
+    GPU split that reaches it (``Split.resident``: the GPU splits around it are
+    one), over the device's copy of the host cache's first
+    ``DecodeGraph.device_kv_bytes``, where its new rows go too
+    (``Split.resident_rows``). ``wl.gpu_layer_start`` (llama.cpp's ``-ngl``):
+    the layers below it run first, in one CPU split (``sim.placement``), and
+    their activation goes up with the first GPU split's inputs.
     """
     model = wl.model
     layout = layout_of(wl)
@@ -407,8 +196,24 @@ def decode_graph(
     def add(**kw: object) -> None:
         splits.append(Split(index=len(splits), **kw))  # type: ignore[arg-type]
 
-    def gpu(name: str, layers: list[int], attn_j: int = -1, ordered: tuple[SmallInput, ...] = (), head: bool = False) -> None:
-        """Add the GPU split(s) of ``layers``: one per device run (layer split) or one per device (tensor split)."""
+    def window_pair(j: int, hr: tuple[int, int] | None = None, suffix: str = "") -> tuple[StagedInput, StagedInput]:
+        a = model.attn_layers[j]
+        return (_staged(f"cache_k_l{a}{suffix}", a, wl, layout, j, "k", rows, writes, prefix_row, hr),
+                _staged(f"cache_v_l{a}{suffix}", a, wl, layout, j, "v", rows, writes, prefix_row, hr))
+
+    def resident_parts(c: ComputeModel, js: list[int]) -> tuple[float, tuple[StagedInput, ...], tuple[SmallInput, ...]]:
+        """(GPU seconds, windows, new rows) of the resident attention layers ``js`` inside one split."""
+        if not js:
+            return 0.0, (), ()
+        wins = tuple(w for j in js for w in window_pair(j))
+        secs = sum(c.attention_seconds(wins[2 * i].nbytes + wins[2 * i + 1].nbytes) + c.batch_seconds(n_tok, 0, True)
+                   for i in range(len(js)))
+        return secs, wins, tuple(r for j in js for r in row_inputs(j))
+
+    def gpu(name: str, layers: list[int], attn_j: int = -1, ordered: tuple[SmallInput, ...] = (), head: bool = False,
+            resident: tuple[int, ...] = ()) -> None:
+        """Add the GPU split(s) of ``layers``: one per device run (layer split) or one per device (tensor split);
+        ``resident``: the device-resident attention layers among them (one device only, or a layer split)."""
         if tensor:
             for d in range(n_devices):
                 frac = shares[d] / model.n_head_kv
@@ -416,10 +221,7 @@ def decode_graph(
                     continue
                 staged: tuple[StagedInput, ...] = ()
                 if attn_j >= 0 and not host_attention:
-                    hr = heads[d]
-                    a = model.attn_layers[attn_j]
-                    staged = (_staged(f"cache_k_l{a}@{d}", a, wl, layout, attn_j, "k", rows, writes, prefix_row, hr),
-                              _staged(f"cache_v_l{a}@{d}", a, wl, layout, attn_j, "v", rows, writes, prefix_row, hr))
+                    staged = window_pair(attn_j, heads[d], f"@{d}")
                 c = comp(d)
                 secs = len(layers) * c.layer_seconds(model.layer_weight_bytes) * frac
                 secs += c.batch_seconds(n_tok, len(layers), bool(staged)) * frac
@@ -443,48 +245,67 @@ def decode_graph(
             secs = len(run) * c.layer_seconds(model.layer_weight_bytes)
             staged = ()
             if i == 0 and attn_j >= 0 and not host_attention:
-                a = model.attn_layers[attn_j]
-                staged = (_staged(f"cache_k_l{a}", a, wl, layout, attn_j, "k", rows, writes, prefix_row, None),
-                          _staged(f"cache_v_l{a}", a, wl, layout, attn_j, "v", rows, writes, prefix_row, None))
+                staged = window_pair(attn_j)
                 secs += c.attention_seconds(sum(inp.nbytes for inp in staged))
             secs += c.batch_seconds(n_tok, len(run), i == 0 and attn_j >= 0)
+            res_s, res_w, res_rows = resident_parts(c, [j for j in resident if model.attn_layers[j] in run])
+            secs += res_s
             if head and i == len(runs) - 1:
                 secs += c.head_s
             extra: tuple[SmallInput, ...] = ordered if i == 0 else ()
             if d != last_dev[0]:
                 extra = (*extra, SmallInput(f"act_from{last_dev[0]}", model.hidden * 4 * n_tok, True, src_device=last_dev[0]))
             add(kind="gpu", device=d, name=name if i == 0 else f"{name}.{i}", compute_s=secs, layers=tuple(run),
-                attn_layer=model.attn_layers[attn_j] if i == 0 and attn_j >= 0 else -1, staged=staged, ordered=extra)
+                attn_layer=model.attn_layers[attn_j] if i == 0 and attn_j >= 0 else -1, staged=staged, ordered=extra,
+                resident=res_w, resident_rows=res_rows)
             last_dev[0] = d
 
-    small = tuple(SmallInput(f"inp_{i}", n, True) for i, n in enumerate(model.small_inputs_bytes))
-    small += (SmallInput("kq_mask", rows * 2 * n_tok * layout.n_streams, True),)
-    bounds = list(model.attn_layers) + [model.n_layers]
-    gpu("gpu0", list(range(bounds[0])), ordered=small)
     cells = [st * layout.cells_per_stream + r for st, r in writes]  # each sequence's new row, as a cell of the cache
     step_cells = cells[1] - cells[0] if n_tok > 1 else 0
     even = n_tok > 1 and step_cells > 0 and all(c == cells[0] + i * step_cells for i, c in enumerate(cells))
-    for j, a in enumerate(model.attn_layers):
+
+    def row_inputs(j: int) -> tuple[SmallInput, SmallInput]:
+        """Attention layer j's new K and V rows of every sequence, as inputs landing in their cache cells."""
+        a = model.attn_layers[j]
         k0, v0 = layout.k_offset(j, *writes[0]), layout.v_offset(j, *writes[0])
         if even or n_tok == 1:  # evenly spaced rows (one per stream, or neighbouring cells): no list of offsets
-            row_ins: tuple[SmallInput, ...] = (
-                SmallInput(f"k_cur_l{a}", kb * n_tok, False, k0, n_rows=n_tok if n_tok > 1 else 0, row_pitch=step_cells * kb),
-                SmallInput(f"v_cur_l{a}", vb * n_tok, False, v0, n_rows=n_tok if n_tok > 1 else 0, row_pitch=step_cells * vb),
-            )
-        else:
-            k_offs = tuple(layout.k_offset(j, st, r) for st, r in writes)
-            v_offs = tuple(layout.v_offset(j, st, r) for st, r in writes)
-            row_ins = (SmallInput(f"k_cur_l{a}", kb * n_tok, False, k0, row_offsets=k_offs),
-                       SmallInput(f"v_cur_l{a}", vb * n_tok, False, v0, row_offsets=v_offs))
+            return (SmallInput(f"k_cur_l{a}", kb * n_tok, False, k0, n_rows=n_tok if n_tok > 1 else 0, row_pitch=step_cells * kb),
+                    SmallInput(f"v_cur_l{a}", vb * n_tok, False, v0, n_rows=n_tok if n_tok > 1 else 0, row_pitch=step_cells * vb))
+        k_offs = tuple(layout.k_offset(j, st, r) for st, r in writes)
+        v_offs = tuple(layout.v_offset(j, st, r) for st, r in writes)
+        return (SmallInput(f"k_cur_l{a}", kb * n_tok, False, k0, row_offsets=k_offs),
+                SmallInput(f"v_cur_l{a}", vb * n_tok, False, v0, row_offsets=v_offs))
+
+    def window_bytes(j: int) -> int:
+        return sum(p.nbytes for x in ("k", "v") for p in _pieces(wl, layout, j, x, rows, writes, prefix_row, None))
+
+    start = wl.gpu_layer_start
+    small = tuple(SmallInput(f"inp_{i}", n, True) for i, n in enumerate(model.small_inputs_bytes))
+    small += (SmallInput("kq_mask", rows * 2 * n_tok * layout.n_streams, True),)
+    if start:  # -ngl: the layers below ``start`` on the CPU first; their activation goes up with the GPU's first inputs
+        cpu_attn = [j for j, a in enumerate(model.attn_layers) if a < start]
+        add(kind="cpu", device=-1, name="cpu_layers", layers=tuple(range(start)),
+            compute_s=cpu_layers_seconds(comp(0), model.layer_weight_bytes, start, [window_bytes(j) for j in cpu_attn], n_tok))
+        small += (SmallInput("act_cpu", model.hidden * 4 * n_tok, True),)
+    on_gpu = [(j, a) for j, a in enumerate(model.attn_layers) if a >= start]
+    bounds = [a for _, a in on_gpu] + [model.n_layers]
+    pending: dict[str, Any] = {"name": "gpu0", "layers": list(range(start, bounds[0])), "ordered": small, "resident": ()}
+    for (j, a), end in zip(on_gpu, bounds[1:], strict=True):
+        if j < wl.kv_gpu_layers:  # on the device: no CPU split, the same GPU split goes on through it
+            pending["layers"] += range(a, end)
+            pending["resident"] += (j,)
+            continue
+        gpu(**pending)
+        row_ins: tuple[SmallInput, ...] = row_inputs(j)
         cpu_s = comp(0).cpu_split_s + max(0, n_tok - 1) * comp(0).cpu_row_s
         after: tuple[SmallInput, ...] = ()
         if host_attention:  # the attention itself on the CPU: Q comes down too (f32), the output goes back up
-            window = sum(p.nbytes for x in ("k", "v") for p in _pieces(wl, layout, j, x, rows, writes, prefix_row, None))
-            cpu_s += comp(0).host_attention_seconds(window)
-            row_ins = (SmallInput(f"q_cur_l{a}", model.n_head * model.head_dim_k * 4 * n_tok, False, k0), *row_ins)
+            cpu_s += comp(0).host_attention_seconds(window_bytes(j))
+            row_ins = (SmallInput(f"q_cur_l{a}", model.n_head * model.head_dim_k * 4 * n_tok, False, row_ins[0].host_offset), *row_ins)
             after = (SmallInput(f"attn_out_l{a}", model.n_head * model.head_dim_v * 4 * n_tok, True),)
         add(kind="cpu", device=-1, name=f"cpu_rows_l{a}", compute_s=cpu_s, layers=(a,), ordered=row_ins)
-        gpu(f"gpu_attn_l{a}", list(range(a, bounds[j + 1])), attn_j=j, head=j == model.n_attn - 1, ordered=after)
+        pending = {"name": f"gpu_attn_l{a}", "layers": list(range(a, end)), "attn_j": j, "ordered": after, "resident": ()}
+    gpu(**pending, head=True)
     return DecodeGraph(
         token=token,
         splits=tuple(splits),
@@ -492,6 +313,7 @@ def decode_graph(
         full_window_rows=wl.cells_per_stream,
         host_cache_bytes=layout.nbytes,
         positions=tuple(r for _, r in writes),
+        device_kv_bytes=layout.k_offset(wl.kv_gpu_layers) if wl.kv_gpu_layers else 0,
     )
 
 
@@ -499,7 +321,9 @@ def cost_terms_ms(wl: Workload, compute: ComputeModel, graph: DecodeGraph) -> di
     """The compute model's terms of one decode step, ms summed over its splits (one device's model; ``simulate --json``
     shows them as ``batch_ms``): the weights, read once however many sequences; the attention over every sequence's
     cells; what each sequence past the first adds to the GPU splits (``per_sequence_gpu``) and to the CPU splits'
-    row stores (``per_sequence_cpu``); the CPU splits' fixed part and, on the host-attention arm, the CPU's attention.
+    row stores (``per_sequence_cpu``); the CPU splits' fixed part and, on the host-attention arm, the CPU's attention;
+    with -ngl, the CPU split of the layers on the CPU (``cpu_layers``). Device-resident attention layers count in
+    ``attention``.
     Pure; does not block.
     """
     key = ("cost_terms_ms", compute, wl.model.layer_weight_bytes)
@@ -519,6 +343,11 @@ def _cost_terms_ms(wl: Workload, compute: ComputeModel, graph: DecodeGraph) -> d
             if s.staged:
                 out["attention"] += compute.attention_seconds(sum(i.nbytes for i in s.staged))
             out["per_sequence_gpu"] += compute.batch_seconds(n, len(s.layers), s.attn_layer >= 0 and bool(s.staged))
+            for k, v in zip(s.resident[::2], s.resident[1::2], strict=True):  # device-resident attention layers
+                out["attention"] += compute.attention_seconds(k.nbytes + v.nbytes)
+                out["per_sequence_gpu"] += compute.batch_seconds(n, 0, True)
+        elif s.name == "cpu_layers":  # -ngl: the layers on the CPU (only in such rows)
+            out["cpu_layers"] = s.compute_s
         else:
             row = max(0, n - 1) * compute.cpu_row_s
             out["cpu_splits"] += compute.cpu_split_s

@@ -18,7 +18,7 @@ from backends.profile import HardwareProfile, for_workload, load_profile
 from sim.errors import InputError
 from sim.simulate import Point
 from sim.transport.config import TransportConfig
-from sim.workload import CacheType, ModelShape, Workload, cache_type, load_model
+from sim.workload import ALL_LAYERS, CacheType, ModelShape, Workload, cache_type, load_model
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,8 @@ class GridSpec:
     pack_streams: bool = True
     flat_prefix: bool = False
     mutations: frozenset[str] = frozenset()
+    kv_gpu_layers: tuple[int, ...] = (0,)  # the fork's --kv-gpu-layers: the first N attention layers' KV on the device
+    n_gpu_layers: tuple[int, ...] = (ALL_LAYERS,)  # llama.cpp -ngl: the last N layers on the GPU
 
 
 def model(spec: str) -> ModelShape:
@@ -85,13 +87,17 @@ def points(spec: GridSpec) -> list[Point]:
     caches_v: list[CacheType | None] = [cache(c) for c in spec.cache_types_v] or [None]
     out = []
     try:
-        for m, h, c, cv, ctx, npar, off, d, b in itertools.product(models, hws, caches, caches_v, spec.contexts, spec.parallels,
-                                                                   spec.kv_offload, spec.depths, spec.budgets_mib):
-            if not off and (d, b) != (spec.depths[0], spec.budgets_mib[0]):
-                continue  # the resident arm has no depth or budget: one point per context
+        workloads = itertools.product(models, hws, caches, caches_v, spec.contexts, spec.parallels)
+        placements = list(itertools.product(spec.kv_gpu_layers, spec.n_gpu_layers, spec.kv_offload, spec.depths, spec.budgets_mib))
+        for (m, h, c, cv, ctx, npar), (kv, ngl, off, d, b) in itertools.product(workloads, placements):
+            if not off and (d, b, kv) != (spec.depths[0], spec.budgets_mib[0], spec.kv_gpu_layers[0]):
+                continue  # the resident arm has no depth or budget, and every layer's KV on the device: one point per context
+            if ngl < 1:
+                raise InputError(f"--n-gpu-layers {ngl} out of range; allowed: 1.. (>= {m.n_layers}: every layer of "
+                                 f"{m.name} on the GPU; kvpipe models the output head on the GPU)")
             wl = Workload(m, c, cv or c, ctx, tokens=spec.tokens, pinned=spec.pinned, n_parallel=npar, unified=spec.unified,
                           ctx_size=spec.ctx_size, split_mode=spec.split_mode, tensor_split=spec.tensor_split,
-                          flat_prefix=spec.flat_prefix)
+                          flat_prefix=spec.flat_prefix, kv_gpu_layers=kv if off else 0, n_gpu_layers=ngl)
             if wl.split_mode != "none" and len(h.devices) < 2:
                 raise InputError(f"--split-mode {wl.split_mode} needs several devices; give --hardware A+B (got {h.name})")
             host_attn = off and nkvo_attention(h) == "host"

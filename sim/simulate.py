@@ -26,9 +26,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from backends.base import Backend, Buffer, HostOp, Span
-from backends.profile import HardwareProfile, prediction_band, workload_entry
+from backends.profile import ComputeModel, HardwareProfile, prediction_band, workload_entry
 from sim.graph import DecodeGraph, cost_terms_ms, decode_graph
 from sim.memory import compute_buffer_bytes, held_before_ring, weights_on_devices
+from sim.placement import cpu_layers_cost
 from sim.transport.scheduler import MIB, GraphStats, Program, TransportConfig, TransportScheduler
 from sim.workload import Workload
 
@@ -276,7 +277,21 @@ def row(result: RunResult, model: str = "", hardware: str = "", cache_type: str 
         },
         # the compute model's terms of the first step (weights once, attention, what each sequence past the first adds)
         "batch_ms": cost_terms_ms(p.workload, p.hardware.devices[0].compute, graph_at(p, 0)),
+        **placement_fields(p.workload, p.hardware.devices[0].compute),
         **result.extra,
     }
 
 
+def placement_fields(wl: Workload, compute: ComputeModel | None = None) -> dict[str, Any]:
+    """``kv_gpu_layers`` where some attention layers keep their KV on the device; ``n_gpu_layers`` (the layers on the
+    GPU) where some layers run on the CPU, with ``cpu_layers_cost`` given ``compute`` (``profile`` or ``estimate``:
+    how the CPU layers were priced, ``sim.placement``). Absent: 0, and every layer on the GPU (rows of the default
+    placement keep the fields they always had). Pure."""
+    out: dict[str, Any] = {}
+    if wl.kv_gpu_layers:
+        out["kv_gpu_layers"] = wl.kv_gpu_layers
+    if wl.gpu_layer_start:
+        out["n_gpu_layers"] = wl.model.n_layers - wl.gpu_layer_start
+        if compute is not None:
+            out["cpu_layers_cost"] = cpu_layers_cost(compute)
+    return out

@@ -86,9 +86,9 @@ def chrome_trace(timelines: Iterable[tuple[str, Sequence[Span]]]) -> dict[str, A
 
 
 def gains(rows: Sequence[dict[str, Any]]) -> list[float | None]:
-    """Each row's gain over the depth-0 row of the same model/hardware/cache/context/budget, if present."""
+    """Each row's gain over the depth-0 row of the same model/hardware/cache/context/budget/placement, if present."""
     base: dict[tuple[Any, ...], float] = {}
-    key = ("model", "hardware", "cache_type", "context", "budget_mib", "parallel")
+    key = ("model", "hardware", "cache_type", "context", "budget_mib", "parallel", "kv_gpu_layers", "n_gpu_layers")
     for r in rows:
         if r["depth"] == 0:
             base[tuple(r.get(k) for k in key)] = r["tokens_per_s"]
@@ -123,6 +123,11 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
             note = (note + "; " if note else "") + {"resident": "resident: the cache on the device (-nkvo 0)",
                                                     "host-attention": "host attention: upstream llama.cpp's -nkvo, attention on the CPU",
                                                     }.get(r["arm"], "copy-only: deliveries, no kernels")
+        if r.get("kv_gpu_layers"):
+            note = (note + "; " if note else "") + f"kv-gpu-layers {r['kv_gpu_layers']}"
+        if r.get("n_gpu_layers") is not None:
+            cost = " (CPU layers at an estimated host rate)" if r.get("cpu_layers_cost") == "estimate" else ""
+            note = (note + "; " if note else "") + f"-ngl {r['n_gpu_layers']}{cost}"
         if r.get("cache_type_v", r["cache_type"]) != r["cache_type"]:
             note = (note + "; " if note else "") + f"V cache {r['cache_type_v']}"
         if r.get("calibrated_entry", "").startswith("none"):

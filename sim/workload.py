@@ -134,6 +134,12 @@ class Workload:
         if not 0 <= self.kv_gpu_layers <= self.model.n_attn:
             raise ValueError(f"kv-gpu-layers {self.kv_gpu_layers} out of range; allowed: 0..{self.model.n_attn} "
                              f"(the attention layers of {self.model.name})")
+        if self.kv_gpu_layers and self.split_mode == "tensor":
+            raise ValueError(f"kv-gpu-layers {self.kv_gpu_layers} under split-mode tensor is not modelled; allowed: "
+                             "kv-gpu-layers 0, or split-mode none/layer")
+        if self.kv_gpu_layers and self.gpu_layer_start:
+            raise ValueError(f"kv-gpu-layers {self.kv_gpu_layers} with n-gpu-layers {self.n_gpu_layers} < "
+                             f"{self.model.n_layers} layers is not modelled; allowed: one of the two")
         if self.ctx_size and self.ctx_size < self._cells_needed():
             raise ValueError(f"ctx-size {self.ctx_size} cannot hold context {max(self.context)} + {self.tokens} tokens "
                              f"for {self.n_parallel} sequence(s)")

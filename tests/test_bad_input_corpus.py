@@ -34,6 +34,8 @@ BAD_FLAGS = {
     "--mutate": ["bogus"],
     "-nkvo": ["2", "yes"],
     "--ctx-size": ["-5", "x"],
+    "--kv-gpu-layers": ["-1", "x", "1.5", "65"],
+    "-ngl": ["0", "-1", "x"],
 }
 COMMANDS = {
     "simulate": [],
@@ -50,6 +52,9 @@ OTHER_CASES = [
     ("simulate", ["--split-mode", "tensor", "--hardware", "rtx4070-gen4x16+rtx3060-gen3x4", "-ts", "nan,1"]),
     ("simulate", ["--split-mode", "layer", "--hardware", "rtx4070-gen4x16+rtx3060-gen3x4", "-ts", "-1,1"]),
     ("simulate", ["--functional", "--cache-type", "q5_0"]), ("plot", ["nope-kind"]), ("nope-command", []),
+    ("simulate", ["--functional", "-ngl", "40"]), ("simulate", ["--kv-gpu-layers", "4", "-ngl", "40"]),
+    ("simulate", ["--kv-gpu-layers", "2", "--split-mode", "tensor", "--hardware", "rtx4070-gen4x16+rtx3060-gen3x4"]),
+    ("validate", ["--machine", "simpy", "--hardware", "h200-gen5x16", "-ngl", "20", "--out", "{tmp}/report"]),
     ("simulate", ["--no-such-flag"]), ("sweep", ["--jobs", "-3", "--out", "{tmp}/out"]),
     ("calibrate", ["--reps", "0"]), ("calibrate", ["--scale", "2"]), ("calibrate", ["--windows", "0"]),
     ("calibrate", ["--machine", "nope"]), ("calibrate", ["--model", "nope"]), ("calibrate", ["--cache-type", "q9"]),

@@ -97,8 +97,8 @@ def run_validate(backend: Any, xp: Any, info: dict[str, Any], points: Sequence[P
     from validate.report import write_report
 
     def key(p: Point) -> tuple[Any, ...]:  # one group = one host cache: model, cache type, sequences and their layout
-        w = p.workload
-        return (w.model.name, w.cache_k.name, w.contexts, w.n_parallel, w.unified, w.ctx_size)
+        w = p.workload  # and one placement: the program's graph differs with the layers' (and their KV's) devices
+        return (w.model.name, w.cache_k.name, w.contexts, w.n_parallel, w.unified, w.ctx_size, w.kv_gpu_layers, w.n_gpu_layers)
 
     ordered = sorted(points, key=key)
     groups_in = [(k, list(v)) for k, v in groupby(ordered, key=key)]

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.profile import HardwareProfile, for_workload
-from sim.simulate import Point, row, simulate
+from sim.simulate import Point, placement_fields, row, simulate
 from sim.telemetry import write_atomic
 from sim.transport.scheduler import TransportConfig
 from sim.workload import Workload
@@ -93,7 +93,8 @@ def exactness(groups: Sequence[GroupResult]) -> dict[str, Any]:
         out.append({"model": g.workload.model.name, "cache_type": g.workload.cache_k.name, "context": max(g.workload.context),
                     "parallel": g.workload.n_parallel, "unified": g.workload.unified, "output_hash": _hash(ref),
                     "tokens": ref.tokens, "depths": sorted({r.depth for r in with_output if r.arm == "transport"}),
-                    "resident_checked": any(r.arm == "resident" for r in with_output), "mismatches": bad})
+                    "resident_checked": any(r.arm == "resident" for r in with_output), "mismatches": bad,
+                    **placement_fields(g.workload)})
     return {"ok": all(not e["mismatches"] for e in out), "groups": out}
 
 
@@ -136,7 +137,7 @@ def points(groups: Sequence[GroupResult], profile: HardwareProfile, meta: dict[s
             share_p = pred["tokens_per_s"] * ref_p.ceiling_s / n_seq if ref_p.ceiling_s and held else 0.0
             out.append({
                 "model": g.workload.model.name, "cache_type": g.workload.cache_k.name, "context": max(g.workload.context),
-                "parallel": n_seq, "unified": g.workload.unified,
+                "parallel": n_seq, "unified": g.workload.unified, **placement_fields(g.workload),
                 "arm": transport.arm, "depth": transport.depth, "budget_mib": transport.budget_mib,
                 "mutations": sorted(transport.mutations), "pack_streams": transport.pack_streams,
                 "repetitions": len(runs), "tokens_per_run": g.workload.tokens,
@@ -284,7 +285,7 @@ def repredict(doc: dict[str, Any], calibration: dict[str, Any]) -> str:
     for p in doc["points"]:
         ct = cache_type(p.get("cache_type", "q8_0"))
         wl = Workload(load_model(p["model"]), ct, ct, (p["context"],), tokens=p["tokens_per_run"],
-                      n_parallel=p.get("parallel", 1), unified=p.get("unified", True))
+                      n_parallel=p.get("parallel", 1), unified=p.get("unified", True), kv_gpu_layers=p.get("kv_gpu_layers", 0))
         new = predict_arm(wl, int(doc.get("warmup_graphs", 1)), transport_of(p), profile)["tokens_per_s"]
         meas, old = p["measured_tps"], p["predicted_tps"]
         old_errs.append(abs(old - meas) / meas)

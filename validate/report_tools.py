@@ -19,7 +19,8 @@ def label(p: dict[str, Any]) -> str:
     """``llama-3.1-8b q8_0 x8 split``: model, cache type and sequences of a point."""
     n = p.get("parallel", 1)
     seqs = "" if n == 1 else f" x{n} {'unified' if p.get('unified', True) else 'split'}"
-    return f"{p['model']} {p.get('cache_type', '')}".rstrip() + seqs
+    kv = f" kv-gpu-layers={p['kv_gpu_layers']}" if p.get("kv_gpu_layers") else ""
+    return f"{p['model']} {p.get('cache_type', '')}".rstrip() + seqs + kv
 
 
 def transport_of(p: dict[str, Any]) -> TransportConfig:

@@ -20,12 +20,13 @@ from sim.errors import InputError
 from sim.points import GridSpec, points
 from sim.simulate import Point
 from sim.transport.config import MAX_BUDGET_MIB, MAX_DEPTH, MUTATIONS
-from sim.workload import CACHE_TYPES, MAX_CONTEXT
+from sim.workload import ALL_LAYERS, CACHE_TYPES, MAX_CONTEXT
 
 T = TypeVar("T")
 
 REFERENCE_CONTEXTS = "4096,16384,32768"
-RANGE_FLAGS = ("context", "depth", "budget", "parallel")
+RANGE_FLAGS = ("context", "depth", "budget", "parallel", "kv_gpu_layers", "n_gpu_layers")
+RANGE_DEFAULTS = {"kv_gpu_layers": "0", "n_gpu_layers": str(ALL_LAYERS)}  # commands built without the flag
 UsageError = InputError  # the command line's name for it
 EXACT_HELP = ("simulate every requested point and every token (default: each distinct simulation once, token 0 and the "
               "steady tokens of each window block, the rest extrapolated; ms/token within 1e-3 of exact, ring, decline "
@@ -94,13 +95,19 @@ def add_grid_args(p: argparse.ArgumentParser, exact: bool = True) -> None:
                    help="reserve each stream's whole stride in a ring slot (the unpacked layout, for comparison)")
     p.add_argument("--flat-prefix", action="store_true",
                    help="one stable prefix over a multi-stream window (the old behaviour, for comparison)")
+    p.add_argument("--kv-gpu-layers", dest="kv_gpu_layers", default="0",
+                   help="the first N attention layers' K/V kept on the device under -nkvo (the fork's --kv-gpu-layers; "
+                        "no CPU split, nothing delivered for them), comma list or START..STOP/STEP")
+    p.add_argument("--n-gpu-layers", "-ngl", dest="n_gpu_layers", default=str(ALL_LAYERS),
+                   help="llama.cpp -ngl: the last N layers on the GPU, the layers before them on the CPU (default "
+                        f"{ALL_LAYERS}: every layer), comma list or START..STOP/STEP")
     if exact:
         p.add_argument("--exact", action="store_true", help=EXACT_HELP)
 
 
 def spec_from_args(args: argparse.Namespace) -> GridSpec:
     """The grid flags (ranges expanded) as typed values. Raises UsageError on any malformed value."""
-    text = {name: expand_ranges(str(getattr(args, name, "1"))) for name in RANGE_FLAGS}
+    text = {name: expand_ranges(str(getattr(args, name, RANGE_DEFAULTS.get(name, "1")))) for name in RANGE_FLAGS}
     splits = getattr(args, "tensor_split", "") or ""
     return GridSpec(
         models=tuple(parse_list(args.model, str, "--model", "a preset, .gguf or config.json")),
@@ -122,6 +129,8 @@ def spec_from_args(args: argparse.Namespace) -> GridSpec:
         pack_streams=getattr(args, "pack", True),
         flat_prefix=getattr(args, "flat_prefix", False),
         mutations=frozenset(m for m in str(getattr(args, "mutate", "") or "").split(",") if m),
+        kv_gpu_layers=tuple(parse_list(text["kv_gpu_layers"], _int, "--kv-gpu-layers", "integers 0..the model's attention layers")),
+        n_gpu_layers=tuple(parse_list(text["n_gpu_layers"], _int, "--n-gpu-layers", f"integers >= 1 ({ALL_LAYERS}: every layer)")),
     )
 
 

@@ -45,6 +45,9 @@ def run(args: argparse.Namespace) -> int:
     points = points_from_args(args)
     if args.reps < 1 or args.warmup < 0 or not 0 < args.scale <= 1:
         raise UsageError("--reps must be >= 1, --warmup >= 0, --scale in (0, 1]")
+    if any(p.workload.gpu_layer_start for p in points):
+        raise UsageError("--n-gpu-layers below the layer count: validate runs every layer on the GPU (the decode program "
+                         "models GPU kernels); allowed: -ngl >= the model's layers")
     if len({p.hardware.name for p in points}) != 1:
         raise UsageError("--hardware: give one calibrated profile")
     profile = points[0].hardware

@@ -93,6 +93,9 @@ class DecodeProgram:
 
     def __init__(self, workload: Workload, config: ProgramConfig | None = None, xp: Any = None,
                  store: WeightStore | None = None) -> None:
+        if workload.gpu_layer_start:
+            raise ValueError(f"the decode program runs every layer on the GPU; got -ngl {workload.n_gpu_layers} of "
+                             f"{workload.model.n_layers} layers")
         self.wl = workload
         self.cfg = config or ProgramConfig()
         self.xp = xp if xp is not None else np
@@ -267,39 +270,67 @@ class DecodeProgram:
         return run
 
     def gpu_run(self, split: Split, bindings: dict[str, Binding]) -> RunFn | None:
-        """A GPU split's run callable (None before setup made an executor)."""
+        """A GPU split's run callable (None before setup made an executor).
+
+        A split through device-resident attention layers (``Split.resident``, --kv-gpu-layers) is one
+        :class:`SplitPlan` per attention layer it starts at or passes, run in order on the split's stream: each
+        plan's attention reads its window where the bindings put it, and a plan whose next layer the device keeps
+        writes that layer's new rows there (:meth:`_store_of`).
+        """
         if self.exec is None:
             return None
         m = self.model
-        attn = m.attn_layers.index(split.attn_layer) if split.attn_layer >= 0 else -1
         inputs = bindings.get(f"small:{INPUT_NAME}")
         if inputs is not None:
             self._inputs = inputs
+        starts = ([split.attn_layer] if split.attn_layer >= 0 else [-1]) + sorted({w.layer for w in split.resident})
+        runs = []
+        for i, layer in enumerate(starts):
+            end = starts[i + 1] if i + 1 < len(starts) else m.n_layers
+            layers = tuple(x for x in split.layers if layer <= x < end)
+            runs.append(self.exec.split(self._plan(split, bindings, i == 0 and split.index == 0, layer, layers)))
+        if len(runs) == 1:
+            return runs[0]  # type: ignore[no-any-return]
+
+        def run(xp: Any) -> None:
+            for r in runs:
+                r(xp)
+
+        return run
+
+    def _plan(self, split: Split, bindings: dict[str, Binding], embed: bool, layer: int, layers: tuple[int, ...]) -> SplitPlan:
+        """The plan of the part of ``split`` from attention layer ``layer`` (-1: the split's start) over ``layers``."""
+        m = self.model
+        attn = m.attn_layers.index(layer) if layer >= 0 else -1
         windows: tuple[tuple[Binding, Binding], ...] = ()
         if attn >= 0:
             several = self.layout.n_streams > 1
-            layer = split.attn_layer
             tag = lambda kv, seq: f"window:cache_{kv}_l{layer}" + (f"#{seq}" if several else "")  # noqa: E731
             windows = tuple((bindings[tag("k", seq)], bindings[tag("v", seq)]) for seq in range(self.n_seq))
         nxt = attn + 1
-        store = None
-        res = bindings.get("resident:cache")
-        if res is not None and nxt < m.n_attn:
-            buf, off, _ = res
-            cells = self.layout.cells
-            store = ((buf, off + self.layout.k_offset(nxt), cells * self.kb), (buf, off + self.layout.v_offset(nxt), cells * self.vb))
-        plan = SplitPlan(
+        return SplitPlan(
             index=split.index,
-            embed=split.index == 0,
+            embed=embed,
             attn=attn,
             windows=windows,
-            ffn_layers=tuple(layer for layer in split.layers if layer not in m.attn_layers or layer == split.attn_layer),
+            ffn_layers=tuple(x for x in layers if x not in m.attn_layers or x == layer),
             next_kv=nxt if nxt < m.n_attn else -1,
             io=bindings["io"],
             inputs=self._inputs,
-            store=store,
+            store=self._store_of(bindings.get("resident:cache"), nxt),
         )
-        return self.exec.split(plan)
+
+    def _store_of(self, resident: Binding | None, j: int) -> tuple[Binding, Binding] | None:
+        """Where attention layer ``j``'s K and V blocks lie in the device's KV buffer (``resident:cache``), or None
+        when the device keeps none or keeps only layers below ``j`` (a --kv-gpu-layers prefix): its rows then reach
+        the host cache through a CPU split. Pure."""
+        if resident is None or j >= self.model.n_attn:
+            return None
+        buf, off, nbytes = resident
+        lay, cells = self.layout, self.layout.cells
+        if lay.v_offset(j) + cells * self.vb > nbytes:
+            return None
+        return (buf, off + lay.k_offset(j), cells * self.kb), (buf, off + lay.v_offset(j), cells * self.vb)
 
     # ----------------------------------------------------------- results
 

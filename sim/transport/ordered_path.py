@@ -53,9 +53,10 @@ class OrderedPath:
         run = self.program.host_update_run(graph) if self.program else None
         accesses = tuple(Access(self.host_cache, o, n, True) for o, n in graph.host_writes_at_start)
         yield from self.be.run_host(Work("host_cache_update", 0.0, 0, run, accesses))
-        for dev, cache in self.resident.items():
-            ranges = [CopyRange(o, o, n) for o, n in graph.host_writes_at_start]
-            yield from self._blocking_copy(self.consumer[dev], cache, self.host_cache, ranges, stats, "resident_update")
+        for dev, cache in self.resident.items():  # a device keeping a prefix (--kv-gpu-layers) takes the rows inside it
+            ranges = [CopyRange(o, o, min(n, cache.nbytes - o)) for o, n in graph.host_writes_at_start if o < cache.nbytes]
+            if ranges:
+                yield from self._blocking_copy(self.consumer[dev], cache, self.host_cache, ranges, stats, "resident_update")
 
     def _set_input(self, name: str, offset: int, nbytes: int) -> None:
         """Write the program's bytes of input ``name`` (if any) into the host io buffer, before its copy. Host memory only."""
@@ -144,13 +145,24 @@ class OrderedPath:
             off += spanned
             yield from self._blocking_copy(self.consumer[dev], gm, self.host_cache, ranges, stats, inp.name)
 
-    def _make_resident(self, devices: list[int], stats: GraphStats) -> HostOp:
-        """The resident arm: the whole cache on each device, copied once (the first graph's ordered bytes)."""
+    def _make_resident(self, devices: list[int], stats: GraphStats, nbytes: int = 0) -> HostOp:
+        """The cache's first ``nbytes`` (0: the whole cache, the resident arm; else the --kv-gpu-layers prefix) on each
+        device, allocated and copied once (the first graph's ordered bytes). Blocks for the copy."""
+        nbytes = nbytes or self.host_cache.nbytes
         for dev in devices:
             if dev not in self.resident:
-                self.resident[dev] = self.be.alloc(dev, self.host_cache.nbytes, f"resident{dev}")
-                whole = [CopyRange(0, 0, self.host_cache.nbytes)]
+                self.resident[dev] = self.be.alloc(dev, nbytes, f"resident{dev}")
+                whole = [CopyRange(0, 0, nbytes)]
                 yield from self._blocking_copy(self.consumer[dev], self.resident[dev], self.host_cache, whole, stats, "resident")
+
+    @classmethod
+    def _bind_device_kv(cls, bindings: dict[str, Binding], pieces: dict[str, Binding], inputs: Sequence[StagedInput],
+                        cache: Buffer) -> None:
+        """Bind ``inputs`` where the device's copy of the cache (the resident arm's, or the --kv-gpu-layers prefix)
+        holds them, and the copy itself as ``resident:cache``: the split's kernels write their new rows there."""
+        for inp in inputs:
+            cls._bind_resident(bindings, pieces, inp, cache)
+        bindings["resident:cache"] = (cache, 0, cache.nbytes)
 
     @staticmethod
     def _bind_resident(bindings: dict[str, Binding], pieces: dict[str, Binding], inp: StagedInput, cache: Buffer) -> None:

@@ -267,6 +267,10 @@ class TransportScheduler(OrderedPath):
         """The host thread's program for one graph. Returns its GraphStats. Blocks the host as the real calls do."""
         be = self.be
         stats = GraphStats(token=graph.token)
+        if graph.device_kv_bytes and self.cfg.arm != "resident":
+            # --kv-gpu-layers: the prefix is placed once, before any ring is sized and before the token's clock starts
+            # (llama.cpp holds those layers on the device from the prompt on: a model load, not a decode cost)
+            yield from self._make_resident(sorted({s.device for s in graph.splits if s.resident}), GraphStats(), graph.device_kv_bytes)
         t0 = be.now_s()
         self.kernel_io_bytes = graph.memo.get("kernel_io_bytes") or graph.memo.setdefault("kernel_io_bytes", align_up(
             max([KERNEL_IO_BYTES, *(sum(i.nbytes for i in s.ordered) for s in graph.splits if s.kind == "cpu")]), KERNEL_IO_BYTES))
@@ -307,10 +311,7 @@ class TransportScheduler(OrderedPath):
             yield from self._small_inputs(split, stats, bindings)
         pipelined = plan is not None and plan.active and bool(split.staged)
         if self.cfg.arm == "resident":
-            cache = self.resident[dev]
-            for inp in split.staged:
-                self._bind_resident(bindings, pieces, inp, cache)
-            bindings["resident:cache"] = (cache, 0, cache.nbytes)  # the split's kernels write their new rows there
+            self._bind_device_kv(bindings, pieces, split.staged + split.resident, self.resident[dev])
         elif split.staged and not pipelined:
             yield from self._ordered_windows(split, stats, bindings, pieces)
         elif pipelined:  # the delivery's late ranges on the consumer stream, then a wait on its ``ready``
@@ -325,9 +326,13 @@ class TransportScheduler(OrderedPath):
                 yield from self.be.copy(self.consumer[dev], plan.target, self.host_cache, d.late, tag="late")
                 stats.late_bytes += d.late_bytes
             yield from self.be.wait_event(self.consumer[dev], self.rings[dev].ready[d.slot])
+        if split.resident and self.cfg.arm != "resident":  # --kv-gpu-layers: these layers' windows where the device keeps them
+            self._bind_device_kv(bindings, pieces, split.resident, self.resident[dev])
         io = self.io_dev[dev]
         accesses = [Access(b, o, n, False) for b, o, n in bindings.values()]
         accesses.append(Access(io, 0, self.kernel_io_bytes, True))
+        for rows in split.resident_rows:
+            accesses += [Access(self.resident[dev], o, n, True, count, pitch) for o, n, count, pitch in rows.row_pattern]
         bindings.update(pieces)
         bindings["io"] = (io, 0, io.nbytes)
         if self.cfg.arm != "copy-only":

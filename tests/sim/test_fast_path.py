@@ -98,6 +98,11 @@ def _random_specs(seed: int) -> list[GridSpec]:
         GridSpec(contexts=((rng.randrange(512, 8000),),), parallels=(3,), unified=False, depths=(0, 1, 4), tokens=5),
         GridSpec(contexts=((rng.randrange(8000, 40000),),), hardware=("rtx4070-gen4x16+rtx3060-gen3x4",),
                  split_mode="layer", depths=(0, 1, 3), budgets_mib=(0, 64), tokens=rng.choice([8, 13])),
+        # --kv-gpu-layers: the device's prefix placed before the ring (a headroom decline moves with it), a layer split
+        GridSpec(contexts=((rng.randrange(40000, 70000),),), kv_gpu_layers=(0, 2, 4, 8), depths=(0, 1, 3), budgets_mib=(0, 128),
+                 tokens=rng.choice([6, 9])),
+        GridSpec(contexts=((rng.randrange(4000, 20000),),), hardware=("rtx4070-gen4x16+rtx3060-gen3x4",), split_mode="layer",
+                 kv_gpu_layers=(4, 16), depths=(0, 2), budgets_mib=(0,), tokens=5),
     ]
     for _ in range(3):  # budgets either side of the decline
         spec = GridSpec(contexts=((rng.randrange(2000, 60000),),), depths=(rng.randrange(1, 5),), tokens=rng.choice([4, 8, 13]))
@@ -114,6 +119,8 @@ def test_random_points_hold_to_exact() -> None:
     _held_to_exact(res.rows, exact)
     assert any(r["declined"] for r in res.rows) and any(r["parallel"] > 1 and not r["unified"] for r in res.rows)
     assert any(r["split_mode"] == "layer" and r["depth"] and not r["declined"] for r in res.rows)
+    assert any(r.get("kv_gpu_layers") and r["depth"] and not r["declined"] for r in res.rows)
+    assert any(r.get("kv_gpu_layers") and r["declined"] for r in res.rows)
 
 
 def test_the_extrapolation_is_checked_where_it_runs_long(monkeypatch: pytest.MonkeyPatch) -> None:

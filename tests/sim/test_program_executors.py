@@ -93,3 +93,23 @@ def test_cuda_output_is_identical_across_depths_and_each_split_is_one_graph() ->
     piped = runs[1].exec
     # one graph per split and slot address: the pipelined run's splits cycle through the ring's slots, never re-captured per token
     assert n_gpu_splits <= len(piped.graphs) <= n_gpu_splits * (1 + TransportConfig(depth=1).n_slots)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("unified", [True, False])
+def test_cuda_graphs_over_device_resident_kv_layers_compute_what_the_reference_computes(unified: bool) -> None:
+    """--kv-gpu-layers: a split through resident layers is one CUDA graph per layer, over the device's prefix."""
+    from dataclasses import replace
+
+    be = _gpu()
+    ct = cache_type("q8_0")
+    kw = dict(SHAPES["dense-d128"])
+    n_layers, every = kw.pop("n_layers"), kw.pop("every")
+    wl = Workload(toy_model(n_layers, every=every, **kw), ct, ct, (600, 900), tokens=3, n_parallel=2, unified=unified)
+    ref = _run(be, wl, "numpy", 0)
+    runs = {(kv, d): _run(be, replace(wl, kv_gpu_layers=kv), "cuda", d) for kv in (1, 2, wl.model.n_attn) for d in (0, 2)}
+    assert len({tuple(r.step_hashes()) for r in runs.values()}) == 1
+    for r in runs.values():
+        for x, y in zip(ref.exec.logits(), r.exec.logits(), strict=True):
+            assert np.abs(x - y).max() <= 2e-3 * float(np.abs(x).max()) + 1e-5
+        assert [ref.tokens(s) for s in range(2)] == [r.tokens(s) for s in range(2)]
