@@ -72,12 +72,14 @@ class Choice:
     memory: DeviceMemory
     host_bytes: int
     declined: bool = False
+    cpu_layers_cost: str = ""  # how CPU layers (-ngl) were priced: "profile", "estimate", "" (none)
 
     def to_json(self) -> dict[str, Any]:
         return {"resident": self.resident, "n_gpu_layers": self.n_gpu_layers, "kv_gpu_layers": self.kv_gpu_layers,
                 "pinned": self.pinned, "depth": self.depth,
                 "budget_mib": self.budget_mib, "tokens_per_s": self.tokens_per_s, "tokens_per_s_interval": self.interval,
-                "declined": self.declined, "memory_gib": self.memory.as_gib(), "host_gib": self.host_bytes / GIB}
+                "declined": self.declined, "memory_gib": self.memory.as_gib(), "host_gib": self.host_bytes / GIB,
+                "cpu_layers_cost": self.cpu_layers_cost}
 
 
 @dataclass
@@ -167,7 +169,8 @@ def candidates(point: Point, limits: Limits, max_depth: int, rings_mib: dict[int
                              ring_bytes=scheduler_need_bytes(wl) + ring).free_bytes - (headroom if depth else 0)
         if depth and free < 0:
             continue
-        n = max_resident_layers(wl, free) if build == "fork" else 0
+        # the fork's resident layers with every layer on the GPU (kvpipe does not model them beside CPU layers)
+        n = max_resident_layers(wl, free) if build == "fork" and not wl.gpu_layer_start else 0
         budget = float(math.ceil(rings_mib.get(depth, 0.0))) if depth else 0.0
         out.append(replace(point, workload=replace(wl, kv_gpu_layers=n),
                            transport=replace(point.transport, arm="transport", depth=depth, budget_mib=budget)))
@@ -182,7 +185,7 @@ def choice_of(pt: Point, row: dict[str, Any], limits: Limits) -> Choice:
     mem = device_memory(wl, limits.vram_bytes, pt.hardware.devices[0].memory_reserved_bytes, kv_offload=resident, ring_bytes=ring)
     return Choice(resident, min(wl.n_gpu_layers, wl.model.n_layers), wl.kv_gpu_layers, wl.pinned, tc.depth,
                   tc.budget_mib, float(row["tokens_per_s"]), row.get("tokens_per_s_interval"), mem,
-                  host_need_bytes(wl, resident), bool(row["declined"]))
+                  host_need_bytes(wl, resident), bool(row["declined"]), str(row.get("cpu_layers_cost", "")))
 
 
 def flags(c: Choice, context: int, cache_k: str, cache_v: str) -> tuple[str, str]:
@@ -393,4 +396,7 @@ def render_fit(fp: FitPlan, cache_type: str) -> str:
             lines.append(f"  {f.context:>7,}  {fl}")
             lines.append(f"  {'':>7}  # {build}")
     lines.append("buffer~: llama.cpp's compute buffer, estimated (sim.memory); KV dev: KV cache on the device")
+    if any(f.best is not None and f.best.cpu_layers_cost == "estimate" for f in fp.fits):
+        lines.append("CPU layers (-ngl) priced at an estimated host rate: the profile has none (calibrate from llama-bench "
+                     "runs at several -ngl)")
     return "\n".join(lines)

@@ -153,8 +153,6 @@ def memory_fields(p: Point) -> dict[str, Any]:
         "weights_gib": sum(weights) / 2**30,
         "devices_gib": sum(d.memory_total_bytes for d in devs) / 2**30,
         "weights_fit": all(h <= d.memory_total_bytes for h, d in zip(held, devs, strict=True)),
-        "n_gpu_layers": min(wl.n_gpu_layers, wl.model.n_layers),
-        "kv_gpu_layers": wl.kv_gpu_layers,
         "compute_buffer_mib_estimate": compute_buffer_bytes(wl) / MIB,
         "held_gib": [h / 2**30 for h in held],
     }

@@ -53,7 +53,9 @@ def test_weights_that_cannot_load_get_a_verdict_with_the_ngl_that_fits_never_a_g
 
 def test_flags_name_their_build_and_the_upstream_build_gets_only_upstream_flags(capsys: pytest.CaptureFixture[str]) -> None:
     fork = _plan(capsys, "-d", "65536")  # the reference model: its 2.1 GiB cache does not fit beside 9.6 GiB of weights
-    assert fork[0]["llama_cpp"]["build"] == FORK and "--kv-pipeline-depth" in fork[0]["llama_cpp"]["flags"]
+    fl = fork[0]["llama_cpp"]["flags"]
+    assert fork[0]["llama_cpp"]["build"] == FORK and "--kv-cpu-pinned" in fl
+    assert "--kv-pipeline-depth" in fl or "--kv-gpu-layers" in fl  # the fork's own: a pipeline or resident layers
     up = _plan(capsys, "-d", "65536", "--build", "upstream")
     best = up[0]["memory_plan"]["best"]
     assert best["depth"] == 0 and best["kv_gpu_layers"] == 0 and not best["pinned"]
