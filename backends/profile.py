@@ -174,11 +174,13 @@ class ComputeModel:
 class DeviceProfile:
     """One device and its link to the host.
 
-    ``memory_used_bytes`` is what the device holds before the ring when it runs
-    the whole model it was profiled with (weights, compute buffers, context);
-    ``memory_reserved_bytes`` is the part that is not weights (context, driver,
-    compute buffers), used when a workload spreads its weights over several
-    devices.
+    ``memory_total_bytes`` is what the card offers and ``memory_reserved_bytes``
+    what its driver and runtime keep: properties of the card. What a model
+    places on it (weights, compute buffer, KV) is computed per workload
+    (``sim.memory``) into ``memory_used_bytes``, what the device holds before
+    the scheduler allocates. A profile leaves ``memory_used`` at 0; one
+    measured for one program on a device (``kvpipe calibrate`` on a GPU, tests)
+    may fix it.
     """
 
     name: str

@@ -27,7 +27,8 @@ from typing import Any
 
 from backends.base import Backend, Buffer, HostOp, Span
 from backends.profile import HardwareProfile, prediction_band, workload_entry
-from sim.graph import DecodeGraph, cost_terms_ms, decode_graph, head_ranges
+from sim.graph import DecodeGraph, cost_terms_ms, decode_graph
+from sim.memory import compute_buffer_bytes, held_before_ring, weights_on_devices
 from sim.transport.scheduler import MIB, GraphStats, Program, TransportConfig, TransportScheduler
 from sim.workload import Workload
 
@@ -123,27 +124,39 @@ def clear_graph_cache() -> None:
 
 
 def placed_hardware(point: Point) -> HardwareProfile:
-    """The profile with each device's memory use as this workload places its weights.
+    """The profile with each device's memory use as this workload places it (``sim.memory.held_before_ring``).
 
-    One device keeps its profiled ``memory_used``; a split over several
-    devices charges each its reserved memory plus the weights of its layers
-    (layer split) or its share of every layer (tensor split).
+    Each device holds its driver's reservation, the weights of the layers on
+    it (``-ngl``, layer or tensor split) and llama.cpp's compute buffer; the
+    scheduler allocates the rest. A one-device profile whose ``memory_used``
+    is set (> 0: measured for one program, as ``kvpipe calibrate`` does on a
+    GPU) keeps it.
     """
     wl, hw = point.workload, point.hardware
-    if wl.split_mode == "none" or len(hw.devices) < 2:
+    fixed = len(hw.devices) == 1 and hw.devices[0].memory_used_bytes > 0
+    if fixed:
         return hw
-    n = len(hw.devices)
-    if wl.split_mode == "layer":
-        per_layer = wl.model.layer_weight_bytes
-        share = [sum(per_layer for d in wl.devices_of_layers(n) if d == i) for i in range(n)]
-    else:
-        heads = head_ranges(wl.model.n_head_kv, wl.tensor_split, n)
-        share = [wl.model.weight_bytes * (b - a) / wl.model.n_head_kv for a, b in heads]
-    devices = tuple(
-        replace(d, memory_used_bytes=min(d.memory_total_bytes, d.memory_reserved_bytes + int(w)))
-        for d, w in zip(hw.devices, share, strict=True)
-    )
+    held = held_before_ring(wl, tuple(d.memory_reserved_bytes for d in hw.devices))
+    devices = tuple(replace(d, memory_used_bytes=min(d.memory_total_bytes, h)) for d, h in zip(hw.devices, held, strict=True))
     return replace(hw, devices=devices)
+
+
+def memory_fields(p: Point) -> dict[str, Any]:
+    """A row's memory account (GiB): the weights on the devices (the GPU layers'), the devices' memory, whether the
+    weights fit beside each driver's reservation and the compute buffer (``sim.memory``), and what the devices hold
+    before the scheduler allocates. The compute buffer is an estimate. Pure."""
+    wl, devs = p.workload, p.hardware.devices
+    weights = weights_on_devices(wl, len(devs))
+    held = held_before_ring(wl, tuple(d.memory_reserved_bytes for d in devs))
+    return {
+        "weights_gib": sum(weights) / 2**30,
+        "devices_gib": sum(d.memory_total_bytes for d in devs) / 2**30,
+        "weights_fit": all(h <= d.memory_total_bytes for h, d in zip(held, devs, strict=True)),
+        "n_gpu_layers": min(wl.n_gpu_layers, wl.model.n_layers),
+        "kv_gpu_layers": wl.kv_gpu_layers,
+        "compute_buffer_mib_estimate": compute_buffer_bytes(wl) / MIB,
+        "held_gib": [h / 2**30 for h in held],
+    }
 
 
 def io_bytes_for(wl: Workload) -> int:
@@ -246,9 +259,7 @@ def row(result: RunResult, model: str = "", hardware: str = "", cache_type: str 
         "decline_reason": next((s.decline_reason for s in g if s.decline_reason), ""),
         "calibrated_entry": calibrated,  # a calibrated profile's workload entry used ("" for a preset)
         **interval_fields(p, p.workload.n_parallel * 1e3 / ms if ms > 0 else 0.0),
-        "weights_gib": p.workload.model.weight_bytes / 2**30,
-        "devices_gib": sum(d.memory_total_bytes for d in p.hardware.devices) / 2**30,
-        "weights_fit": p.workload.model.weight_bytes <= sum(d.memory_total_bytes for d in p.hardware.devices),
+        **memory_fields(p),
         "early_mib": mean([s.early_bytes for s in g]) / MIB,
         "late_mib": mean([s.late_bytes for s in g]) / MIB,
         "ordered_mib": mean([s.ordered_bytes for s in g]) / MIB,

@@ -115,10 +115,10 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     for r, g in zip(rows, gains(rows), strict=True):
         b = r["breakdown_ms"]
         note = ("declined: " + r["decline_reason"]) if r["declined"] else ""
-        if r.get("fits") is False:
+        if r.get("weights_fit") is False:  # first: nothing else about the point matters (kvpipe plan gives the -ngl that fits)
+            note = f"weights {r['weights_gib']:.1f} GiB do not fit the devices' {r['devices_gib']:.1f} GiB: lower -ngl (kvpipe plan)"
+        elif r.get("fits") is False:
             note = f"does not fit: {r['fit_reason']}"
-        elif r.get("weights_fit") is False:
-            note = (note + "; " if note else "") + f"weights {r['weights_gib']:.1f} GiB do not fit the devices' {r['devices_gib']:.1f} GiB"
         if r.get("arm", "transport") != "transport":
             note = (note + "; " if note else "") + {"resident": "resident: the cache on the device (-nkvo 0)",
                                                     "host-attention": "host attention: upstream llama.cpp's -nkvo, attention on the CPU",

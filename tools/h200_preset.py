@@ -195,7 +195,8 @@ def derive() -> dict[str, Any]:
             "engine drains a stream before serving another (kvpipe's schedule on this GPU, docs/reproduction.md); "
             "dram_GBps is the specified HBM3e bandwidth (4.8 TB/s), which copies and kernels share. The probe ran "
             "through CuPy, so launch_us (61 us) is a Python-side launch and the kernels are the probe's own; "
-            "memory_used is the profile's default reservation (no model weights), cpu_split_us an estimate (no probe)."
+            "memory_reserved is the profile's default reservation "
+            "(what a model places is computed per workload), cpu_split_us an estimate (no probe)."
         ),
         "estimate": False,
         "schema": "kvpipe.profile/1",
@@ -213,7 +214,6 @@ def derive() -> dict[str, Any]:
             {
                 "name": "NVIDIA H200",
                 "memory_total_mib": round(PROBE["totalGlobalMem"] / MIB),
-                "memory_used_mib": 600,
                 "memory_reserved_mib": 600,
                 "h2d_engines": eng["h2d_engines"],
                 "d2h_engines": eng["d2h_engines"],

@@ -42,6 +42,7 @@ from typing import Any
 
 from backends.profile import PRESET_DIR
 from sim.graph import decode_graph
+from sim.memory import compute_buffer_bytes
 from sim.simulate import GRAPH_BASE_BYTES
 from sim.transport.scheduler import TransportConfig
 from sim.workload import Workload, cache_type, load_model, pad_rows
@@ -231,7 +232,10 @@ def derive_memory() -> dict[str, float]:
     ring262 = 3 * pad_rows(262144 + 1) * wl262.row_bytes / MIB
     lower_262 = PHYSICAL["memory_usable_mib"] - headroom_mib - ring262 - GRAPH_BASE_BYTES / MIB - io_mib
     lower = max(weights_mib, lower_262)
-    return {"weights_mib": weights_mib, "lower_mib": lower, "upper_mib": upper, "used_mib": (lower + upper) / 2}
+    used = (lower + upper) / 2
+    buffer_mib = compute_buffer_bytes(wl) / MIB  # llama.cpp's compute buffer at 32,768 (sim.memory's estimate)
+    return {"weights_mib": weights_mib, "lower_mib": lower, "upper_mib": upper, "used_mib": used,
+            "compute_buffer_mib": buffer_mib, "reserved_mib": used - weights_mib - buffer_mib}
 
 
 def _preset(link: dict[str, Any], host: dict[str, float], mem: dict[str, float], compute: dict[str, float], note: str) -> dict[str, Any]:
@@ -262,8 +266,7 @@ def _preset(link: dict[str, Any], host: dict[str, float], mem: dict[str, float],
             {
                 "name": PHYSICAL["device"],
                 "memory_total_mib": PHYSICAL["memory_usable_mib"],
-                "memory_used_mib": round(mem["used_mib"], 1),
-                "memory_reserved_mib": round(mem["used_mib"] - mem["weights_mib"], 1),
+                "memory_reserved_mib": round(mem["reserved_mib"], 1),
                 "h2d_engines": 1,
                 "d2h_engines": 1,
                 "duplex_slowdown": 1.0,
@@ -355,7 +358,9 @@ PROVENANCE = {
     "devices.compute": "fitted from published numbers: the ordered table, a line over the window bytes; cpu_row_us "
                        "(each further sequence's row store) = cpu_split_us, a rule, no batched figure; layer_seq_us and "
                        "attn_seq_us 0: no input measures them",
-    "devices.memory": "fitted from published numbers: 11,902 MiB usable, the 32,768 ring ran, the 262,144 ring did not",
+    "devices.memory": "fitted from published numbers: 11,902 MiB usable, the 32,768 ring ran, the 262,144 ring did not; "
+                      "memory_reserved (what the driver and runtime keep) is that use less the reference model's weights "
+                      "and sim.memory's compute-buffer estimate at 32,768: the card's, not the model's",
     "devices.dram_GBps": "specification estimate: 192-bit GDDR6X at 21 Gbps",
     "devices.copy_engine_drains_stream": "borrowed: measured on an H200",
 }

@@ -76,7 +76,9 @@ def test_the_fast_sweep_holds_to_exact_on_the_grid(grid: tuple[list[Point], list
 
 
 def test_a_ring_that_pipelines_token_0_and_declines_after_is_not_the_ordered_run() -> None:
-    pts = points(replace(GRID, contexts=((83968,),)))
+    # token 0's ring fits beside the headroom, token 1's does not (the window grows by a padding step); the context
+    # moved from 83,968 to 80,352 when llama.cpp's compute buffer, whose KQ mask grows with the cells, joined sim.memory
+    pts = points(replace(GRID, contexts=((80352,),)))
     piped = next(p for p in pts if (p.transport.depth, p.transport.budget_mib) == (3, 0))
     plan = distinct.plan_point(piped)
     assert [t.active for t in plan.tokens] == [(0,)] + [()] * 7

@@ -104,9 +104,13 @@ def test_calibrated_link_stays_below_the_pcie_gen4_line_rate() -> None:
 
 
 def test_preset_memory_lies_between_the_published_memory_facts(rtx) -> None:  # type: ignore[no-untyped-def]
+    from sim.memory import held_before_ring
+
     mem = derivation.derive_memory()
-    used_mib = rtx.devices[0].memory_used_bytes / MIB
+    assert rtx.devices[0].memory_used_bytes == 0  # the profile says what the card keeps, never what a model used
+    used_mib = held_before_ring(derivation.workload_at(32768), (rtx.devices[0].memory_reserved_bytes,))[0] / MIB
     assert mem["weights_mib"] <= used_mib <= mem["upper_mib"]
+    assert used_mib == pytest.approx(mem["used_mib"], abs=0.1)  # the reference model at 32,768 holds what was derived
     # the 32,768 ring at N = 1 engages uncapped; the 262,144 one does not fit the card
     assert not sim_row(rtx, 32768, 1, tokens=1)["declined"]
     big = sim_row(rtx, 262144, 1, tokens=1)
