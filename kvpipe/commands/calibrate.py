@@ -165,9 +165,18 @@ def run_from_llama_bench(args: argparse.Namespace) -> int:
             h2d = f"{fit.h2d_GBps:.2f}" if fit.h2d_GBps else "base"
             if fit.host_attention:
                 h2d = f"CPU attn {fit.host_attention['host_attn_GBps']:.1f} GB/s + {fit.host_attention['host_attn_us']:.1f} us"
+            arm = f"{r['arm']} {r['label'].split(' -nkvo')[0]}" if r["label"].startswith("-ngl") else r["arm"]
             print(f"| {key.split('@', 1)[1]} | {fit.compute_from} | {fit.compute['weight_GBps']:.1f} | {fit.compute['attn_GBps']:.1f} "
-                  f"| {h2d} | {r['arm']} | {r['label'].rsplit(' ', 1)[1]} | {r['measured_tps']:.2f} | {r['fitted_tps']:.2f} "
+                  f"| {h2d} | {arm} | {r['label'].rsplit(' ', 1)[1]} | {r['measured_tps']:.2f} | {r['fitted_tps']:.2f} "
                   f"| {r['error']:+.2%} | {'' if h is None else f'{h:+.2%}'} |")
+        cpu = fit.cpu_layers
+        if cpu:
+            attn = f", CPU attention {cpu['host_attn_GBps']:.2f} GB/s" if cpu["host_attn_GBps"] else f" (attention {cpu['attention']})"
+            by = ", ".join(sorted({str(r["by"]) for r in fit.residuals if "by" in r}))
+            print(f"CPU layers ({key.split('@', 1)[1]}): host_weight_GBps {cpu['host_weight_GBps']:.2f} over "
+                  f"{cpu['layer_weight_bytes'] / 2**20:.1f} MiB a layer, host_layer_us 0{attn}; -ngl runs checked by {by}")
+    if not any(f.cpu_layers for f in fitted.fits.values()):
+        print("CPU layers: not calibrated (no run with -ngl below the layer count)")
     return 0
 
 
