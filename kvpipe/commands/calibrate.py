@@ -159,9 +159,9 @@ def run_from_llama_bench(args: argparse.Namespace) -> int:
     print("| cache | compute from | weight GB/s | attn GB/s | H2D GB/s | arm | -d | measured t/s | fitted t/s | error | held out |")
     print("|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
     for key, fit in fitted.fits.items():
-        held = {(h["arm"], h["context"]): h["error"] for h in fit.held_out}
+        held = {(h["arm"], h["context"], h["label"]): h["error"] for h in fit.held_out}
         for r in fit.residuals:
-            h = held.get((r["arm"], r["context"]))
+            h = held.get((r["arm"], r["context"], r["label"]))
             h2d = f"{fit.h2d_GBps:.2f}" if fit.h2d_GBps else "base"
             if fit.host_attention:
                 h2d = f"CPU attn {fit.host_attention['host_attn_GBps']:.1f} GB/s + {fit.host_attention['host_attn_us']:.1f} us"
