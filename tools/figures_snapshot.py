@@ -54,7 +54,7 @@ def snapshot() -> dict[str, Any]:
         out["sweep"] = json.loads((Path(tmp) / "rows.json").read_text())
     ctx = "4096,8192,16384,19246,19332,20480,20736,32768,65536"
     out["reproduction"] = _kvpipe("simulate", "--context", ctx, "--depth", "0,1,2,4", "--json")
-    out["h200"] = _kvpipe("simulate", "--hardware", "h200-gen5x16", "--model", "llama-3.1-8b", "--context", "4096,65536",
+    out["h200"] = _kvpipe("simulate", "--hardware", "h200-gen5x16-kvpipe", "--model", "llama-3.1-8b", "--context", "4096,65536",
                           "--depth", "0,1,4", "--json")
     out["rtx3060"] = _kvpipe("simulate", "--hardware", "rtx3060-gen3x4", "--context", "4096,16384", "--depth", "0,1", "--json")
     out["functional"] = _kvpipe("simulate", "--functional", "--depth", "0,1,2,4", "--json")

@@ -45,7 +45,8 @@ SCHEMA = "kvpipe.profile/1"
 
 
 def base_for(bench: BenchFile, hardware: str) -> tuple[dict[str, Any], str]:
-    """The base profile dict and its name: ``hardware`` if given, else the preset whose device ``gpu_info`` names."""
+    """The base profile dict and its name: ``hardware`` if given, else the preset whose device ``gpu_info`` names (not one
+    itself fitted from llama-bench: a base supplies what llama-bench cannot measure)."""
     if hardware:
         try:
             return read_profile_dict(hardware)
@@ -55,7 +56,8 @@ def base_for(bench: BenchFile, hardware: str) -> tuple[dict[str, Any], str]:
     matches = []
     for name in preset_names():
         data, where = read_profile_dict(str(PRESET_DIR / f"{name}.json"))
-        if gpu and not data.get("estimate") and all(d.get("name", "") and d["name"] in gpu for d in data["devices"]):
+        fitted = str((data.get("provenance") or {}).get("kind", "")).startswith("fitted from llama-bench")
+        if gpu and not data.get("estimate") and not fitted and all(d.get("name", "") and d["name"] in gpu for d in data["devices"]):
             matches.append((len(data["devices"][0]["name"]), name, data, where))
     if not matches:
         raise InputError(f"--from-llama-bench: gpu_info {gpu!r} names no preset's device; allowed: give --hardware "

@@ -36,8 +36,8 @@ def register(sub: Any) -> None:
     p.add_argument("--max-copy-mib", type=float, default=1024, help="largest copy of the link curves in MiB (default 1024)")
     p.add_argument("--scale", type=float, default=1.0, help="hidden/FFN/vocab of the program as a fraction of the model's (default 1.0)")
     p.add_argument("--machine", default="cupy", help="cupy (the GPU) or simpy (the simulated --hardware, for checks)")
-    p.add_argument("--hardware", default="", help="profile of the simpy machine (default h200-gen5x16; ignored on cupy); with "
-                   "--from-llama-bench: the base profile for host and link costs (default: the preset gpu_info names)")
+    p.add_argument("--hardware", default="", help="profile of the simpy machine (default h200-gen5x16-kvpipe; ignored on "
+                   "cupy); with --from-llama-bench: the base profile for host and link costs (default: the preset gpu_info names)")
     p.add_argument("--batch", default="", metavar="B,B,...",
                    help="add the per-sequence terms to --hardware's calibrated entries: run the program ordered at these "
                         "batch sizes (e.g. 1,2,4,8) at --windows and fit what each sequence past the first costs")
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--machine simpy at --scale {args.scale:g} needs about {need / 2**30:.1f} GiB of host memory for the "
                              f"simulated device's arrays, and {have / 2**30:.1f} GiB are available; give a smaller --scale or --windows")
     try:
-        hw = hardware(args.hardware or "h200-gen5x16") if args.machine == "simpy" else None
+        hw = hardware(args.hardware or "h200-gen5x16-kvpipe") if args.machine == "simpy" else None
         be, xp, info = driver.machine(args.machine, hw)
     except BackendUnavailable as exc:
         raise UsageError(driver.unavailable_message(exc)) from None

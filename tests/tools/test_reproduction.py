@@ -302,7 +302,7 @@ def test_simulated_drain_reproduces_the_measured_h200_schedule() -> None:
 
     figures = Path(__file__).resolve().parents[2] / "docs" / "figures"
     rows = {(r["context"], r["depth"]): r["ms"] for r in json.loads((figures / "reproduction-gpu-schedule.json").read_text())["rows"]}
-    h200, rtx4070 = load_profile("h200-gen5x16"), load_profile("rtx4070-gen4x16")
+    h200, rtx4070 = load_profile("h200-gen5x16-kvpipe"), load_profile("rtx4070-gen4x16")
     for drain, tol in ((True, 0.05), (False, None)):
         dev = dc_replace(h200.devices[0], compute=rtx4070.devices[0].compute, copy_engine_drains_stream=drain)
         hw = dc_replace(h200, devices=(dev,))
