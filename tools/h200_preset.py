@@ -8,8 +8,8 @@ issue, an event record + wait and a kernel launch. Every number of the preset
 follows from those by a rule stated in the function that applies it. The probe
 file is not part of the repository: the numbers this needs are embedded below,
 and ``--probe FILE`` verifies them against a copy of the file. The probe's
-kernels are kvpipe's own CuPy ones (75 t/s resident for llama-3.1-8b q8_0 at
-8,192 where upstream llama.cpp runs 186), so that preset describes kvpipe's
+kernels are kvpipe's own CuPy ones (69.5 t/s resident for llama-bench's q8_0
+llama-3.1-8b at 8,192, where upstream llama.cpp runs 186), so that preset describes kvpipe's
 program: ``h200-gen5x16-kvpipe``.
 
 ``h200-gen5x16``, the preset for planning llama.cpp on an H200, is that one
