@@ -5,7 +5,8 @@
 * the sweep grid: the reference preset at 51 contexts (1,024..52,224 step 1,024) x depths 0-4 x budgets
   0 / 64 / 128 / 256 MiB (1,020 points);
 * the reproduction table: ``kvpipe simulate`` on the reference preset at the contexts docs/reproduction.md
-  quotes, depths 0, 1, 2, 4, default budget, and the same on the H200 and RTX 3060 presets;
+  quotes, depths 0, 1, 2, 4, default budget, and the same on the H200 probe's (``h200-gen5x16-kvpipe``, kvpipe's
+  kernels) and RTX 3060 presets;
 * the functional hashes: ``kvpipe simulate --functional`` at depths 0, 1, 2, 4, with 3 sequences over a unified
   and a split cache, and under the mutations that change the output.
 

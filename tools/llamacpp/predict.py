@@ -131,12 +131,12 @@ def main(argv: list[str] | None = None) -> int:
         arm = "ordered" if nkvo else "resident"
         partial = ngl < model.n_layers
         closed = closed_form_s(prof, model, ck, cv, TokenRun(wl.context[0], 1.0, arm, pinned=not nkvo, n_gpu_layers=ngl)) \
-            if partial else None
-        s = simulated_s(prof, wl, arm) if by_sim or not partial else closed
-        assert s is not None
+            if partial else 0.0
+        by = "closed form" if partial and not by_sim else "simulation"  # the simulator runs no CPU layer yet
+        s = closed if by == "closed form" else simulated_s(prof, wl, arm)
         if args.blind:
             rows.append({"cache": r["type_k"], "nkvo": int(nkvo), "depth": r["n_depth"], "ngl": r["n_gpu_layers"],
-                         "role": "held out", "predicted_tps": 1 / s, "by": "simulation" if by_sim or not partial else "closed form"})
+                         "role": "held out", "predicted_tps": 1 / s, "by": by})
             continue
         measured_s = r["avg_ns"] * 1e-9 / r["n_gen"]
         rows.append({
@@ -144,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             "role": role(r, cal, ngl_cal), "file": r["_file"],
             "measured_tps": 1 / measured_s, "stddev_tps": r["stddev_ts"], "samples_tps": r["samples_ts"],
             "predicted_tps": 1 / s, "error": measured_s / s - 1,
-            "by": "simulation" if by_sim or not partial else "closed form",
-            "closed_form_tps": 1 / closed if closed else None,
+            "by": by, "closed_form_tps": 1 / closed if closed else None,
         })
     if args.blind:
         (out / "blind.json").write_text(json.dumps({"command": f"python tools/llamacpp/predict.py --set {args.set} --blind",
