@@ -73,10 +73,6 @@ class LinkCurve:
     def peak_bytes_per_s(self) -> float:
         return max(self.bytes_per_s)
 
-    def scaled(self, factor: float) -> LinkCurve:
-        """The same curve with every bandwidth multiplied by ``factor``."""
-        return replace(self, bytes_per_s=tuple(b * factor for b in self.bytes_per_s))
-
 
 @dataclass(frozen=True)
 class HostCosts:
@@ -218,10 +214,6 @@ class DeviceProfile:
             raise ValueError(f"{self.name}: dram_GBps must be >= 0 (0 = no contention), got {self.dram_bytes_per_s / 1e9:g}")
         if self.alignment_bytes < 1 or self.alignment_bytes & (self.alignment_bytes - 1):
             raise ValueError(f"{self.name}: alignment_bytes must be a power of two, got {self.alignment_bytes}")
-
-    @property
-    def memory_free_bytes(self) -> int:
-        return self.memory_total_bytes - self.memory_used_bytes
 
     def link(self, to_device: bool, pinned: bool) -> LinkCurve:
         if to_device:

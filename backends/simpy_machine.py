@@ -117,7 +117,6 @@ class SimMachine(Machine):
             for d in range(len(profile.devices)) for to_device in (True, False) for pinned in (True, False)
         }
         self._streams: list[Stream] = []
-        self.host_busy_s = 0.0
         host = profile.host  # frozen: its costs are read once
         self._event_s, self._issue_s, self._launch_s, self._wait_s = host.event_s, host.copy_issue_s, host.launch_s, host.host_wait_s
         self._split_launch_s = host.split_launch_s
@@ -153,7 +152,6 @@ class SimMachine(Machine):
     def _busy(self, seconds: float, what: str, name: str = "") -> simpy.Timeout:
         """The host thread busy for ``seconds`` (> 0): the timeout to yield; its span ``what + name`` is
         recorded when it fires, just before the host resumes (where a span recorded after the yield would go)."""
-        self.host_busy_s += seconds  # the host is one thread: its busy times add up in the same order either way
         ev = self._timeout(seconds)
         if self.tracing:
             t = self.env.now
@@ -246,7 +244,6 @@ class SimMachine(Machine):
         t = self.env.now
         if work.duration_s > 0:
             yield self._timeout(work.duration_s)
-            self.host_busy_s += work.duration_s
         if self.functional and work.run is not None:
             work.run(_numpy())
         self._span("host", work.name, t)

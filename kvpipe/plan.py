@@ -32,17 +32,18 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvpipe.sweep import gain_rows, run_sweep
 from sim.errors import InputError
 from sim.graph import decode_graph
+from sim.model_files import with_weights_type
 from sim.points import GridSpec
 from sim.points import points as grid_points
 from sim.simulate import Point
 from sim.transport.config import MAX_BUDGET_MIB, MAX_DEPTH, MIB, TransportConfig
-from sim.workload import WINDOW_PAD_ROWS, Workload
+from sim.workload import ALL_LAYERS, WINDOW_PAD_ROWS, Workload
 
 DEFAULT_BUDGET_MIB = TransportConfig().budget_mib
 #: Gains closer than this are a tie: two depths that run the same schedule differ by float noise (~1e-14), which
@@ -65,8 +66,14 @@ class PlanRequest:
     budgets_mib: tuple[float, ...] = ()  # also: per context, the best depth and its gain at each of these budgets
     pinned: bool = True
     jobs: int | None = None
-    llama_cpp: bool = False  # also the llama.cpp flags per context and the verdict against a cache on the device
+    llama_cpp: bool = False  # kept for old command lines: the flags are always part of the memory plan now
     exact: bool = False  # simulate every point and every token (default: the distinct simulations, steady tokens)
+    vram_gib: float | None = None  # the device memory to fit (default: the card's)
+    host_mem_gib: float | None = None  # the host memory to fit (default: this machine's)
+    build: str = "fork"  # the llama.cpp build to plan for: "fork" (the pipelining pull requests) or "upstream"
+    min_tps: float | None = None  # also: the largest context at or above this t/s
+    n_gpu_layers: int = ALL_LAYERS  # llama.cpp's -ngl (default: every layer; lowered by the plan if the weights do not fit)
+    weights_type: str = ""  # the weights' type or bits per weight, for a model file that does not say (a config.json)
 
     def __post_init__(self) -> None:
         if not self.contexts:
@@ -78,6 +85,12 @@ class PlanRequest:
         for b in self.budgets_mib:
             if not 0 <= b <= MAX_BUDGET_MIB:
                 raise InputError(f"--budget {b:g} out of range; allowed: 0 (no cap) .. {MAX_BUDGET_MIB}")
+        if self.build not in ("fork", "upstream"):
+            raise InputError(f"--build {self.build!r} unknown; allowed: fork (GenerelSchwerz/llama.cpp), upstream")
+        if self.min_tps is not None and not (math.isfinite(self.min_tps) and self.min_tps > 0):
+            raise InputError(f"--min-tps {self.min_tps:g} out of range; allowed: a number of tokens/s > 0")
+        if self.n_gpu_layers < 0:
+            raise InputError(f"-ngl {self.n_gpu_layers} out of range; allowed: a whole number >= 0 (99: every layer)")
 
 
 @dataclass(frozen=True)
@@ -142,7 +155,14 @@ def points(req: PlanRequest, contexts: list[int], depths: list[int], budget_mib:
     spec = GridSpec(models=(req.model,), hardware=(req.hardware,), cache_types=(req.cache_type,),
                     contexts=tuple((c,) for c in contexts), depths=tuple(depths), budgets_mib=(budget_mib,),
                     tokens=tokens or req.tokens, pinned=req.pinned)
-    return grid_points(spec)
+    pts = grid_points(spec)
+    if req.weights_type or req.n_gpu_layers != ALL_LAYERS:
+        try:
+            model = with_weights_type(pts[0].workload.model, req.weights_type) if req.weights_type else pts[0].workload.model
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        pts = [replace(p, workload=replace(p.workload, model=model, n_gpu_layers=req.n_gpu_layers)) for p in pts]
+    return pts
 
 
 def _run(req: PlanRequest, pts: list[Point]) -> list[dict[str, Any]]:
@@ -252,8 +272,6 @@ def plan(req: PlanRequest) -> list[ContextPlan]:
         _budget_for_gain(req, out, by_ctx)
     if req.budgets_mib:
         _by_budget(req, out, rows)
-    if req.llama_cpp:
-        _llama_cpp(req, out)
     return out
 
 
@@ -383,89 +401,6 @@ def _by_budget(req: PlanRequest, out: list[ContextPlan], rows: list[dict[str, An
             top = max(g.values())
             best = min(d for d, v in g.items() if v >= top - TIE_GAIN)
             p.best_by_budget[budget] = (best, g[best]) if g[best] > 0 else (0, 0.0)
-
-
-# ----------------------------------------------------------- llama.cpp
-
-
-def resident_need_bytes(point: Point, context: int) -> dict[str, int]:
-    """Device bytes of running ``point``'s model with its whole cache on the device (llama.cpp without -nkvo).
-
-    Weights, the KV cache of ``context`` cells (every attention layer, K and V,
-    padded as llama.cpp pads), the device's reservation (driver, context) and
-    the graph's compute buffer. Does not block.
-    """
-    wl = point.workload
-    dev = point.hardware.devices[0]
-    big = Workload(wl.model, wl.cache_k, wl.cache_v, (context,), tokens=1, pinned=wl.pinned)
-    kv = big.cells * big.row_bytes * wl.model.n_attn
-    from sim.simulate import GRAPH_BASE_BYTES
-
-    return {"weights": wl.model.weight_bytes, "kv": kv, "reserved": dev.memory_reserved_bytes, "graph": GRAPH_BASE_BYTES,
-            "total": dev.memory_total_bytes, "kv_per_attn_layer": kv // wl.model.n_attn}
-
-
-def llama_cpp_flags(cache_k: str, cache_v: str, context: int, depth: int, budget_mib: float, pinned: bool = True) -> str:
-    """The llama.cpp flags of a host cache with the plan's depth and budget (depth 0: the ordered path)."""
-    host = "-nkvo" + (" --kv-cpu-pinned" if pinned else "")
-    pipe = f" --kv-pipeline-depth {depth}" + (f" --kv-pipeline-budget {budget_mib:g}" if depth else "")
-    return f"{host}{pipe} -c {context} -ctk {cache_k} -ctv {cache_v}"
-
-
-def _llama_cpp(req: PlanRequest, out: list[ContextPlan]) -> None:
-    """Per context: the flags to paste, and the verdict against keeping the cache on the device. Blocks (simulations)."""
-    resident = points(req, [p.context for p in out], [0], 0)
-    needs = [resident_need_bytes(pt, p.context) for p, pt in zip(out, resident, strict=True)]
-    fitting = tuple((p.context,) for p, n in zip(out, needs, strict=True)
-                    if n["weights"] + n["kv"] + n["reserved"] + n["graph"] <= n["total"])
-    res_rows: dict[int, dict[str, Any]] = {}
-    if fitting:  # the resident arm only where the cache fits on the device (elsewhere it is no option)
-        spec = GridSpec(models=(req.model,), hardware=(req.hardware,), cache_types=(req.cache_type,), contexts=fitting,
-                        depths=(0,), budgets_mib=(0.0,), tokens=req.tokens, pinned=req.pinned, kv_offload=(False,))
-        res_rows = {r["context"]: r for r in _run(req, grid_points(spec))}
-    ck = cv = req.cache_type
-    for p, pt, need in zip(out, resident, needs, strict=True):
-        keeps = p.best_depth > 0 and not p.default_declines and p.gain_at_default_budget > 0
-        if keeps:
-            depth, budget, gain = p.best_depth, req.default_budget_mib, p.gain_at_default_budget
-        elif p.best_depth > 0 and p.uncapped_gain > 0:
-            depth, budget, gain = p.best_depth, p.budget_mib_for_full_gain, p.uncapped_gain
-        else:
-            depth, budget, gain = 0, 0.0, 0.0
-        ordered_tps = float(p.extra["ordered_tokens_per_s"])
-        host_tps = ordered_tps * (1 + gain)
-        fits = need["weights"] + need["kv"] + need["reserved"] + need["graph"] <= need["total"]
-        free_for_kv = need["total"] - need["weights"] - need["reserved"] - need["graph"] - int(budget * MIB)
-        layers = max(0, min(pt.workload.model.n_attn, free_for_kv // max(1, need["kv_per_attn_layer"])))
-        res_tps = float(res_rows[p.context]["tokens_per_s"]) if fits else None
-        if fits and res_tps:
-            verdict = (f"the cache fits on the device ({(need['weights'] + need['kv']) / 2**30:.2f} of "
-                       f"{need['total'] / 2**30:.2f} GiB): run without -nkvo, {res_tps:.2f} t/s predicted against "
-                       f"{host_tps:.2f} with the host cache ({host_tps / res_tps:.0%} of it)")
-        elif layers:
-            verdict = (f"the cache does not fit ({(need['weights'] + need['kv']) / 2**30:.2f} GiB > {need['total'] / 2**30:.2f}): "
-                       f"keep the host cache; --kv-gpu-layers {layers} of {pt.workload.model.n_attn} attention layers would fit "
-                       f"next to the ring (t/s not modelled: kvpipe delivers every attention layer)")
-        else:
-            verdict = (f"the cache does not fit ({(need['weights'] + need['kv']) / 2**30:.2f} GiB > {need['total'] / 2**30:.2f}) "
-                       "and no attention layer's cache fits beside the weights: keep the host cache")
-        p.extra["llama_cpp"] = {
-            "flags": llama_cpp_flags(ck, cv, p.context, depth, budget, req.pinned), "depth": depth, "budget_mib": budget,
-            "cache_type_k": ck, "cache_type_v": cv, "host_cache_tokens_per_s": host_tps, "ordered_tokens_per_s": ordered_tps,
-            "resident_tokens_per_s": res_tps, "resident_fits": fits, "resident_need_gib": (need["weights"] + need["kv"]) / 2**30,
-            "device_gib": need["total"] / 2**30, "kv_gpu_layers": layers if not fits else pt.workload.model.n_attn,
-            "verdict": verdict,
-        }
-
-
-def render_llama_cpp(plans: list[ContextPlan]) -> str:
-    """The paste-ready llama.cpp flags and the verdict per context. Does not block."""
-    lines = ["llama.cpp (the -ctk/-ctv assumed are the plan's cache type):"]
-    for p in plans:
-        a = p.extra["llama_cpp"]
-        lines.append(f"  {p.context:>7,}: {a['flags']}   # {a['host_cache_tokens_per_s']:.2f} t/s predicted")
-        lines.append(f"  {'':>7}  {a['verdict']}")
-    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------ report

@@ -20,7 +20,7 @@ from backends.simpy_machine import SimMachine
 from sim import steady
 from sim.distinct import Member, PointPlan, Task, plan_point
 from sim.graph import DecodeGraph
-from sim.simulate import Point, RunResult, graphs_for, run_decode
+from sim.simulate import Point, RunResult, graphs_for, placed_hardware, run_decode
 
 if TYPE_CHECKING:
     from sim.program import DecodeProgram
@@ -81,10 +81,7 @@ def check(
 
 def _placed(point: Point) -> Point:
     """The point with its weights placed on its devices, as ``sim.simulate.simulate`` does it."""
-    from sim import simulate as sim_simulate
-
-    placed = getattr(sim_simulate, "placed_hardware", None)
-    return replace(point, hardware=placed(point)) if placed else point
+    return replace(point, hardware=placed_hardware(point))
 
 
 def run_checked(point: Point, trace: bool = False, functional: bool = False, exact: bool = True,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ class ModelShape:
     weight_bytes: int
     small_inputs_bytes: tuple[int, ...] = (4, 16)
     source: str = ""
+    n_params: int = 0  # parameters, where the file says (0: estimated from the shape when needed)
 
     def __post_init__(self) -> None:
         for f in ("n_layers", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "hidden"):
@@ -194,7 +195,8 @@ def _from_hf_config(cfg: dict[str, Any], where: str) -> ModelShape:
         ffn=ffn,
         vocab=vocab,
         weight_bytes=params * dtype_bytes,
-        source=f"Hugging Face config {where} (weights estimated at {dtype_bytes} B/parameter)",
+        source=f"Hugging Face config {where} (weights estimated at {dtype_bytes} B/parameter; --weights-type for a quantized file)",
+        n_params=params,
     )
 
 
@@ -267,4 +269,36 @@ def _from_gguf(path: Path) -> ModelShape:
         vocab=int(vocab),
         weight_bytes=weight_bytes,
         source=f"GGUF header {path}",
+        n_params=int(sum(int(t.n_elements) for t in reader.tensors)),
     )
+
+
+#: Bits per weight of llama.cpp's weight types (the mixes' averages as llama.cpp's quantize reports them for a Llama).
+WEIGHT_BITS = {"f32": 32.0, "f16": 16.0, "bf16": 16.0, "q8_0": 8.5, "q6_k": 6.5625, "q5_k_m": 5.69, "q5_k_s": 5.54,
+               "q5_0": 5.5, "q4_k_m": 4.85, "q4_k_s": 4.58, "q4_0": 4.5, "q3_k_m": 3.91, "iq4_xs": 4.25, "q2_k": 2.96,
+               "iq2_m": 2.7}
+
+
+def estimated_params(m: ModelShape) -> int:
+    """Parameters of ``m``: the file's count, else the dense decoder's from its shape (attention, a gated FFN, the
+    embeddings and the output head)."""
+    if m.n_params:
+        return m.n_params
+    attn = m.hidden * m.n_head * m.head_dim_k * 2 + m.hidden * m.n_head_kv * (m.head_dim_k + m.head_dim_v)
+    return m.n_layers * (attn + 3 * m.hidden * m.ffn) + 2 * m.vocab * m.hidden
+
+
+def with_weights_type(m: ModelShape, weights_type: str) -> ModelShape:
+    """``m`` with its weights in ``weights_type`` (a llama.cpp type name of WEIGHT_BITS, or bits per weight): the
+    weights' bytes from the parameter count. Raises ValueError naming the value and what is allowed."""
+    key = weights_type.strip().lower()
+    try:
+        bits = WEIGHT_BITS[key] if key in WEIGHT_BITS else float(key)
+    except ValueError:
+        raise ValueError(f"--weights-type {weights_type!r} unknown; allowed: {', '.join(WEIGHT_BITS)}, "
+                         "or bits per weight (1..32)") from None
+    if not 1 <= bits <= 32:
+        raise ValueError(f"--weights-type {weights_type!r}: {bits:g} bits per weight out of range; allowed: 1..32")
+    params = estimated_params(m)
+    return replace(m, weight_bytes=int(params * bits / 8), n_params=params,
+                   source=f"{m.source}; weights as {weights_type} ({bits:g} bits per weight, {params / 1e9:.2f} B parameters)")

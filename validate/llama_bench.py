@@ -87,10 +87,6 @@ class BenchFile:
                 out.append((r.type_k, r.type_v))
         return out
 
-    def select(self, arm: str, type_k: str, type_v: str) -> list[BenchRun]:
-        """The runs of one arm and cache type, by depth."""
-        return sorted((r for r in self.runs if r.arm == arm and (r.type_k, r.type_v) == (type_k, type_v)),
-                      key=lambda r: r.depth)
 
 
 def _records(path: Path) -> list[Any]:

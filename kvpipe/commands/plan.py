@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from kvpipe.commands.args import EXACT_HELP, REFERENCE_CONTEXTS, UsageError, expand_ranges, parse_list
@@ -36,10 +37,21 @@ def register(sub: Any) -> None:
     p.add_argument("--tokens", type=int, default=4, help="decode tokens simulated per point (default 4)")
     p.add_argument("--pageable", action="store_true", help="host cache in pageable memory (default pinned)")
     p.add_argument("--jobs", type=int, default=0, help="local worker processes (default: all cores)")
-    p.add_argument("--llama-cpp", action="store_true",
-                   help="also print llama.cpp's flags per context and the verdict against a cache on the device")
+    p.add_argument("--llama-cpp", action="store_true", help="(kept for old command lines: the flags are always printed)")
+    p.add_argument("--vram", type=float, metavar="GIB", help="device memory to fit, GiB (default: the card's)")
+    p.add_argument("--host-mem", type=float, metavar="GIB", help="host memory to fit, GiB (default: this machine's)")
+    p.add_argument("--build", choices=("fork", "upstream"), default="fork",
+                   help="llama.cpp build to plan for: fork (GenerelSchwerz/llama.cpp, the pipelining pull requests #39, "
+                        "#66, #92: depth, budget, --kv-gpu-layers) or upstream (-ngl, -nkvo only); default fork")
+    p.add_argument("--min-tps", type=float, metavar="T/S", help="also: the largest context at or above this t/s")
+    p.add_argument("--n-gpu-layers", "-ngl", dest="n_gpu_layers", type=int, metavar="N",
+                   help="llama.cpp's -ngl: the last N layers on the GPU (default: every layer, or the most that fit)")
+    p.add_argument("--weights-type", metavar="TYPE|BITS",
+                   help="the weights' type for a model file that does not say (a config.json): q4_k_m, q8_0, ... or bits "
+                        "per weight")
     p.add_argument("--exact", action="store_true", help=EXACT_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object per context")
+    p.add_argument("--plot", metavar="PREFIX", help="also write PREFIX.png and PREFIX.svg: t/s and the memory split per context")
     p.set_defaults(func=run)
 
 
@@ -56,19 +68,40 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("model", "hardware", "cache_type"):
         if "," in getattr(args, flag):
             raise UsageError("plan takes one model, one hardware and one cache type")
-    from kvpipe.plan import PlanRequest, plan, render, render_llama_cpp
+    if args.n_gpu_layers is not None and args.n_gpu_layers < 0:
+        raise UsageError(f"-ngl {args.n_gpu_layers} out of range; allowed: a whole number >= 0 (99: every layer)")
+    from kvpipe.capacity import plan_fit, render_fit
+    from kvpipe.plan import PlanRequest, render
+    from sim.workload import ALL_LAYERS
 
     req = PlanRequest(model=args.model, hardware=args.hardware, cache_type=args.cache_type, contexts=tuple(contexts),
                       max_depth=args.max_depth, tokens=args.tokens, default_budget_mib=args.default_budget,
                       budget_for_gain=args.budget_for_gain, budgets_mib=tuple(dict.fromkeys(budgets)),
                       pinned=not args.pageable, jobs=args.jobs or None,
-                      llama_cpp=args.llama_cpp, exact=args.exact)
-    plans = plan(req)
+                      llama_cpp=args.llama_cpp, exact=args.exact, vram_gib=args.vram, host_mem_gib=args.host_mem,
+                      build=args.build, min_tps=args.min_tps,
+                      n_gpu_layers=ALL_LAYERS if args.n_gpu_layers is None else args.n_gpu_layers,
+                      weights_type=args.weights_type or "")
+    fp = plan_fit(req)
+    if args.plot:
+        from kvpipe.capacity_plot import memory_plan
+        from kvpipe.plots import save
+
+        for path in save(memory_plan(fp, args.cache_type), args.plot):
+            print(f"wrote {path}", file=sys.stderr)
     if args.json:
-        print(json.dumps([p.to_json() for p in plans], indent=1))
-    else:
-        print(render(plans))
-        if args.llama_cpp:
-            print()
-            print(render_llama_cpp(plans))
+        head = fp.to_json()
+        by_ctx = {p.context: p for p in fp.plans}
+        out = []
+        for f in fp.fits:
+            d: dict[str, Any] = by_ctx[f.context].to_json() if f.context in by_ctx else {"context": f.context}
+            d["memory_plan"] = {**head, "best": f.best.to_json() if f.best else None, "reason": f.reason,
+                                "candidates": [c.to_json() for c in f.candidates]}
+            out.append(d)
+        print(json.dumps(out, indent=1))
+        return 0
+    print(render_fit(fp, args.cache_type))
+    if fp.plans:
+        print()
+        print(render(fp.plans))
     return 0

@@ -74,9 +74,6 @@ class TransportConfig:
     def budget_bytes(self) -> int:
         return int(self.budget_mib * MIB)
 
-    def mutated(self, name: str) -> bool:
-        return name in self.mutations
-
     @property
     def policy(self) -> Mutations:
         return Mutations.of(self.mutations)

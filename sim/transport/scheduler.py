@@ -128,7 +128,6 @@ class TransportScheduler(OrderedPath):
         self.io_dev: dict[int, Buffer] = {}
         self.resident: dict[int, Buffer] = {}
         self.io_host = backend.alloc_host(io_bytes, "io_host", pinned=True)
-        self.graphs_run = 0
         self.kernel_io_bytes = KERNEL_IO_BYTES
         self.history: list[GraphStats] = []
         self._last_gpu_device = 0
@@ -295,7 +294,6 @@ class TransportScheduler(OrderedPath):
                 yield from self._wait_consumer(dev, stats)
             self._producers.clear()
         stats.total_s = be.now_s() - t0
-        self.graphs_run += 1
         self.history.append(stats)
         return stats
 

@@ -124,29 +124,6 @@ def test_bad_input_one_line_exit_2(capsys: pytest.CaptureFixture[str], args: lis
     assert len(err.splitlines()) == 1 and message in err
 
 
-def test_llama_cpp_flags_and_the_verdict_against_a_cache_on_the_device(capsys):  # type: ignore[no-untyped-def]
-    from kvpipe.cli import main
-
-    assert main(["plan", "--llama-cpp", "--context", "4096,131072", "--max-depth", "2", "--tokens", "2", "--json"]) == 0
-    small, large = (p["llama_cpp"] for p in json.loads(capsys.readouterr().out))
-    assert small["flags"] == (f"-nkvo --kv-cpu-pinned --kv-pipeline-depth {small['depth']} --kv-pipeline-budget 128 -c 4096 "
-                              "-ctk q8_0 -ctv q8_0") and small["depth"] >= 1
-    assert small["resident_fits"] and small["resident_tokens_per_s"] > small["host_cache_tokens_per_s"] > small["ordered_tokens_per_s"]
-    assert "run without -nkvo" in small["verdict"]
-    # 131,072 cells of q8_0 K+V on 16 attention layers do not fit an RTX 4070 beside 9.6 GiB of weights
-    assert not large["resident_fits"] and large["resident_tokens_per_s"] is None
-    assert 0 <= large["kv_gpu_layers"] < 16 and f"--kv-gpu-layers {large['kv_gpu_layers']}" in large["verdict"]
-    assert main(["plan", "--llama-cpp", "--context", "4096", "--max-depth", "2", "--tokens", "2"]) == 0
-    out = capsys.readouterr().out
-    assert small["flags"] in out and "run without -nkvo" in out
-
-
-def test_llama_cpp_flags_of_the_ordered_path_have_no_budget() -> None:
-    from kvpipe.plan import llama_cpp_flags
-
-    assert llama_cpp_flags("f16", "q8_0", 2048, 0, 128, pinned=False) == "-nkvo --kv-pipeline-depth 0 -c 2048 -ctk f16 -ctv q8_0"
-
-
 def test_best_depth_by_budget_is_the_best_of_every_depth_at_that_budget() -> None:
     """``plan --budget``: per context and budget, the depth with the highest gain among depths 1..max simulated at
     that budget (ties to the shallower; none positive: depth 0), with that gain; the budgets run with the uncapped

@@ -1,0 +1,396 @@
+"""The plan under a memory cap: my model, my card, my VRAM -- which context, depth, budget and resident layers.
+
+What a device holds is computed (``sim.memory``), never read from a profile: the driver's reservation, the weights
+of the GPU layers, llama.cpp's compute buffer (an estimate), the KV of the attention layers kept on the device and
+the ring. Per context the plan tries, within ``--vram`` (default: the card):
+
+* the whole cache on the device (upstream llama.cpp without ``-nkvo``), where it fits;
+* the host cache (``-nkvo``) at each depth 0..max, each with the most attention layers whose KV still fits beside
+  the ring and the scheduler's headroom (the fork's ``--kv-gpu-layers``), its budget the ring it needs;
+
+simulates them through the one scheduler and keeps the fastest. The host is checked too: the host cache and the CPU
+layers' weights against ``--host-mem`` (default: this machine's memory, said so). A model whose weights do not fit
+gets one verdict: the largest ``-ngl`` that fits and what it gives, never a gain. Flags name the build they belong
+to: upstream llama.cpp (``-ngl -nkvo -c -ctk -ctv``) or the fork that carries the pipelining pull requests
+(GenerelSchwerz/llama.cpp #39, #66, #92: ``--kv-cpu-pinned --kv-pipeline-depth --kv-pipeline-budget
+--kv-gpu-layers``), and only flags the chosen ``--build`` has are printed.
+
+Units: bytes and seconds inside; GiB, MiB and t/s in the report. Everything here blocks for its simulations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sim.errors import InputError
+from sim.memory import (
+    GIB,
+    MIB,
+    DeviceMemory,
+    compute_buffer_bytes,
+    device_memory,
+    gpu_attention_layers,
+    host_kv_bytes,
+    host_weight_bytes,
+    kv_layer_bytes,
+    weights_on_devices,
+)
+from sim.simulate import GRAPH_BASE_BYTES, Point, io_bytes_for
+from sim.transport.config import TransportConfig
+from sim.workload import Workload
+
+BUILDS = ("fork", "upstream")
+FORK = "GenerelSchwerz/llama.cpp (pull requests #39, #66, #92)"
+UPSTREAM = "upstream llama.cpp (ggml-org)"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the plan must fit: device bytes (``--vram`` or the card), host bytes (``--host-mem``) and where they came from."""
+
+    vram_bytes: int
+    host_bytes: int
+    vram_from: str
+    host_from: str
+
+
+@dataclass
+class Choice:
+    """One way to run a context, simulated: arm, kv-gpu-layers, depth, budget, t/s and the memory it uses."""
+
+    resident: bool  # the whole cache on the device (no -nkvo)
+    n_gpu_layers: int
+    kv_gpu_layers: int
+    pinned: bool
+    depth: int
+    budget_mib: float
+    tokens_per_s: float
+    interval: list[float] | None
+    memory: DeviceMemory
+    host_bytes: int
+    declined: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"resident": self.resident, "n_gpu_layers": self.n_gpu_layers, "kv_gpu_layers": self.kv_gpu_layers,
+                "pinned": self.pinned, "depth": self.depth,
+                "budget_mib": self.budget_mib, "tokens_per_s": self.tokens_per_s, "tokens_per_s_interval": self.interval,
+                "declined": self.declined, "memory_gib": self.memory.as_gib(), "host_gib": self.host_bytes / GIB}
+
+
+@dataclass
+class ContextFit:
+    """One context's answer: the best choice that fits (None: nothing fits), and every candidate tried."""
+
+    context: int
+    best: Choice | None
+    candidates: list[Choice] = field(default_factory=list)
+    reason: str = ""
+
+
+def scheduler_need_bytes(wl: Workload) -> int:
+    """The scheduler's own device buffers on the ordered path: the graph's base, the io buffer, one attention layer's
+    K and V window at full context (what the ordered path stages). Bytes."""
+    return GRAPH_BASE_BYTES + io_bytes_for(wl) + kv_layer_bytes(wl)
+
+
+def host_need_bytes(wl: Workload, kv_offload: bool) -> int:
+    """Host bytes: the host cache of every attention layer not on the device, and the CPU layers' weights."""
+    return host_kv_bytes(wl, kv_offload) + host_weight_bytes(wl)
+
+
+def ngl_that_fits(wl: Workload, limits: Limits, reserved: int, resident: bool = False) -> int:
+    """The largest ``-ngl`` whose weights, compute buffer and the scheduler's ordered buffers fit ``limits.vram``
+    (``resident``: with the GPU layers' KV on the device too, llama.cpp without -nkvo); 0: not even one layer."""
+    for ngl in range(min(wl.n_gpu_layers, wl.model.n_layers), -1, -1):
+        w = replace(wl, n_gpu_layers=ngl, kv_gpu_layers=0)
+        if (fits_resident if resident else fits_host_cache)(w, replace(limits, host_bytes=1 << 62), reserved):
+            return ngl
+    return 0
+
+
+def max_resident_layers(wl: Workload, free_bytes: int) -> int:
+    """Attention layers whose KV fits ``free_bytes`` (not all: all of them is the cache on the device)."""
+    per = kv_layer_bytes(wl)
+    return max(0, min(gpu_attention_layers(wl) - 1, free_bytes // per)) if per else 0
+
+
+def largest_context(fits: Callable[[int], bool], hi: int) -> int:
+    """The largest context in 1..hi for which ``fits`` holds (monotone: fits at c implies fits below c); 0: none."""
+    if not fits(1):
+        return 0
+    lo = 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def fits_host_cache(wl: Workload, limits: Limits, reserved: int) -> bool:
+    """The ordered host-cache run fits: the device holds weights, buffers and one staged window; the host its cache."""
+    mem = device_memory(wl, limits.vram_bytes, reserved, kv_offload=False, ring_bytes=scheduler_need_bytes(wl))
+    return mem.fits and host_need_bytes(wl, False) <= limits.host_bytes
+
+
+def fits_resident(wl: Workload, limits: Limits, reserved: int) -> bool:
+    """The whole cache fits on the device (llama.cpp without -nkvo) next to the scheduler's buffers."""
+    mem = device_memory(wl, limits.vram_bytes, reserved, kv_offload=True, ring_bytes=GRAPH_BASE_BYTES + io_bytes_for(wl))
+    return mem.fits and host_weight_bytes(wl) <= limits.host_bytes
+
+
+def candidates(point: Point, limits: Limits, max_depth: int, rings_mib: dict[int, float], build: str,
+               auto_ngl: bool = False) -> list[Point]:
+    """The points to simulate for one context: the resident arm where the cache fits; the host cache at each depth
+    with the most resident attention layers that fit beside that depth's ring (the upstream build: depth 0, none, in
+    pageable memory: upstream cannot pin its host cache). ``auto_ngl``: each arm at the largest -ngl that fits it."""
+    wl, dev = point.workload, point.hardware.devices[0]
+    reserved = dev.memory_reserved_bytes
+    out = []
+    res_wl = replace(wl, n_gpu_layers=ngl_that_fits(wl, limits, reserved, resident=True)) if auto_ngl else wl
+    if res_wl.n_gpu_layers and fits_resident(res_wl, limits, reserved):
+        out.append(replace(point, workload=res_wl, transport=replace(point.transport, arm="resident", depth=0, budget_mib=0.0)))
+    if auto_ngl:
+        wl = replace(wl, n_gpu_layers=ngl_that_fits(wl, limits, reserved))
+    if build == "upstream":
+        wl = replace(wl, pinned=False)
+    if not fits_host_cache(wl, limits, reserved):
+        return out
+    headroom = int(TransportConfig().headroom_mib * MIB)
+    for depth in range(0, (max_depth if build == "fork" else 0) + 1):
+        ring = int(math.ceil(rings_mib.get(depth, 0.0)) * MIB) if depth else 0
+        free = device_memory(wl, limits.vram_bytes, reserved, kv_offload=False,
+                             ring_bytes=scheduler_need_bytes(wl) + ring).free_bytes - (headroom if depth else 0)
+        if depth and free < 0:
+            continue
+        n = max_resident_layers(wl, free) if build == "fork" else 0
+        budget = float(math.ceil(rings_mib.get(depth, 0.0))) if depth else 0.0
+        out.append(replace(point, workload=replace(wl, kv_gpu_layers=n),
+                           transport=replace(point.transport, arm="transport", depth=depth, budget_mib=budget)))
+    return out
+
+
+def choice_of(pt: Point, row: dict[str, Any], limits: Limits) -> Choice:
+    """A simulated candidate's row as a Choice, with its memory account."""
+    wl, tc = pt.workload, pt.transport
+    resident = tc.arm == "resident"
+    ring = 0 if row["declined"] else int(row["ring_alloc_mib"] * MIB)
+    mem = device_memory(wl, limits.vram_bytes, pt.hardware.devices[0].memory_reserved_bytes, kv_offload=resident, ring_bytes=ring)
+    return Choice(resident, min(wl.n_gpu_layers, wl.model.n_layers), wl.kv_gpu_layers, wl.pinned, tc.depth,
+                  tc.budget_mib, float(row["tokens_per_s"]), row.get("tokens_per_s_interval"), mem,
+                  host_need_bytes(wl, resident), bool(row["declined"]))
+
+
+def flags(c: Choice, context: int, cache_k: str, cache_v: str) -> tuple[str, str]:
+    """(the llama.cpp flags of ``c``, the build they belong to): upstream's where they suffice (the cache on the
+    device, or an ordered pageable host cache), else the fork's (a pinned host cache, a pipeline, resident layers)."""
+    base = f"-ngl {c.n_gpu_layers} -fa on -c {context} -ctk {cache_k} -ctv {cache_v}"
+    if c.resident:
+        return base, UPSTREAM
+    if not c.depth and not c.kv_gpu_layers and not c.pinned:
+        return f"{base} -nkvo", UPSTREAM
+    fork = " --kv-cpu-pinned" if c.pinned else ""
+    if c.depth:
+        fork += f" --kv-pipeline-depth {c.depth} --kv-pipeline-budget {c.budget_mib:g}"
+    if c.kv_gpu_layers:
+        fork += f" --kv-gpu-layers {c.kv_gpu_layers}"
+    return f"{base} -nkvo{fork}", FORK
+
+
+def limits_of(vram_gib: float | None, host_gib: float | None, card_bytes: int, card: str, machine_bytes: int) -> Limits:
+    """The memory the plan must fit. Raises InputError for a --vram above the card or a non-positive size."""
+    for flag, v in (("--vram", vram_gib), ("--host-mem", host_gib)):
+        if v is not None and (not math.isfinite(v) or v <= 0):
+            raise InputError(f"{flag} {v:g} out of range; allowed: a size in GiB > 0")
+    if vram_gib is not None and vram_gib * GIB > card_bytes:
+        raise InputError(f"--vram {vram_gib:g} GiB is above the card ({card}: {card_bytes / GIB:.2f} GiB); "
+                         f"allowed: 0 < --vram <= {card_bytes / GIB:.2f}")
+    vram = int(vram_gib * GIB) if vram_gib is not None else card_bytes
+    host = int(host_gib * GIB) if host_gib is not None else machine_bytes
+    return Limits(vram, host, "--vram" if vram_gib is not None else f"the card ({card})",
+                  "--host-mem" if host_gib is not None else "this machine's memory (--host-mem to plan for another host)")
+
+
+# ------------------------------------------------------------------ the plan
+
+
+@dataclass
+class FitPlan:
+    """``kvpipe plan``'s answer under the memory cap (``plans``: the gain analysis, empty when the weights do not fit)."""
+
+    model: str
+    hardware: str
+    limits: Limits
+    ngl: int
+    fits: list[ContextFit]
+    plans: list[Any]
+    verdict: str = ""
+    largest_host_context: int = 0
+    largest_resident_context: int = 0
+    largest_at_min_tps: int | None = None
+    min_tps: float | None = None
+    build: str = "fork"
+    pinned: bool = True
+    n_layers: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "hardware": self.hardware, "vram_gib": self.limits.vram_bytes / GIB,
+                "vram_from": self.limits.vram_from, "host_mem_gib": self.limits.host_bytes / GIB,
+                "host_mem_from": self.limits.host_from, "n_gpu_layers": self.ngl, "weights_verdict": self.verdict,
+                "largest_host_cache_context": self.largest_host_context,
+                "largest_resident_context": self.largest_resident_context,
+                "min_tps": self.min_tps, "largest_context_at_min_tps": self.largest_at_min_tps}
+
+
+def _with_context(pt: Point, context: int) -> Point:
+    return replace(pt, workload=replace(pt.workload, context=(context,)))
+
+
+def ring_estimate_mib(wl: Workload, depth: int) -> float:
+    """The ring of ``depth`` for a one-sequence window: (depth + 2) slots of one attention layer's K+V window, MiB."""
+    rows = wl.window_rows(max(wl.contexts) + wl.tokens - 1)
+    return (depth + 2) * rows * wl.row_bytes / MIB if depth else 0.0
+
+
+def best_choices(req: Any, base: Point, contexts: list[int], limits: Limits, rings: dict[int, dict[int, float]],
+                 run: Callable[[list[Point]], list[dict[str, Any] | None]], auto_ngl: bool = False) -> list[ContextFit]:
+    """Simulate every context's candidates in one run and keep each context's fastest (ties: fewer resident layers,
+    then the shallower depth). ``rings``: per context, the ring MiB of each depth. ``auto_ngl``: each context at the
+    largest -ngl that fits it."""
+    per: list[list[Point]] = []
+    for c in contexts:
+        pt = _with_context(base, c)
+        per.append(candidates(pt, limits, req.max_depth, rings.get(c) or {d: ring_estimate_mib(pt.workload, d)
+                                                                         for d in range(req.max_depth + 1)}, req.build,
+                              auto_ngl))
+    rows = run([p for ps in per for p in ps]) if any(per) else []
+    out, i = [], 0
+    for c, ps in zip(contexts, per, strict=True):
+        choices = [choice_of(p, r, limits) for p, r in zip(ps, rows[i:i + len(ps)], strict=True) if r is not None]
+        i += len(ps)
+        best = max(choices, key=lambda ch: (round(ch.tokens_per_s, 9), -ch.kv_gpu_layers, -ch.depth), default=None)
+        reason = "" if best else _why_nothing_fits(_with_context(base, c).workload, limits, base.hardware.devices[0].memory_reserved_bytes)
+        out.append(ContextFit(c, best, choices, reason))
+    return out
+
+
+def _why_nothing_fits(wl: Workload, limits: Limits, reserved: int) -> str:
+    dev = device_memory(wl, limits.vram_bytes, reserved, kv_offload=False, ring_bytes=scheduler_need_bytes(wl))
+    if not dev.fits:
+        return (f"the device needs {dev.used_bytes / GIB:.2f} GiB with the cache in host memory (weights "
+                f"{dev.weights_bytes / GIB:.2f}, compute buffer {dev.compute_buffer_bytes / GIB:.2f}, one staged window) "
+                f"> {limits.vram_bytes / GIB:.2f} GiB ({limits.vram_from})")
+    return (f"the host cache and CPU weights need {host_need_bytes(wl, False) / GIB:.2f} GiB > "
+            f"{limits.host_bytes / GIB:.2f} GiB of host memory ({limits.host_from})")
+
+
+def weights_verdict(wl: Workload, limits: Limits, reserved: int) -> tuple[str, int]:
+    """("", every GPU layer asked) when the GPU layers fit; else the one-line verdict and the largest -ngl that fits."""
+    need = reserved + weights_on_devices(wl, 1)[0] + compute_buffer_bytes(wl) + scheduler_need_bytes(wl)
+    if need <= limits.vram_bytes:
+        return "", min(wl.n_gpu_layers, wl.model.n_layers)
+    ngl = ngl_that_fits(wl, limits, reserved)
+    return (f"{wl.model.name}: {weights_on_devices(wl, 1)[0] / GIB:.1f} GiB of weights on the GPU do not fit "
+            f"{limits.vram_bytes / GIB:.2f} GiB ({limits.vram_from}) beside the driver's {reserved / GIB:.2f} GiB and "
+            f"llama.cpp's compute buffer (~{compute_buffer_bytes(wl) / GIB:.2f} GiB, an estimate): -ngl {ngl} of "
+            f"{wl.model.n_layers} layers at most ({UPSTREAM})"), ngl
+
+
+def plan_fit(req: Any) -> FitPlan:
+    """The plan under the memory cap for ``req`` (a ``kvpipe.plan.PlanRequest``). Blocks for the simulations."""
+    from kvpipe import plan as gain_plan
+    from sim.memory import host_memory_bytes
+
+    base = gain_plan.points(req, [req.contexts[0]], [0], 0)[0]
+    base = replace(base, workload=replace(base.workload, n_gpu_layers=req.n_gpu_layers))
+    dev = base.hardware.devices[0]
+    limits = limits_of(req.vram_gib, req.host_mem_gib, dev.memory_total_bytes, req.hardware, host_memory_bytes())
+    reserved = dev.memory_reserved_bytes
+    verdict, ngl = weights_verdict(base.workload, limits, reserved)
+    base = replace(base, workload=replace(base.workload, n_gpu_layers=ngl))
+
+    def run(pts: list[Point]) -> list[dict[str, Any] | None]:
+        """The candidates' rows in order; None where the simulation found the point does not fit."""
+        from kvpipe.sweep import key_of_point, key_of_row, run_sweep
+
+        res = run_sweep(pts, None, jobs=req.jobs, progress=False, exact=req.exact)
+        by_key = {key_of_row(r): r for r in res.rows}
+        rows = [by_key.get(key_of_point(p)) for p in pts]
+        return [r if r is not None and r.get("fits", True) and r["tokens_per_s"] > 0 else None for r in rows]
+
+    plans: list[Any] = []
+    rings: dict[int, dict[int, float]] = {}
+    if not verdict and ngl >= base.workload.model.n_layers:
+        plans = gain_plan.plan(req)
+        rings = {p.context: {0: 0.0, **p.ring_mib_by_depth} for p in plans}
+    fits = best_choices(req, base, list(req.contexts), limits, rings, run, auto_ngl=bool(verdict))
+    out = FitPlan(req.model, req.hardware, limits, ngl, fits, plans, verdict, min_tps=req.min_tps, build=req.build,
+                  pinned=req.pinned, n_layers=base.workload.model.n_layers)
+    wl = base.workload
+    out.largest_host_context = largest_context(lambda c: fits_host_cache(replace(wl, context=(c,)), limits, reserved), 1 << 24)
+    out.largest_resident_context = largest_context(lambda c: fits_resident(replace(wl, context=(c,)), limits, reserved), 1 << 24)
+    if req.min_tps is not None and out.largest_host_context:
+        def fast_enough(c: int) -> bool:
+            best = best_choices(req, base, [c], limits, {}, run, auto_ngl=bool(verdict))[0].best
+            return best is not None and best.tokens_per_s >= req.min_tps
+
+        hi = max(out.largest_host_context, out.largest_resident_context)
+        out.largest_at_min_tps = largest_context(fast_enough, hi)
+    for p, f in zip(plans, fits, strict=bool(plans)):
+        if f.best is not None:
+            fl, build = flags(f.best, f.context, req.cache_type, req.cache_type)
+            p.extra["llama_cpp"] = {"flags": fl, "build": build, **f.best.to_json()}
+    return out
+
+
+def _how(c: Choice, n_layers: int) -> str:
+    ngl = f"-ngl {c.n_gpu_layers}, " if c.n_gpu_layers < n_layers else ""
+    if c.resident:
+        return ngl + "cache on the device"
+    how = ngl + f"host cache, depth {c.depth}" + (f", {c.budget_mib:g} MiB" if c.depth else "")
+    return how + (" (ring declined)" if c.declined else "") + (f", {c.kv_gpu_layers} KV layers on GPU" if c.kv_gpu_layers else "")
+
+
+def render_fit(fp: FitPlan, cache_type: str) -> str:
+    """The plan under the memory cap as text: the table per context, the largest contexts, the flags and their build."""
+    lim = fp.limits
+    lines = [f"{fp.model} ({cache_type} KV) on {fp.hardware}: {lim.vram_bytes / GIB:.2f} GiB from {lim.vram_from}; "
+             f"host {lim.host_bytes / GIB:.1f} GiB from {lim.host_from}"]
+    if fp.verdict:
+        lines.append(fp.verdict)
+    rows = [["context", "t/s", "+-", "how", "weights", "buffer~", "KV dev", "ring", "free GiB"]]
+    for f in fp.fits:
+        c = f.best
+        if c is None:
+            rows.append([f"{f.context:,}", "-", "", "does not fit", "", "", "", "", ""])
+            continue
+        g = c.memory.as_gib()
+        band = f"{(c.interval[1] - c.interval[0]) / 2:.2f}" if c.interval else "uncal."
+        rows.append([f"{f.context:,}", f"{c.tokens_per_s:.2f}", band, _how(c, fp.n_layers), f"{g['weights']:.2f}",
+                     f"{g['compute_buffer']:.2f}", f"{g['kv']:.2f}", f"{g['ring']:.2f}", f"{g['free']:.2f}"])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for k, r in enumerate(rows):
+        lines.append("  ".join(v.ljust(w) if i == 3 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths, strict=True))))
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    for f in fp.fits:
+        if f.best is None:
+            lines.append(f"{f.context:,}: {f.reason}")
+    at = f" at -ngl {fp.ngl}" if fp.ngl < fp.n_layers else ""
+    lines.append(f"largest context that fits{at}: {fp.largest_host_context:,} with the host cache, "
+                 f"{fp.largest_resident_context:,} with the cache on the device")
+    if fp.min_tps is not None:
+        at = f"{fp.largest_at_min_tps:,}" if fp.largest_at_min_tps else "none"
+        lines.append(f"largest context at >= {fp.min_tps:g} t/s: {at}")
+    lines.append("flags (llama-cli / llama-server / llama-bench; the build each line needs):")
+    for f in fp.fits:
+        if f.best is not None:
+            fl, build = flags(f.best, f.context, cache_type, cache_type)
+            lines.append(f"  {f.context:>7,}  {fl}")
+            lines.append(f"  {'':>7}  # {build}")
+    lines.append("buffer~: llama.cpp's compute buffer, estimated (sim.memory); KV dev: KV cache on the device")
+    return "\n".join(lines)
