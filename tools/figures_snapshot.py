@@ -5,7 +5,8 @@
 * the sweep grid: the reference preset at 51 contexts (1,024..52,224 step 1,024) x depths 0-4 x budgets
   0 / 64 / 128 / 256 MiB (1,020 points);
 * the reproduction table: ``kvpipe simulate`` on the reference preset at the contexts docs/reproduction.md
-  quotes, depths 0, 1, 2, 4, default budget, and the same on the H200 and RTX 3060 presets;
+  quotes, depths 0, 1, 2, 4, default budget, and the same on the H200 probe's (``h200-gen5x16-kvpipe``, kvpipe's
+  kernels) and RTX 3060 presets;
 * the functional hashes: ``kvpipe simulate --functional`` at depths 0, 1, 2, 4, with 3 sequences over a unified
   and a split cache, and under the mutations that change the output.
 
@@ -54,7 +55,7 @@ def snapshot() -> dict[str, Any]:
         out["sweep"] = json.loads((Path(tmp) / "rows.json").read_text())
     ctx = "4096,8192,16384,19246,19332,20480,20736,32768,65536"
     out["reproduction"] = _kvpipe("simulate", "--context", ctx, "--depth", "0,1,2,4", "--json")
-    out["h200"] = _kvpipe("simulate", "--hardware", "h200-gen5x16", "--model", "llama-3.1-8b", "--context", "4096,65536",
+    out["h200"] = _kvpipe("simulate", "--hardware", "h200-gen5x16-kvpipe", "--model", "llama-3.1-8b", "--context", "4096,65536",
                           "--depth", "0,1,4", "--json")
     out["rtx3060"] = _kvpipe("simulate", "--hardware", "rtx3060-gen3x4", "--context", "4096,16384", "--depth", "0,1", "--json")
     out["functional"] = _kvpipe("simulate", "--functional", "--depth", "0,1,2,4", "--json")

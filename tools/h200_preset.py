@@ -1,4 +1,4 @@
-"""Derive the ``h200-gen5x16`` preset from the H200 probe.
+"""Derive the H200 presets: ``h200-gen5x16-kvpipe`` from the H200 probe, ``h200-gen5x16`` from upstream llama.cpp.
 
 The probe timed one NVIDIA H200 on PCIe gen5 x16 through CuPy: copies of
 256 KiB .. 1 GiB pinned and pageable in both directions, two copies racing on
@@ -7,12 +7,23 @@ two streams, a copy under a matmul loop, an attention kernel over
 issue, an event record + wait and a kernel launch. Every number of the preset
 follows from those by a rule stated in the function that applies it. The probe
 file is not part of the repository: the numbers this needs are embedded below,
-and ``--probe FILE`` verifies them against a copy of the file.
+and ``--probe FILE`` verifies them against a copy of the file. The probe's
+kernels are kvpipe's own CuPy ones (69.5 t/s resident for llama-bench's q8_0
+llama-3.1-8b at 8,192, where upstream llama.cpp runs 186), so that preset describes kvpipe's
+program: ``h200-gen5x16-kvpipe``.
+
+``h200-gen5x16``, the preset for planning llama.cpp on an H200, is that one
+with what upstream llama.cpp's own runs fitted (``kvpipe calibrate
+--from-llama-bench`` on them, the probe's preset the base): the GPU compute and
+the pageable H2D rate from ``validate/results/h200-llamacpp/prediction`` (five
+runs of run 1), the CPU layer's host cost from ``prediction-ngl`` (run 3, -ngl
+below the layer count). Host costs, the pinned links, the engines and the
+memory stay the probe's: the fits were made on them.
 
 Not part of the installed package: run it from a checkout (it writes the
 checkout's ``backends/presets``). ``python tools/h200_preset.py`` rewrites the
-preset (and the ``gh200-c2c`` estimate built on it), ``--check`` verifies the
-committed ones. Units as in the probe: MiB, GB/s, ms, us.
+presets (and the ``gh200-c2c`` estimate built on the probe's), ``--check``
+verifies the committed ones. Units as in the probe: MiB, GB/s, ms, us.
 """
 
 from __future__ import annotations
@@ -33,7 +44,12 @@ from preset_files import write_or_check  # noqa: E402
 
 from backends.profile import PRESET_DIR  # noqa: E402
 
-PRESET_PATH = PRESET_DIR / "h200-gen5x16.json"
+PRESET_PATH = PRESET_DIR / "h200-gen5x16-kvpipe.json"
+UPSTREAM_PATH = PRESET_DIR / "h200-gen5x16.json"
+#: The upstream llama-bench fits the llama.cpp preset takes its compute from (kvpipe calibrate --from-llama-bench).
+FITS = ROOT / "validate" / "results" / "h200-llamacpp"
+GPU_FIT = FITS / "prediction" / "profile.json"
+CPU_LAYER_FIT = FITS / "prediction-ngl" / "profile.json"
 GH200_PATH = PRESET_DIR / "gh200-c2c.json"
 MIB = 1024 * 1024
 
@@ -186,9 +202,10 @@ def derive() -> dict[str, Any]:
     eng = engines()
     pageable = link_curve("h2d_pageable_GBps")
     return {
-        "name": "h200-gen5x16",
+        "name": "h200-gen5x16-kvpipe",
         "source": (
-            "NVIDIA H200 on PCIe gen5 x16, every number derived from the H200 probe (its numbers embedded in "
+            "kvpipe's own CuPy program on an NVIDIA H200 on PCIe gen5 x16 (for upstream llama.cpp: h200-gen5x16), "
+            "every number derived from the H200 probe (its numbers embedded in "
             "tools/h200_preset.py; regenerate: python tools/h200_preset.py): link curves reproduce each probed copy "
             "time; one FIFO engine per direction (two-stream probe) and the probed full-duplex slowdown; compute from the "
             "probe's matvec (weights) and attention kernels, host costs from its issue/launch/event timings; the copy "
@@ -273,19 +290,64 @@ def derive_gh200(h200: dict[str, Any]) -> dict[str, Any]:
     d["name"] = "gh200-c2c"
     d["estimate"] = True
     d["provenance"] = {"kind": "a specification estimate",
-                       "all": "specification estimate: NVIDIA's GH200 datasheet, scaled from the h200-gen5x16 preset (see source)"}
+                       "all": "specification estimate: NVIDIA's GH200 datasheet, scaled from the h200-gen5x16-kvpipe preset "
+                              "(see source)"}
     d["source"] = (
         "ESTIMATE, not measured: NVIDIA GH200 96 GB (HBM3, 4.0 TB/s) with the Grace host on NVLink-C2C (900 GB/s "
         "bidirectional, 450 per direction, from NVIDIA's GH200 datasheet). tools/h200_preset.py derives it from the "
-        "h200-gen5x16 preset: link bandwidths x 450/63.0 (C2C vs the PCIe gen5 x16 line rate, keeping the share of the "
-        "line rate the H200 probe reached), pageable = pinned (coherent link, assumed), compute x 4.0/4.8 (HBM), host "
-        "costs of the H200 probe."
+        "h200-gen5x16-kvpipe preset (the H200 probe's): link bandwidths x 450/63.0 (C2C vs the PCIe gen5 x16 line "
+        "rate, keeping the share of the line rate the H200 probe reached), pageable = pinned (coherent link, assumed), "
+        "compute x 4.0/4.8 (HBM), host costs of the H200 probe."
     )
+    return d
+
+
+#: The fitted compute keys each fit gives the llama.cpp preset.
+GPU_KEYS = ("layer_us", "weight_GBps", "attn_us", "attn_GBps", "head_us", "cpu_split_us")
+CPU_LAYER_KEYS = ("host_layer_us", "host_weight_GBps", "host_attn_us", "host_attn_GBps")
+
+
+def derive_upstream(probe: dict[str, Any], gpu_fit: dict[str, Any], cpu_fit: dict[str, Any]) -> dict[str, Any]:
+    """The llama.cpp preset: the probe's preset with the GPU compute and pageable H2D of ``gpu_fit`` and the CPU layer's
+    host cost of ``cpu_fit`` (two ``kvpipe calibrate --from-llama-bench`` profiles, both on the probe's preset)."""
+    d = json.loads(json.dumps(probe))
+    dev, gpu, cpu = d["devices"][0], gpu_fit["devices"][0], cpu_fit["devices"][0]
+    dev["compute"] = {**{k: gpu["compute"][k] for k in GPU_KEYS}, **{k: cpu["compute"][k] for k in CPU_LAYER_KEYS}}
+    dev["links"]["h2d_pageable"] = gpu["links"]["h2d_pageable"]
+    d["name"] = "h200-gen5x16"
+    d["nkvo_attention"] = gpu_fit["nkvo_attention"]
+    gcal, ccal = gpu_fit["calibration"], cpu_fit["calibration"]
+    gpu_runs = f"{gcal['file']} ({gcal['runs']}; llama.cpp {gcal['build_commit']}, {gcal['model_type']}, -fa 1)"
+    cpu_runs = f"{ccal['file']} ({ccal['runs']}; llama.cpp {ccal['build_commit']}, -fa 1)"
+    d["source"] = (
+        "Upstream llama.cpp (0c1e570, b11312, -fa 1) on an NVIDIA H200 on PCIe gen5 x16: the GPU compute and the pageable "
+        "H2D rate (upstream's -nkvo cache) fitted by kvpipe calibrate --from-llama-bench to five llama-bench runs of "
+        "validate/results/h200-llamacpp/run1, the host cost of a layer below -ngl to the runs of run3 at -ngl 33, 25 and 9; "
+        "host costs, pinned links, copy engines and memory from the H200 probe (h200-gen5x16-kvpipe), on which the fits "
+        "were made. Regenerate: python tools/h200_preset.py. kvpipe's own CuPy program: h200-gen5x16-kvpipe."
+    )
+    d["provenance"] = {
+        "kind": "fitted from llama-bench (upstream llama.cpp on the H200)",
+        "host": "measured on a device (the H200 probe, as h200-gen5x16-kvpipe): the fits' base",
+        "devices.compute": f"fitted from llama-bench: {gpu_runs}, the -nkvo 0 runs' line over the window bytes",
+        "devices.compute.host_layer": f"fitted from llama-bench: {cpu_runs}; {cpu_fit['provenance']['devices.compute.host_layer']}",
+        "devices.links.h2d_pageable": f"fitted from llama-bench: {gpu_runs}, the -nkvo 1 runs given the compute",
+        "devices.links (other)": "measured on a device (the H200 probe's copy sizes)",
+        "devices.memory": "specification estimate: the card's memory less the profile's default reservation",
+        "devices.dram_GBps": "specification estimate: HBM3e at 4.8 TB/s",
+        "nkvo_attention": "upstream llama.cpp at -fa 1 runs -nkvo's attention on the GPU, each layer's K/V copied from "
+                          "host memory (validate/results/h200-llamacpp/run1/README.md): kvpipe's delivered windows",
+    }
     return d
 
 
 def preset_json() -> str:
     return json.dumps(derive(), indent=1) + "\n"
+
+
+def upstream_json() -> str:
+    return json.dumps(derive_upstream(derive(), json.loads(GPU_FIT.read_text()), json.loads(CPU_LAYER_FIT.read_text())),
+                      indent=1) + "\n"
 
 
 def gh200_json() -> str:
@@ -329,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     outputs = {Path(args.out): preset_json()}
     if Path(args.out) == PRESET_PATH:
         outputs[GH200_PATH] = gh200_json()
+        outputs[UPSTREAM_PATH] = upstream_json()
     code = write_or_check(outputs, "tools/h200_preset.py", args.check)
     if code or args.check:
         return code

@@ -14,21 +14,28 @@ device memory): ``--hardware``, or the preset whose device name llama-bench's
   relative error, and the leave-one-out errors (the error band);
 * ``provenance``: where every group of fields came from.
 
+Runs with ``-ngl`` below the layer count (the first layers on the CPU) are
+left out of the GPU's fit and then fit the host cost of a CPU layer
+(``host_layer_us``, ``host_weight_GBps``: ``validate.cpu_layers``); a file
+without them leaves that cost uncalibrated, and says so.
+
 Refuses, with one line: a file that is not llama-bench output, mixed builds,
-models or GPUs, weights not all on the GPU, a model whose size differs from the
-one llama-bench ran, fewer than two depths for the arm the compute comes from.
+models or GPUs, no run with every layer on the GPU, a model whose size differs
+from the one llama-bench ran, fewer than two depths for the arm the compute
+comes from.
 """
 
 from __future__ import annotations
 
 import copy
 import datetime
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from backends.profile import PRESET_DIR, preset_names, read_profile_dict, workload_key
 from sim.errors import InputError
-from sim.workload import ModelShape, cache_type
+from sim.workload import ALL_LAYERS, CacheType, ModelShape, cache_type
+from validate.cpu_layers import fit_cpu_layers, partial_residuals, workload_gpu_layers
 from validate.llama_bench import BenchFile, BenchRun
 from validate.token_fit import Fit, TokenRun, fit_runs, relative_band
 
@@ -38,7 +45,8 @@ SCHEMA = "kvpipe.profile/1"
 
 
 def base_for(bench: BenchFile, hardware: str) -> tuple[dict[str, Any], str]:
-    """The base profile dict and its name: ``hardware`` if given, else the preset whose device ``gpu_info`` names."""
+    """The base profile dict and its name: ``hardware`` if given, else the preset whose device ``gpu_info`` names (not one
+    itself fitted from llama-bench: a base supplies what llama-bench cannot measure)."""
     if hardware:
         try:
             return read_profile_dict(hardware)
@@ -48,7 +56,8 @@ def base_for(bench: BenchFile, hardware: str) -> tuple[dict[str, Any], str]:
     matches = []
     for name in preset_names():
         data, where = read_profile_dict(str(PRESET_DIR / f"{name}.json"))
-        if gpu and not data.get("estimate") and all(d.get("name", "") and d["name"] in gpu for d in data["devices"]):
+        fitted = str((data.get("provenance") or {}).get("kind", "")).startswith("fitted from llama-bench")
+        if gpu and not data.get("estimate") and not fitted and all(d.get("name", "") and d["name"] in gpu for d in data["devices"]):
             matches.append((len(data["devices"][0]["name"]), name, data, where))
     if not matches:
         raise InputError(f"--from-llama-bench: gpu_info {gpu!r} names no preset's device; allowed: give --hardware "
@@ -58,21 +67,30 @@ def base_for(bench: BenchFile, hardware: str) -> tuple[dict[str, Any], str]:
 
 
 def check_model(bench: BenchFile, model: ModelShape) -> None:
-    """Refuse a model whose weights differ from what llama-bench loaded, or weights partly on the CPU."""
+    """Refuse a model whose weights differ from what llama-bench loaded, or a file with no run of every layer on the GPU."""
     have, want = model.weight_bytes, bench.model_size_bytes
     if want > 0 and abs(have / want - 1) > MODEL_SIZE_TOLERANCE:
         raise InputError(f"--model {model.name}: {have / 2**30:.2f} GiB of weights, but llama-bench ran {bench.model_type!r} "
                          f"of {want / 2**30:.2f} GiB; allowed: the model llama-bench ran (its GGUF, or a preset within "
                          f"{MODEL_SIZE_TOLERANCE:.0%})")
-    if bench.n_gpu_layers < model.n_layers:
-        raise InputError(f"--from-llama-bench {bench.path!r}: n_gpu_layers {bench.n_gpu_layers} of {model.n_layers} layers; "
-                         "allowed: every layer on the GPU (llama-bench -ngl 99)")
+    if bench.n_gpu_layers <= model.n_layers:  # llama.cpp's -ngl counts the output layer: n_layers + 1 is every layer
+        raise InputError(f"--from-llama-bench {bench.path!r}: n_gpu_layers {bench.n_gpu_layers} of {model.n_layers} layers "
+                         f"(and the output layer) at most; allowed: runs with every layer on the GPU (llama-bench -ngl 99), "
+                         "beside any with -ngl below")
+    for r in bench.runs:
+        workload_gpu_layers(r.n_gpu_layers, model, f"--from-llama-bench {bench.path!r}: ")
 
 
-def token_runs(runs: list[BenchRun], pinned: bool = True) -> list[TokenRun]:
-    """llama-bench runs as fit points: the context is the depth plus half the generated tokens (the run's mean)."""
-    return [TokenRun(r.depth + r.n_gen // 2, r.seconds_per_token, r.arm, f"-nkvo {int(r.kv_offload_host)} -d {r.depth}",
-                     pinned) for r in runs]
+def token_runs(runs: list[BenchRun], pinned: bool = True, model: ModelShape | None = None) -> list[TokenRun]:
+    """llama-bench runs as fit points: the context is the depth plus half the generated tokens (the run's mean); with
+    ``model``, a run's -ngl below the layer count puts its first layers on the CPU (its label then names -ngl)."""
+    out = []
+    for r in runs:
+        ngl = workload_gpu_layers(r.n_gpu_layers, model) if model is not None else ALL_LAYERS
+        label = f"-nkvo {int(r.kv_offload_host)} -d {r.depth}"
+        out.append(TokenRun(r.depth + r.n_gen // 2, r.seconds_per_token, r.arm,
+                            label if ngl >= ALL_LAYERS else f"-ngl {r.n_gpu_layers} {label}", pinned, ngl))
+    return out
 
 
 @dataclass(frozen=True)
@@ -90,6 +108,12 @@ def _compute_fields(fit: Fit) -> dict[str, float]:
     if fit.host_attention:
         out["host_attn_us"] = round(fit.host_attention["host_attn_us"], 3)
         out["host_attn_GBps"] = round(fit.host_attention["host_attn_GBps"], 3)
+    if fit.cpu_layers:
+        out["host_layer_us"] = round(fit.cpu_layers["host_layer_us"], 3)
+        out["host_weight_GBps"] = round(fit.cpu_layers["host_weight_GBps"], 3)
+        if fit.cpu_layers["host_attn_GBps"] is not None:
+            out["host_attn_us"] = 0.0
+            out["host_attn_GBps"] = round(fit.cpu_layers["host_attn_GBps"], 3)
     return out
 
 
@@ -122,9 +146,9 @@ def fit_bench(bench: BenchFile, model: ModelShape, base: dict[str, Any], base_wh
     entries: dict[str, Any] = {}
     for ck_name, cv_name in bench.cache_types():
         ck, cv = cache_type(ck_name), cache_type(cv_name)
-        runs = token_runs([r for r in bench.runs if (r.type_k, r.type_v) == (ck_name, cv_name)], pinned)
+        runs = token_runs([r for r in bench.runs if (r.type_k, r.type_v) == (ck_name, cv_name)], pinned, model)
         try:
-            fit = fit_runs(base, model, ck, cv, runs, compute_from)
+            fit = _fit_with_cpu_layers(base, model, ck, cv, runs, compute_from)
         except InputError as exc:
             raise InputError(f"--from-llama-bench {bench.path!r}, -ctk {ck_name} -ctv {cv_name}: {exc}") from None
         key = workload_key(model.name, ck_name) if ck_name == cv_name else f"{model.name}@{ck_name}/{cv_name}"
@@ -147,7 +171,8 @@ def fit_bench(bench: BenchFile, model: ModelShape, base: dict[str, Any], base_wh
     launched = next((f for f in fits.values() if f.host_attention and "launch_us" in f.host_attention), None)
     if launched is not None:  # the engine's launch time per GPU split, fitted beside its CPU attention
         out["host"]["launch_us"] = round(float(launched.profile["host"]["launch_us"]), 3)
-    runs_text = ", ".join(f"-nkvo {int(r.kv_offload_host)} -d {r.depth}" for r in bench.runs)
+    runs_text = ", ".join(r.label for r in token_runs(list(bench.runs), pinned, model))
+    cpu_fit = next((f.cpu_layers for f in fits.values() if f.cpu_layers), None)
     out["source"] = (f"Fitted by kvpipe calibrate --from-llama-bench to {bench.path} (llama.cpp build {bench.build_commit}, "
                      f"{bench.gpu_info or 'no gpu_info'}, {bench.model_type}); host costs, copy latency and memory from "
                      f"{base_where}.")
@@ -171,8 +196,26 @@ def fit_bench(bench: BenchFile, model: ModelShape, base: dict[str, Any], base_wh
                            "the fork's -nkvo delivers each attention layer's window to the GPU")),
         "devices.links (other)": f"base profile {base_name}: {_base_kind(base)}",
         "workloads": f"{fitted}: one entry per cache type",
+        "devices.compute.host_layer": (
+            f"{fitted}: the -nkvo 0 runs with -ngl below the layer count, host time per CPU layer against its "
+            f"{cpu_fit['layer_weight_bytes'] / 2**20:.1f} MiB of weights (layer_weight_bytes); host_layer_us 0 (every layer "
+            f"weighs the same, so a fixed part cannot be told from the rate); CPU layers' attention {cpu_fit['attention']}"
+            if cpu_fit else "not calibrated: the file has no run with -ngl below the layer count (a layer on the CPU is "
+            "not priced by this profile)"),
     }
     return BenchFit(out, fits)
+
+
+def _fit_with_cpu_layers(base: dict[str, Any], model: ModelShape, ck: CacheType, cv: CacheType, runs: list[TokenRun],
+                         compute_from: str) -> Fit:
+    """``fit_runs`` on the all-GPU runs; then, when there are runs with layers on the CPU, their host cost on it."""
+    partial = [r for r in runs if r.n_gpu_layers < model.n_layers]
+    fit = fit_runs(base, model, ck, cv, [r for r in runs if r.n_gpu_layers >= model.n_layers], compute_from)
+    if not partial:
+        return fit
+    cpu = fit_cpu_layers(fit.profile, model, ck, cv, partial)
+    return replace(fit, profile=cpu["profile"], cpu_layers={k: v for k, v in cpu.items() if k != "profile"},
+                   residuals=fit.residuals + tuple(partial_residuals(cpu["profile"], model, ck, cv, partial)))
 
 
 def _base_kind(base: dict[str, Any]) -> str:

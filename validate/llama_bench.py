@@ -3,7 +3,7 @@
 llama-bench writes one record per test: the build (``build_commit``,
 ``build_number``), the machine (``gpu_info``, ``cpu_info``, ``backends``), the
 model (``model_type``, ``model_size`` in bytes, ``model_n_params``), the
-settings (``n_gpu_layers``, ``type_k``, ``type_v``, ``no_kv_offload``,
+settings (``n_gpu_layers``: llama-bench's ``-ngl``, per test, ``type_k``, ``type_v``, ``no_kv_offload``,
 ``flash_attn``, ``n_prompt``, ``n_gen``, ``n_depth``) and the result
 (``avg_ts``, ``stddev_ts``, ``samples_ts``; ``avg_ns`` per test, whose mean over
 ``n_gen`` is the seconds per token kvpipe fits: a mean time, where ``avg_ts`` is
@@ -12,8 +12,10 @@ is ``n_prompt == 0`` and ``n_gen > 0``: ``n_gen`` tokens generated behind
 ``n_depth`` cached ones; a prompt test (``n_gen == 0``) is skipped.
 
 :func:`load` refuses, with one line naming the file and the value, a file that
-is not llama-bench output, mixed builds, models or GPUs, weights not wholly on
-the GPU, and unknown cache types. Which depths a fit needs is the fit's
+is not llama-bench output, mixed builds, models or GPUs, and unknown cache
+types. Runs at several ``-ngl`` are kept apart (``BenchRun.n_gpu_layers``):
+those with layers on the CPU calibrate the CPU-layer cost
+(``validate.cpu_layers``). Which depths a fit needs is the fit's
 business (``validate.token_fit``). Pure: reads one file, does not block
 beyond that.
 """
@@ -48,6 +50,7 @@ class BenchRun:
     stddev_tps: float
     samples_tps: tuple[float, ...]
     avg_ns: float = 0.0  # mean nanoseconds of one test's n_gen tokens (0: not in the file)
+    n_gpu_layers: int = 99  # llama-bench's -ngl as written (the output layer counts as the last layer)
 
     @property
     def seconds_per_token(self) -> float:
@@ -72,7 +75,7 @@ class BenchFile:
     model_type: str
     model_size_bytes: int
     model_n_params: int
-    n_gpu_layers: int
+    n_gpu_layers: int  # the largest -ngl of the file's runs
     flash_attn: Any
     model_filename: str
 
@@ -146,7 +149,7 @@ def load(path: str | Path) -> BenchFile:
     if not decode:
         raise InputError(f"--from-llama-bench {where!r} has no decode test (n_prompt 0, n_gen > 0); allowed: llama-bench -p 0 -n N")
     for key, what in (("build_commit", "builds"), ("model_type", "models"), ("model_size", "models"),
-                      ("model_n_params", "models"), ("gpu_info", "GPUs"), ("n_gpu_layers", "offload settings")):
+                      ("model_n_params", "models"), ("gpu_info", "GPUs")):
         _one(decode, key, where, what)
     runs = []
     for i, r in enumerate(decode):
@@ -166,14 +169,17 @@ def load(path: str | Path) -> BenchFile:
         stddev = r.get("stddev_ts", 0.0)
         avg_ns = r.get("avg_ns", 0)
         avg_ns = float(avg_ns) if isinstance(avg_ns, int | float) and not isinstance(avg_ns, bool) and math.isfinite(avg_ns) else 0.0
+        ngl = int(_number(r, "n_gpu_layers", at, int))
+        if ngl < 0:
+            raise InputError(f"{at}: n_gpu_layers {ngl}; allowed: >= 0 (llama-bench -ngl)")
         runs.append(BenchRun(depth=depth, n_gen=int(r["n_gen"]), kv_offload_host=bool(nkvo), type_k=tk, type_v=tv,
                              avg_tps=tps, stddev_tps=float(stddev) if isinstance(stddev, int | float) else 0.0,
-                             samples_tps=samples, avg_ns=max(avg_ns, 0.0)))
+                             samples_tps=samples, avg_ns=max(avg_ns, 0.0), n_gpu_layers=ngl))
     first = decode[0]
     return BenchFile(
         path=where, runs=tuple(runs), build_commit=str(first["build_commit"]),
         build_number=int(first.get("build_number", 0) or 0), gpu_info=str(first.get("gpu_info", "")),
         model_type=str(first["model_type"]), model_size_bytes=int(_number(first, "model_size", where, int)),
-        model_n_params=int(_number(first, "model_n_params", where, int)), n_gpu_layers=int(_number(first, "n_gpu_layers", where, int)),
+        model_n_params=int(_number(first, "model_n_params", where, int)), n_gpu_layers=max(r.n_gpu_layers for r in runs),
         flash_attn=first.get("flash_attn"), model_filename=str(first.get("model_filename", "")),
     )

@@ -25,6 +25,10 @@ compute came from resident ones. Every fitted point's residual is kept, and
 with three depths or more, the leave-one-out residuals: what the fit predicts
 for a depth it did not see. The error bars of a prediction come from those.
 
+Runs with layers on the CPU (llama.cpp's ``-ngl`` below the layer count) take
+no part in the above: with the GPU's terms fitted from the all-GPU runs, they
+give the host cost of a CPU layer (``validate.cpu_layers``).
+
 Units: seconds and bytes inside; the profile file's units (GB/s, us) only where
 a profile dict is written. Blocks for the simulations it runs (tens of ms each).
 """
@@ -45,7 +49,7 @@ from sim.errors import InputError
 from sim.graph import decode_graph
 from sim.simulate import Point
 from sim.transport.config import TransportConfig
-from sim.workload import CacheType, ModelShape, Workload
+from sim.workload import ALL_LAYERS, CacheType, ModelShape, Workload
 
 #: Decode tokens simulated per fitted point (the window grows in 256-row blocks, so two tokens are steady).
 FIT_TOKENS = 2
@@ -60,6 +64,7 @@ class TokenRun:
     arm: str  # "ordered" (-nkvo 1) or "resident" (-nkvo 0)
     label: str = ""
     pinned: bool = True  # the host cache in pinned memory (the fork's --kv-cpu-pinned); upstream's -nkvo cache is pageable
+    n_gpu_layers: int = ALL_LAYERS  # Workload.n_gpu_layers: the last n repeating layers on the GPU, the rest on the CPU
 
     def __post_init__(self) -> None:
         if self.arm not in ("ordered", "resident"):
@@ -69,14 +74,15 @@ class TokenRun:
 
 
 def workload_at(model: ModelShape, cache_k: CacheType, cache_v: CacheType, context: int, tokens: int = FIT_TOKENS,
-                pinned: bool = True) -> Workload:
-    """One sequence of ``model`` decoding ``tokens`` tokens behind ``context`` cached ones."""
-    return Workload(model, cache_k, cache_v, (context,), tokens=tokens, pinned=pinned)
+                pinned: bool = True, n_gpu_layers: int = ALL_LAYERS) -> Workload:
+    """One sequence of ``model`` decoding ``tokens`` tokens behind ``context`` cached ones (the last ``n_gpu_layers``
+    layers on the GPU)."""
+    return Workload(model, cache_k, cache_v, (context,), tokens=tokens, pinned=pinned, n_gpu_layers=n_gpu_layers)
 
 
 def workload_of(model: ModelShape, cache_k: CacheType, cache_v: CacheType, run: TokenRun, tokens: int = FIT_TOKENS) -> Workload:
     """The workload a measured run decoded."""
-    return workload_at(model, cache_k, cache_v, run.context, tokens, run.pinned)
+    return workload_at(model, cache_k, cache_v, run.context, tokens, run.pinned, run.n_gpu_layers)
 
 
 def window_bytes(wl: Workload) -> int:
@@ -372,6 +378,7 @@ class Fit:
     host_attention: dict[str, Any] | None = None  # fit_host_attention's record (upstream -nkvo), else None
     residuals: tuple[dict[str, Any], ...] = ()  # every run: measured and fitted t/s, relative error
     held_out: tuple[dict[str, Any], ...] = ()  # leave-one-out: the fit without a depth, predicting it
+    cpu_layers: dict[str, Any] | None = None  # validate.cpu_layers.fit_cpu_layers' record (runs with -ngl below), else None
 
 
 def _residuals(profile: dict[str, Any], model: ModelShape, ck: CacheType, cv: CacheType,

@@ -34,7 +34,7 @@ from sim.workload import Workload, cache_type, load_model
 def main() -> None:
     out = os.environ.get("OUT", "/tmp")
     contexts = [int(c) for c in sys.argv[1].split(",")]
-    h200 = load_profile("h200-gen5x16")
+    h200 = load_profile("h200-gen5x16-kvpipe")
     rtx = load_profile("rtx4070-gen4x16")
     hw = replace(h200, devices=(replace(h200.devices[0], compute=rtx.devices[0].compute),), name="h200-link-rtx4070-compute")
     q8 = cache_type("q8_0")

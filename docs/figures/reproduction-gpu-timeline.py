@@ -39,7 +39,7 @@ def token_window(spans: list[tuple[str, str, float, float]], token: int) -> tupl
 
 
 def simulated(drain: bool) -> dict:  # type: ignore[type-arg]
-    h200, rtx = load_profile("h200-gen5x16"), load_profile("rtx4070-gen4x16")
+    h200, rtx = load_profile("h200-gen5x16-kvpipe"), load_profile("rtx4070-gen4x16")
     dev = replace(h200.devices[0], compute=rtx.devices[0].compute, copy_engine_drains_stream=drain)
     q8 = cache_type("q8_0")
     point = Point(Workload(load_model("qwen3.8-27b"), q8, q8, (CONTEXT,), tokens=4), replace(h200, devices=(dev,)), TransportConfig(1, 0.0))

@@ -36,8 +36,8 @@ def register(sub: Any) -> None:
     p.add_argument("--max-copy-mib", type=float, default=1024, help="largest copy of the link curves in MiB (default 1024)")
     p.add_argument("--scale", type=float, default=1.0, help="hidden/FFN/vocab of the program as a fraction of the model's (default 1.0)")
     p.add_argument("--machine", default="cupy", help="cupy (the GPU) or simpy (the simulated --hardware, for checks)")
-    p.add_argument("--hardware", default="", help="profile of the simpy machine (default h200-gen5x16; ignored on cupy); with "
-                   "--from-llama-bench: the base profile for host and link costs (default: the preset gpu_info names)")
+    p.add_argument("--hardware", default="", help="profile of the simpy machine (default h200-gen5x16-kvpipe; ignored on "
+                   "cupy); with --from-llama-bench: the base profile for host and link costs (default: the preset gpu_info names)")
     p.add_argument("--batch", default="", metavar="B,B,...",
                    help="add the per-sequence terms to --hardware's calibrated entries: run the program ordered at these "
                         "batch sizes (e.g. 1,2,4,8) at --windows and fit what each sequence past the first costs")
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--machine simpy at --scale {args.scale:g} needs about {need / 2**30:.1f} GiB of host memory for the "
                              f"simulated device's arrays, and {have / 2**30:.1f} GiB are available; give a smaller --scale or --windows")
     try:
-        hw = hardware(args.hardware or "h200-gen5x16") if args.machine == "simpy" else None
+        hw = hardware(args.hardware or "h200-gen5x16-kvpipe") if args.machine == "simpy" else None
         be, xp, info = driver.machine(args.machine, hw)
     except BackendUnavailable as exc:
         raise UsageError(driver.unavailable_message(exc)) from None
@@ -159,15 +159,24 @@ def run_from_llama_bench(args: argparse.Namespace) -> int:
     print("| cache | compute from | weight GB/s | attn GB/s | H2D GB/s | arm | -d | measured t/s | fitted t/s | error | held out |")
     print("|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
     for key, fit in fitted.fits.items():
-        held = {(h["arm"], h["context"]): h["error"] for h in fit.held_out}
+        held = {(h["arm"], h["context"], h["label"]): h["error"] for h in fit.held_out}
         for r in fit.residuals:
-            h = held.get((r["arm"], r["context"]))
+            h = held.get((r["arm"], r["context"], r["label"]))
             h2d = f"{fit.h2d_GBps:.2f}" if fit.h2d_GBps else "base"
             if fit.host_attention:
                 h2d = f"CPU attn {fit.host_attention['host_attn_GBps']:.1f} GB/s + {fit.host_attention['host_attn_us']:.1f} us"
+            arm = f"{r['arm']} {r['label'].split(' -nkvo')[0]}" if r["label"].startswith("-ngl") else r["arm"]
             print(f"| {key.split('@', 1)[1]} | {fit.compute_from} | {fit.compute['weight_GBps']:.1f} | {fit.compute['attn_GBps']:.1f} "
-                  f"| {h2d} | {r['arm']} | {r['label'].rsplit(' ', 1)[1]} | {r['measured_tps']:.2f} | {r['fitted_tps']:.2f} "
+                  f"| {h2d} | {arm} | {r['label'].rsplit(' ', 1)[1]} | {r['measured_tps']:.2f} | {r['fitted_tps']:.2f} "
                   f"| {r['error']:+.2%} | {'' if h is None else f'{h:+.2%}'} |")
+        cpu = fit.cpu_layers
+        if cpu:
+            attn = f", CPU attention {cpu['host_attn_GBps']:.2f} GB/s" if cpu["host_attn_GBps"] else f" (attention {cpu['attention']})"
+            by = ", ".join(sorted({str(r["by"]) for r in fit.residuals if "by" in r}))
+            print(f"CPU layers ({key.split('@', 1)[1]}): host_weight_GBps {cpu['host_weight_GBps']:.2f} over "
+                  f"{cpu['layer_weight_bytes'] / 2**20:.1f} MiB a layer, host_layer_us 0{attn}; -ngl runs checked by {by}")
+    if not any(f.cpu_layers for f in fitted.fits.values()):
+        print("CPU layers: not calibrated (no run with -ngl below the layer count)")
     return 0
 
 

@@ -262,7 +262,7 @@ def test_scheduler_output_is_identical_across_depths_on_the_gpu() -> None:
     be = _gpu()
     q = cache_type("q8_0")
     wl = Workload(load_model("qwen3.8-27b"), q, q, (2000,), tokens=3)
-    hw = load_profile("h200-gen5x16")
+    hw = load_profile("h200-gen5x16-kvpipe")
     prog = GpuProgram(wl, be.cp, WeightStore(), scale=0.05)
     g = run_group(be, wl, hw, [TransportConfig(depth=d, budget_mib=0.0) for d in (0, 1, 2, 4)], prog, reps=1)
     hashes = {tuple(r.step_hashes) for r in g.runs}
@@ -316,7 +316,7 @@ def test_fake_gpu_runs_the_scheduler_and_the_report(fake_gpu: CupyGPU, tmp_path)
     be = fake_gpu
     q = cache_type("q8_0")
     wl = Workload(toy_model(8, every=4), q, q, (700,), tokens=2)
-    hw = load_profile("h200-gen5x16")
+    hw = load_profile("h200-gen5x16-kvpipe")
     prog = GpuProgram(wl, be.cp, WeightStore())
     g = run_group(be, wl, hw, [TransportConfig(depth=d, budget_mib=0.0) for d in (0, 1, 2)], prog, reps=2)
     assert len({tuple(r.step_hashes) for r in g.runs}) == 1

@@ -40,7 +40,7 @@ def _run(be, wl: Workload, executor: str, depth: int) -> DecodeProgram:  # type:
 
     cfg = ProgramConfig(seed=3, max_hidden=4096, max_ffn=4096, max_vocab=4096, prefill_rows=0, executor=executor, fill="device")
     prog = DecodeProgram(wl, cfg, be.cp, WeightStore())
-    point = Point(wl, load_profile("h200-gen5x16"), TransportConfig(depth=depth, budget_mib=0.0))
+    point = Point(wl, load_profile("h200-gen5x16-kvpipe"), TransportConfig(depth=depth, budget_mib=0.0))
     host = be.alloc_host(next(iter(graphs_for(point))).host_cache_bytes, "kv")
     drive(run_decode(be, point, prog, host_cache=host))
     be.cp.cuda.runtime.deviceSynchronize()

@@ -206,7 +206,30 @@ def test_model_ceiling_is_above_every_published_pipelined_figure() -> None:
 def test_h200_and_gh200_presets_reproduce_their_derivation() -> None:
     assert h200_preset.preset_json() == h200_preset.PRESET_PATH.read_text()
     assert h200_preset.gh200_json() == h200_preset.GH200_PATH.read_text()
+    assert h200_preset.upstream_json() == h200_preset.UPSTREAM_PATH.read_text()
     assert load_profile("gh200-c2c").estimate and load_profile("rtx3060-gen3x4").estimate
+
+
+def test_the_llama_cpp_h200_preset_is_the_probe_s_with_upstream_s_fitted_compute() -> None:
+    """h200-gen5x16 (upstream llama.cpp) differs from h200-gen5x16-kvpipe (the probe) by what llama-bench fitted, only."""
+    up, probe = json.loads(h200_preset.UPSTREAM_PATH.read_text()), json.loads(h200_preset.PRESET_PATH.read_text())
+    gpu_fit, cpu_fit = json.loads(h200_preset.GPU_FIT.read_text()), json.loads(h200_preset.CPU_LAYER_FIT.read_text())
+    c = up["devices"][0]["compute"]
+    assert {k: c[k] for k in h200_preset.GPU_KEYS} == {k: gpu_fit["devices"][0]["compute"][k] for k in h200_preset.GPU_KEYS}
+    assert {k: c[k] for k in h200_preset.CPU_LAYER_KEYS} == {k: cpu_fit["devices"][0]["compute"][k]
+                                                            for k in h200_preset.CPU_LAYER_KEYS}
+    assert c["host_weight_GBps"] > 0 and c["host_attn_GBps"] > 0
+    assert up["devices"][0]["links"]["h2d_pageable"] == gpu_fit["devices"][0]["links"]["h2d_pageable"]
+    same = ("host", "devices.links.h2d_pinned", "devices.links.d2h_pinned", "devices.memory_total_mib")
+    for path in same:
+        a, b = up, probe
+        for k in path.split("."):
+            a, b = (a[0] if isinstance(a, list) else a)[k], (b[0] if isinstance(b, list) else b)[k]
+        assert a == b, path
+    assert up["provenance"]["kind"] == "fitted from llama-bench (upstream llama.cpp on the H200)"
+    assert "prediction/calibration.llama-bench.json" in up["provenance"]["devices.compute"]
+    assert "prediction-ngl/calibration.llama-bench.json" in up["provenance"]["devices.compute.host_layer"]
+    assert probe["name"] == "h200-gen5x16-kvpipe" and up["name"] == "h200-gen5x16"
 
 
 def test_estimated_presets_keep_their_physical_ceilings() -> None:
@@ -302,7 +325,7 @@ def test_simulated_drain_reproduces_the_measured_h200_schedule() -> None:
 
     figures = Path(__file__).resolve().parents[2] / "docs" / "figures"
     rows = {(r["context"], r["depth"]): r["ms"] for r in json.loads((figures / "reproduction-gpu-schedule.json").read_text())["rows"]}
-    h200, rtx4070 = load_profile("h200-gen5x16"), load_profile("rtx4070-gen4x16")
+    h200, rtx4070 = load_profile("h200-gen5x16-kvpipe"), load_profile("rtx4070-gen4x16")
     for drain, tol in ((True, 0.05), (False, None)):
         dev = dc_replace(h200.devices[0], compute=rtx4070.devices[0].compute, copy_engine_drains_stream=drain)
         hw = dc_replace(h200, devices=(dev,))

@@ -17,7 +17,7 @@ TERMS = {"layer_seq_us": 3.0, "attn_seq_us": 20.0, "cpu_row_us": 2.0}
 
 
 def test_each_sequence_past_the_first_adds_its_terms_to_its_splits() -> None:
-    base = read_profile_dict("h200-gen5x16")[0]["devices"][0]["compute"]
+    base = read_profile_dict("h200-gen5x16-kvpipe")[0]["devices"][0]["compute"]
     comp = compute_model_of({**base, **TERMS})
     one = compute_model_of(base)
     m, q = load_model("qwen3.8-27b"), cache_type("q8_0")  # hybrid: 3 recurrent layers beside each attention layer
@@ -33,7 +33,7 @@ def test_each_sequence_past_the_first_adds_its_terms_to_its_splits() -> None:
 
 
 def test_calibrate_batch_recovers_the_terms_on_the_simulated_machine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    d = copy.deepcopy(read_profile_dict("h200-gen5x16")[0])
+    d = copy.deepcopy(read_profile_dict("h200-gen5x16-kvpipe")[0])
     d["workloads"] = {"llama-3.1-8b@q8_0": {"cache_type": "q8_0", "compute": {**d["devices"][0]["compute"], **TERMS}}}
     truth, out = tmp_path / "truth.json", tmp_path / "fit.json"
     truth.write_text(json.dumps(d))
@@ -48,7 +48,7 @@ def test_calibrate_batch_recovers_the_terms_on_the_simulated_machine(tmp_path: P
 
 
 def test_simulate_json_shows_the_terms_as_their_own_breakdown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    d = copy.deepcopy(read_profile_dict("h200-gen5x16")[0])
+    d = copy.deepcopy(read_profile_dict("h200-gen5x16-kvpipe")[0])
     d["devices"][0]["compute"].update(TERMS)
     prof = tmp_path / "p.json"
     prof.write_text(json.dumps(d))

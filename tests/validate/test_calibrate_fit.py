@@ -61,7 +61,7 @@ def test_the_fastest_round_wins_even_when_most_rounds_were_slow() -> None:
 
 
 def test_calibrate_workload_runs_on_the_simulated_machine_and_fits_its_compute() -> None:
-    hw = load_profile("h200-gen5x16")
+    hw = load_profile("h200-gen5x16-kvpipe")
     model = functional_model(load_model("llama-3.1-8b"))
     be = SimMachine(hw, functional=True)
     steps: list[str] = []

@@ -20,7 +20,7 @@ TRUTH = {"weight_GBps": 3200.0, "attn_GBps": 1500.0, "host_attn_us": 25.0, "host
 
 
 def _truth() -> dict[str, Any]:
-    d, _ = read_profile_dict("h200-gen5x16")
+    d, _ = read_profile_dict("h200-gen5x16-kvpipe")
     d = copy.deepcopy(d)
     d["nkvo_attention"] = "host"
     for dev in d["devices"]:

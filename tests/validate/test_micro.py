@@ -13,7 +13,7 @@ from validate import micro
 SIZES = micro.LINK_SIZES[:8]  # 4 KiB .. 256 MiB
 
 
-@pytest.fixture(params=["rtx4070-gen4x16", "h200-gen5x16"])
+@pytest.fixture(params=["rtx4070-gen4x16", "h200-gen5x16-kvpipe"])
 def hw(request: pytest.FixtureRequest) -> HardwareProfile:
     return load_profile(request.param)
 
@@ -48,7 +48,7 @@ def test_curve_points_give_the_measured_times_back() -> None:
 
 
 def test_engines_tell_one_fifo_engine_and_the_duplex_slowdown_from_two_engines() -> None:
-    h200 = load_profile("h200-gen5x16")
+    h200 = load_profile("h200-gen5x16-kvpipe")
     m = SimMachine(h200)
     one = micro.run_on(m, micro.engines(m))
     assert one["h2d_fifo"] and one["d2h_fifo"]

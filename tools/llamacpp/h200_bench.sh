@@ -5,6 +5,8 @@
 #   run(command="bash tools/llamacpp/h200_bench.sh bench", carry=[".lcp"])      # next call, while the machine is warm
 #   run(command="bash tools/llamacpp/h200_bench.sh fa0", carry=[".lcp"])        # build, then -fa 0 (attention on the CPU
 #                                                                                 under -nkvo: kvpipe's host-attention arm)
+#   run(command="bash tools/llamacpp/h200_bench.sh ngl", carry=[".lcp"])        # build, then the -ngl grid of issue 24
+#                                                                                 (layers before the last -ngl on the CPU)
 # .lcp/llama.cpp-src.tar.xz is the stripped llama.cpp tree from the llama-cpp-python 0.3.36 sdist (see its
 # KVPIPE-SOURCE.txt). Every step is idempotent: the tree, the build (ninja resumes), the GGUF and each finished bench set
 # live under $LCP (/tmp, so only while the machine stays warm: 30 s after a call) and are reused by the next call.
@@ -14,7 +16,7 @@
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 PHASE=${1:-all}
-case $PHASE in all|build|bench|fa0) ;; *) echo "h200_bench.sh: phase '$PHASE'; expected all, build, bench or fa0" >&2; exit 2;; esac
+case $PHASE in all|build|bench|fa0|ngl) ;; *) echo "h200_bench.sh: phase '$PHASE'; expected all, build, bench, fa0 or ngl" >&2; exit 2;; esac
 ROOT=$(pwd)
 T0=$(date +%s)
 DEADLINE=${LCP_DEADLINE:-570}             # seconds into this call: the device kills a call at 600 s
@@ -25,6 +27,7 @@ CUDA=${LCP_CUDA:-ON}
 JOBS=${LCP_JOBS:-16}
 LAYERS=${LCP_LAYERS:-}                   # empty: the preset's 32
 REPS=${LCP_REPS:-5}
+NGL=99                                    # llama-bench -ngl; the ngl phase sets it per bench
 FA=${LCP_FA:-1}                           # llama-bench -fa: 1 (attention on the GPU even under -nkvo), 0 (fa0 phase)
 NGEN=${LCP_NGEN:-64}
 D_RESIDENT=${LCP_D_RESIDENT:-1024,2048,4096,8192,16384,32768,65536}
@@ -97,19 +100,23 @@ bench() {
   if [ -f "$LCP/done/$name" ]; then log "$name: done in an earlier call"; return 0; fi
   local budget=$(( $(left) - 10 ))
   if [ $budget -lt 20 ]; then log "$name: skipped, $budget s left"; return 1; fi
-  local cmd=("$BENCH" -m "$MODEL" -ngl 99 -fa "$FA" -p 0 -n "$NGEN" -r "$REPS" -o json --progress "$@")
+  local cmd=("$BENCH" -m "$MODEL" -ngl "$NGL" -fa "$FA" -p 0 -n "$NGEN" -r "$REPS" -o json --progress "$@")
   echo "$name: ${cmd[*]}" >> "$RUN/commands.txt"
   local b0=$(date +%s)
   timeout "$budget" "${cmd[@]}" > "$RUN/$name.json" 2> >(while IFS= read -r l; do echo "$(( $(date +%s) - b0 )) $l"; done > "$RUN/$name.err")
   local rc=$?
-  log "$name: rc=$rc in $(( $(date +%s) - b0 )) s: $(python3 - "$RUN/$name.json" <<'PY'
+  log "$name: rc=$rc in $(( $(date +%s) - b0 )) s: $(python3 - "$RUN/$name.json" "${HIDE:-}" <<'PY'
 import json, sys
 t = open(sys.argv[1]).read().rstrip().rstrip(",")
 try:
     rows = json.loads(t if t.endswith("]") else t + "]")
 except ValueError:
     rows = []
-print("; ".join(f"{r['type_k']} nkvo={int(r['no_kv_offload'])} d={r['n_depth']}: {r['avg_ts']:.2f} t/s" for r in rows) or "no result")
+if sys.argv[2]:  # a held-out run: its figures stay unread until the prediction is written
+    print(f"{len(rows)} rows (held out: figures not shown)")
+else:
+    print("; ".join(f"{r['type_k']} ngl={r['n_gpu_layers']} nkvo={int(r['no_kv_offload'])} d={r['n_depth']}: "
+                    f"{r['avg_ts']:.2f} t/s" for r in rows) or "no result")
 PY
 )"
   [ $rc -eq 0 ] && touch "$LCP/done/$name"
@@ -122,7 +129,7 @@ sched_listing() {
   local nkvo=$1 name=sched-nkvo$1${2:-} ct=${3:-q8_0}
   if [ -f "$LCP/done/$name" ]; then log "$name: done in an earlier call"; return 0; fi
   [ $(left) -lt 40 ] && { log "$name: skipped, $(left) s left"; return 1; }
-  local cmd=("$BENCH" -m "$MODEL" -ngl 99 -fa "$FA" -p 0 -n 2 -r 1 --no-warmup -d "$D_SCHED" -ctk "$ct" -ctv "$ct" -nkvo "$nkvo" -o json -v)
+  local cmd=("$BENCH" -m "$MODEL" -ngl "$NGL" -fa "$FA" -p 0 -n 2 -r 1 --no-warmup -d "$D_SCHED" -ctk "$ct" -ctv "$ct" -nkvo "$nkvo" -o json -v)
   echo "$name: GGML_SCHED_DEBUG=2 ${cmd[*]}" >> "$RUN/commands.txt"
   GGML_SCHED_DEBUG=2 timeout $(( $(left) - 10 )) "${cmd[@]}" > "$RUN/$name.json" 2> "$RUN/$name.log"
   log "$name: rc=$?"
@@ -176,6 +183,18 @@ if [ "$PHASE" = fa0 ]; then
   FA=0
   bench fa0-f16 -ctk f16 -ctv f16 -nkvo 0,1 -d "${LCP_D_FA0:-256,512,1024,2048}"
   sched_listing 1 -fa0 f16
+  exit 0
+fi
+if [ "$PHASE" = ngl ]; then
+  # -ngl N puts the last N of the n_layer + 1 layers (the output layer counts as the last) on the GPU, so -ngl 33 is
+  # every layer of the 32-layer model and -ngl 25 leaves layers 0..7 (8 layers) on the CPU. Calibration runs first, then
+  # the held-out ones (HIDE: their figures stay out of the summary), then the second depth, then a split listing.
+  REPS=${LCP_REPS:-3}
+  for d in ${LCP_D_NGL:-4096 1024}; do
+    for n in ${LCP_NGL_FIT:-33 25 9}; do NGL=$n bench ngl$n-d$d -ctk q8_0 -ctv q8_0 -nkvo 0,1 -d "$d"; done
+    for n in ${LCP_NGL_HELD:-29 17}; do NGL=$n HIDE=1 bench ngl$n-d$d -ctk q8_0 -ctv q8_0 -nkvo 0,1 -d "$d"; done
+  done
+  NGL=25 sched_listing 0 -ngl25
   exit 0
 fi
 bench resident-q8_0 -ctk q8_0 -ctv q8_0 -nkvo 0 -d "$D_RESIDENT"
