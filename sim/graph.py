@@ -303,7 +303,7 @@ def decode_graph(
             cpu_s += comp(0).host_attention_seconds(window_bytes(j))
             row_ins = (SmallInput(f"q_cur_l{a}", model.n_head * model.head_dim_k * 4 * n_tok, False, row_ins[0].host_offset), *row_ins)
             after = (SmallInput(f"attn_out_l{a}", model.n_head * model.head_dim_v * 4 * n_tok, True),)
-        add(kind="cpu", device=-1, name=f"cpu_rows_l{a}", compute_s=cpu_s, layers=(a,), ordered=row_ins)
+        add(kind="cpu", device=-1, name=f"cpu_rows_l{a}", compute_s=cpu_s, layers=(a,), ordered=row_ins, stores_rows=True)
         pending = {"name": f"gpu_attn_l{a}", "layers": list(range(a, end)), "attn_j": j, "ordered": after, "resident": ()}
     gpu(**pending, head=True)
     return DecodeGraph(

@@ -197,6 +197,9 @@ class Split:
     #: The new K/V rows this split writes into the device's KV buffer (one K and one V input per resident layer;
     #: ``host_offset``/``rows`` name the cells, at the host cache's offsets).
     resident_rows: tuple[SmallInput, ...] = ()
+    #: A CPU split that stores the new K/V rows of a host-cache layer (the resident arm has none: its kernels write
+    #: the device's cache); a CPU split that runs layers (``-ngl``) runs on every arm that runs kernels.
+    stores_rows: bool = False
 
 
 @dataclass(frozen=True)

@@ -289,8 +289,8 @@ class TransportScheduler(OrderedPath):
         for split in graph.splits:
             if split.kind == "gpu":
                 yield from self._gpu_split(split, plans.get(split.device), stats)
-            elif self.cfg.arm in ("transport", "host-attention"):  # resident: the kernels write the device cache; copy-only: none
-                yield from self._cpu_split(split, stats)
+            elif self.cfg.arm in ("transport", "host-attention") or (self.cfg.arm == "resident" and not split.stores_rows):
+                yield from self._cpu_split(split, stats)  # resident: the kernels store the rows, the CPU layers still run
         # The decode loop reads the logits: the host waits for every device still running
         # (not after an intermediate ubatch, whose output nobody reads: the boundary wait covers it).
         if graph.reads_output:
