@@ -40,7 +40,7 @@ from sim.memory import (
 )
 from sim.simulate import GRAPH_BASE_BYTES, Point, io_bytes_for
 from sim.transport.config import TransportConfig
-from sim.workload import Workload
+from sim.workload import Workload, ngl_of
 
 BUILDS = ("fork", "upstream")
 FORK = "GenerelSchwerz/llama.cpp (pull requests #39, #66, #92)"
@@ -62,7 +62,7 @@ class Choice:
     """One way to run a context, simulated: arm, kv-gpu-layers, depth, budget, t/s and the memory it uses."""
 
     resident: bool  # the whole cache on the device (no -nkvo)
-    n_gpu_layers: int
+    n_gpu_layers: int  # llama.cpp's -ngl (99: every layer)
     kv_gpu_layers: int
     pinned: bool
     depth: int
@@ -183,7 +183,7 @@ def choice_of(pt: Point, row: dict[str, Any], limits: Limits) -> Choice:
     resident = tc.arm == "resident"
     ring = 0 if row["declined"] else int(row["ring_alloc_mib"] * MIB)
     mem = device_memory(wl, limits.vram_bytes, pt.hardware.devices[0].memory_reserved_bytes, kv_offload=resident, ring_bytes=ring)
-    return Choice(resident, min(wl.n_gpu_layers, wl.model.n_layers), wl.kv_gpu_layers, wl.pinned, tc.depth,
+    return Choice(resident, ngl_of(wl), wl.kv_gpu_layers, wl.pinned, tc.depth,
                   tc.budget_mib, float(row["tokens_per_s"]), row.get("tokens_per_s_interval"), mem,
                   host_need_bytes(wl, resident), bool(row["declined"]), str(row.get("cpu_layers_cost", "")))
 
@@ -243,7 +243,8 @@ class FitPlan:
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model, "hardware": self.hardware, "vram_gib": self.limits.vram_bytes / GIB,
                 "vram_from": self.limits.vram_from, "host_mem_gib": self.limits.host_bytes / GIB,
-                "host_mem_from": self.limits.host_from, "n_gpu_layers": self.ngl, "weights_verdict": self.verdict,
+                "host_mem_from": self.limits.host_from, "gpu_layers": min(self.ngl, self.n_layers),
+                "weights_verdict": self.verdict,
                 "largest_host_cache_context": self.largest_host_context,
                 "largest_resident_context": self.largest_resident_context,
                 "min_tps": self.min_tps, "largest_context_at_min_tps": self.largest_at_min_tps}
@@ -299,8 +300,9 @@ def weights_verdict(wl: Workload, limits: Limits, reserved: int) -> tuple[str, i
     ngl = ngl_that_fits(wl, limits, reserved)
     return (f"{wl.model.name}: {weights_on_devices(wl, 1)[0] / GIB:.1f} GiB of weights on the GPU do not fit "
             f"{limits.vram_bytes / GIB:.2f} GiB ({limits.vram_from}) beside the driver's {reserved / GIB:.2f} GiB and "
-            f"llama.cpp's compute buffer (~{compute_buffer_bytes(wl) / GIB:.2f} GiB, an estimate): -ngl {ngl} of "
-            f"{wl.model.n_layers} layers at most ({UPSTREAM})"), ngl
+            f"llama.cpp's compute buffer (~{compute_buffer_bytes(wl) / GIB:.2f} GiB, an estimate): -ngl "
+            f"{ngl_of(replace(wl, n_gpu_layers=ngl))} at most ({ngl} of {wl.model.n_layers} layers on the GPU and the output "
+            f"layer; {UPSTREAM})"), ngl
 
 
 def plan_fit(req: Any) -> FitPlan:
@@ -351,7 +353,7 @@ def plan_fit(req: Any) -> FitPlan:
 
 
 def _how(c: Choice, n_layers: int) -> str:
-    ngl = f"-ngl {c.n_gpu_layers}, " if c.n_gpu_layers < n_layers else ""
+    ngl = f"-ngl {c.n_gpu_layers}, " if c.n_gpu_layers <= n_layers else ""
     if c.resident:
         return ngl + "cache on the device"
     how = ngl + f"host cache, depth {c.depth}" + (f", {c.budget_mib:g} MiB" if c.depth else "")
@@ -383,7 +385,7 @@ def render_fit(fp: FitPlan, cache_type: str) -> str:
     for f in fp.fits:
         if f.best is None:
             lines.append(f"{f.context:,}: {f.reason}")
-    at = f" at -ngl {fp.ngl}" if fp.ngl < fp.n_layers else ""
+    at = f" at {fp.ngl} GPU layers" if fp.ngl < fp.n_layers else ""
     lines.append(f"largest context that fits{at}: {fp.largest_host_context:,} with the host cache, "
                  f"{fp.largest_resident_context:,} with the cache on the device")
     if fp.min_tps is not None:

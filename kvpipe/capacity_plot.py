@@ -51,7 +51,7 @@ def memory_plan(fp: FitPlan, cache_type: str) -> Any:
     missing = [f"{f.context:,}" for f in fp.fits if f.best is None]
     title = f"{fp.model} ({cache_type} KV) on {fp.hardware}, {fp.limits.vram_bytes / GIB:.1f} GiB"
     if fp.ngl < fp.n_layers:
-        title += f", -ngl {fp.ngl} of {fp.n_layers}"
+        title += f", {fp.ngl} of {fp.n_layers} layers on the GPU"
     top.set_title(title + (f" (does not fit: {', '.join(missing)})" if missing else ""), fontsize=10)
     base = [0.0] * len(fits)
     for key, label, colour in PARTS:

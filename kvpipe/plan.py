@@ -43,7 +43,7 @@ from sim.points import GridSpec
 from sim.points import points as grid_points
 from sim.simulate import Point
 from sim.transport.config import MAX_BUDGET_MIB, MAX_DEPTH, MIB, TransportConfig
-from sim.workload import ALL_LAYERS, WINDOW_PAD_ROWS, Workload
+from sim.workload import ALL_LAYERS, WINDOW_PAD_ROWS, Workload, layers_of_ngl
 
 DEFAULT_BUDGET_MIB = TransportConfig().budget_mib
 #: Gains closer than this are a tie: two depths that run the same schedule differ by float noise (~1e-14), which
@@ -89,8 +89,9 @@ class PlanRequest:
             raise InputError(f"--build {self.build!r} unknown; allowed: fork (GenerelSchwerz/llama.cpp), upstream")
         if self.min_tps is not None and not (math.isfinite(self.min_tps) and self.min_tps > 0):
             raise InputError(f"--min-tps {self.min_tps:g} out of range; allowed: a number of tokens/s > 0")
-        if self.n_gpu_layers < 0:
-            raise InputError(f"-ngl {self.n_gpu_layers} out of range; allowed: a whole number >= 0 (99: every layer)")
+        if self.n_gpu_layers < 1:
+            raise InputError(f"-ngl {self.n_gpu_layers} out of range; allowed: a whole number >= 1 (llama.cpp's -ngl; 99: "
+                             "every layer)")
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,11 @@ def points(req: PlanRequest, contexts: list[int], depths: list[int], budget_mib:
             model = with_weights_type(pts[0].workload.model, req.weights_type) if req.weights_type else pts[0].workload.model
         except ValueError as exc:
             raise InputError(str(exc)) from None
-        pts = [replace(p, workload=replace(p.workload, model=model, n_gpu_layers=req.n_gpu_layers)) for p in pts]
+        try:  # the flag is llama.cpp's -ngl, which counts the output layer
+            gpu_layers = layers_of_ngl(req.n_gpu_layers, model.n_layers) if req.n_gpu_layers != ALL_LAYERS else ALL_LAYERS
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        pts = [replace(p, workload=replace(p.workload, model=model, n_gpu_layers=gpu_layers)) for p in pts]
     return pts
 
 

@@ -113,7 +113,7 @@ class _Shape:
 
     staged: tuple[tuple[int, int, int, int], ...]
     gpu_devices: tuple[int, ...]
-    host_cache_bytes: int
+    host_cache_bytes: int  # the resident arm's device copy: the host cache past the -ngl CPU layers' blocks
     device_kv: tuple[int, ...] = ()  # the devices that keep the --kv-gpu-layers prefix
     device_kv_bytes: int = 0
 
@@ -146,7 +146,7 @@ def _build_shape(point: Point, step: int, spans: list[Any]) -> _Shape:
         staged.append((dev, need, max(full_need(s, graph, spans[dev]) for s in splits), len(splits)))
     gpus = tuple(sorted({s.device for s in graph.splits if s.kind == "gpu"}))
     kv = tuple(sorted({s.device for s in graph.splits if s.resident}))
-    return _Shape(tuple(staged), gpus, graph.host_cache_bytes, kv, graph.device_kv_bytes)
+    return _Shape(tuple(staged), gpus, graph.host_cache_bytes - graph.host_only_kv_bytes, kv, graph.device_kv_bytes)
 
 
 class _DoesNotFit(Exception):

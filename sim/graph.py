@@ -314,6 +314,7 @@ def decode_graph(
         host_cache_bytes=layout.nbytes,
         positions=tuple(r for _, r in writes),
         device_kv_bytes=layout.k_offset(wl.kv_gpu_layers) if wl.kv_gpu_layers else 0,
+        host_only_kv_bytes=layout.k_offset(sum(1 for a in model.attn_layers if a < wl.gpu_layer_start)),
     )
 
 

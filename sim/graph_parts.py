@@ -215,6 +215,9 @@ class DecodeGraph:
     host_writes_at_start: tuple[tuple[int, int], ...] = field(default=())  # (offset, nbytes) written before split 0
     reads_output: bool = True  # False: an intermediate ubatch whose logits the loop does not read (no host sync at its end)
     device_kv_bytes: int = 0  # the host cache's first bytes a device keeps (--kv-gpu-layers: those layers' K and V blocks)
+    #: The host cache's bytes of the attention layers that run on the CPU (-ngl: the first ones): the resident arm's
+    #: device copy starts after them, as llama.cpp keeps a CPU layer's KV in host memory.
+    host_only_kv_bytes: int = 0
 
     @computed_once
     def staged_splits(self) -> tuple[Split, ...]:

@@ -18,7 +18,7 @@ from backends.profile import HardwareProfile, for_workload, load_profile
 from sim.errors import InputError
 from sim.simulate import Point
 from sim.transport.config import TransportConfig
-from sim.workload import ALL_LAYERS, CacheType, ModelShape, Workload, cache_type, load_model
+from sim.workload import ALL_LAYERS, CacheType, ModelShape, Workload, cache_type, layers_of_ngl, load_model
 
 
 @dataclass(frozen=True)
@@ -92,12 +92,13 @@ def points(spec: GridSpec) -> list[Point]:
         for (m, h, c, cv, ctx, npar), (kv, ngl, off, d, b) in itertools.product(workloads, placements):
             if not off and (d, b, kv) != (spec.depths[0], spec.budgets_mib[0], spec.kv_gpu_layers[0]):
                 continue  # the resident arm has no depth or budget, and every layer's KV on the device: one point per context
-            if ngl < 1:
-                raise InputError(f"--n-gpu-layers {ngl} out of range; allowed: 1.. (>= {m.n_layers}: every layer of "
-                                 f"{m.name} on the GPU; kvpipe models the output head on the GPU)")
+            try:
+                gpu_layers = layers_of_ngl(ngl, m.n_layers)  # the flag is llama.cpp's -ngl (the output layer counts)
+            except ValueError as exc:
+                raise InputError(f"--n-gpu-layers: {exc}") from None
             wl = Workload(m, c, cv or c, ctx, tokens=spec.tokens, pinned=spec.pinned, n_parallel=npar, unified=spec.unified,
                           ctx_size=spec.ctx_size, split_mode=spec.split_mode, tensor_split=spec.tensor_split,
-                          flat_prefix=spec.flat_prefix, kv_gpu_layers=kv if off else 0, n_gpu_layers=ngl)
+                          flat_prefix=spec.flat_prefix, kv_gpu_layers=kv if off else 0, n_gpu_layers=gpu_layers)
             if wl.split_mode != "none" and len(h.devices) < 2:
                 raise InputError(f"--split-mode {wl.split_mode} needs several devices; give --hardware A+B (got {h.name})")
             host_attn = off and nkvo_attention(h) == "host"

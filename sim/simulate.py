@@ -31,7 +31,7 @@ from sim.graph import DecodeGraph, cost_terms_ms, decode_graph
 from sim.memory import compute_buffer_bytes, held_before_ring, weights_on_devices
 from sim.placement import cpu_layers_cost
 from sim.transport.scheduler import MIB, GraphStats, Program, TransportConfig, TransportScheduler
-from sim.workload import Workload
+from sim.workload import Workload, ngl_of
 
 GRAPH_BASE_BYTES = 16 * MIB
 ROW_SCHEMA = "kvpipe.row/1"  # the result row's version (docs/schema.md)
@@ -289,7 +289,7 @@ def placement_fields(wl: Workload, compute: ComputeModel | None = None) -> dict[
     if wl.kv_gpu_layers:
         out["kv_gpu_layers"] = wl.kv_gpu_layers
     if wl.gpu_layer_start:
-        out["n_gpu_layers"] = wl.model.n_layers - wl.gpu_layer_start
+        out["n_gpu_layers"] = ngl_of(wl)  # llama.cpp's -ngl: the GPU layers and the output layer
         if compute is not None:
             out["cpu_layers_cost"] = cpu_layers_cost(compute)
     return out

@@ -24,7 +24,7 @@ from sim.sequences import SequenceCells
 
 __all__ = [
     "ALL_LAYERS", "CACHE_TYPES", "MAX_CONTEXT", "SPLIT_MODES", "WINDOW_PAD_ROWS", "CacheType", "ModelShape", "Workload", "cache_type",
-    "load_model", "model_preset_names", "pad_rows",
+    "layers_of_ngl", "load_model", "model_preset_names", "ngl_of", "pad_rows",
 ]
 
 WINDOW_PAD_ROWS = 256
@@ -215,6 +215,24 @@ class Workload:
             acc += p
             bounds.append(round(acc / total * n))
         return tuple(next(d for d, b in enumerate(bounds) if layer < b) for layer in range(n))
+
+
+def layers_of_ngl(ngl: int, n_layers: int) -> int:
+    """``Workload.n_gpu_layers`` (repeating layers on the GPU) of llama.cpp's ``-ngl ngl``, which counts the output
+    layer as the last of ``n_layers + 1``: more than ``n_layers`` puts every layer on the GPU, ``-ngl N`` the last
+    ``N - 1`` (measured: ``-ngl 25`` of a 32-layer model left layers 0-7 on the CPU, docs/validation.md). Raises
+    ValueError for ``-ngl`` < 1 (the output layer on the CPU, which kvpipe does not model)."""
+    if ngl > n_layers:
+        return ALL_LAYERS
+    if ngl < 1:
+        raise ValueError(f"-ngl {ngl} out of range; allowed: 1..{n_layers} (the first layers on the CPU; llama.cpp counts "
+                         f"the output layer) or more (every layer on the GPU)")
+    return ngl - 1
+
+
+def ngl_of(wl: Workload) -> int:
+    """llama.cpp's ``-ngl`` for ``wl``'s placement: its GPU layers plus the output layer (``99`` for every layer)."""
+    return 99 if wl.gpu_layer_start == 0 else wl.model.n_layers - wl.gpu_layer_start + 1
 
 
 def pad_rows(rows: int, pad: int = WINDOW_PAD_ROWS) -> int:

@@ -45,21 +45,18 @@ import numpy as np
 from backends.profile import ComputeModel, profile_from_dict
 from sim.errors import InputError
 from sim.graph import decode_graph
-from sim.workload import ALL_LAYERS, CacheType, ModelShape, Workload
+from sim.workload import ALL_LAYERS, CacheType, ModelShape, Workload, layers_of_ngl
 from validate.token_fit import TokenRun, simulated_s, workload_of
 
 __all__ = ["closed_form_s", "fit_cpu_layers", "partial_residuals", "sim_runs_cpu_layers", "workload_gpu_layers"]
 
 
 def workload_gpu_layers(ngl: int, model: ModelShape, where: str = "") -> int:
-    """``Workload.n_gpu_layers`` of llama.cpp's ``-ngl ngl`` (the output layer is its last). Raises InputError on -ngl 0."""
-    if ngl > model.n_layers:
-        return ALL_LAYERS
-    if ngl < 1:
-        raise InputError(f"{where}n_gpu_layers {ngl} of {model.n_layers} layers: the output layer on the CPU; "
-                         f"allowed: -ngl 1..{model.n_layers} (the first layers on the CPU) or more (every layer on the GPU)")
-    return ngl - 1
-
+    """``Workload.n_gpu_layers`` of llama.cpp's ``-ngl ngl`` (``sim.workload.layers_of_ngl``). Raises InputError on -ngl 0."""
+    try:
+        return layers_of_ngl(ngl, model.n_layers)
+    except ValueError as exc:
+        raise InputError(f"{where}n_gpu_layers {ngl} of {model.n_layers} layers: the output layer on the CPU; {exc}") from None
 
 def _compute(profile: dict[str, Any]) -> ComputeModel:
     return profile_from_dict(profile, str(profile.get("name", "profile"))).devices[0].compute

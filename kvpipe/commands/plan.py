@@ -68,8 +68,9 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("model", "hardware", "cache_type"):
         if "," in getattr(args, flag):
             raise UsageError("plan takes one model, one hardware and one cache type")
-    if args.n_gpu_layers is not None and args.n_gpu_layers < 0:
-        raise UsageError(f"-ngl {args.n_gpu_layers} out of range; allowed: a whole number >= 0 (99: every layer)")
+    if args.n_gpu_layers is not None and args.n_gpu_layers < 1:
+        raise UsageError(f"-ngl {args.n_gpu_layers} out of range; allowed: a whole number >= 1 (llama.cpp's -ngl; 99: every "
+                         "layer)")
     from kvpipe.capacity import plan_fit, render_fit
     from kvpipe.plan import PlanRequest, render
     from sim.workload import ALL_LAYERS

@@ -145,36 +145,40 @@ class OrderedPath:
             off += spanned
             yield from self._blocking_copy(self.consumer[dev], gm, self.host_cache, ranges, stats, inp.name)
 
-    def _make_resident(self, devices: list[int], stats: GraphStats, nbytes: int = 0) -> HostOp:
-        """The cache's first ``nbytes`` (0: the whole cache, the resident arm; else the --kv-gpu-layers prefix) on each
-        device, allocated and copied once (the first graph's ordered bytes). Blocks for the copy."""
-        nbytes = nbytes or self.host_cache.nbytes
+    def _make_resident(self, devices: list[int], stats: GraphStats, nbytes: int = 0, start: int = 0) -> HostOp:
+        """The cache's bytes ``start`` .. ``start + nbytes`` (0: to its end; the resident arm past the -ngl CPU layers'
+        blocks, or the --kv-gpu-layers prefix) on each device, allocated and copied once (the first graph's ordered
+        bytes); ``self.resident_base`` remembers ``start``. Blocks for the copy."""
+        nbytes = nbytes or self.host_cache.nbytes - start
+        self.resident_base = start
         for dev in devices:
             if dev not in self.resident:
                 self.resident[dev] = self.be.alloc(dev, nbytes, f"resident{dev}")
-                whole = [CopyRange(0, 0, nbytes)]
+                whole = [CopyRange(start, 0, nbytes)]
                 yield from self._blocking_copy(self.consumer[dev], self.resident[dev], self.host_cache, whole, stats, "resident")
 
     @classmethod
     def _bind_device_kv(cls, bindings: dict[str, Binding], pieces: dict[str, Binding], inputs: Sequence[StagedInput],
-                        cache: Buffer) -> None:
+                        cache: Buffer, base: int = 0) -> None:
         """Bind ``inputs`` where the device's copy of the cache (the resident arm's, or the --kv-gpu-layers prefix)
-        holds them, and the copy itself as ``resident:cache``: the split's kernels write their new rows there."""
+        holds them (host-cache offsets less ``base``, where the copy starts), and the copy itself as
+        ``resident:cache``: the split's kernels write their new rows there."""
         for inp in inputs:
-            cls._bind_resident(bindings, pieces, inp, cache)
+            cls._bind_resident(bindings, pieces, inp, cache, base)
         bindings["resident:cache"] = (cache, 0, cache.nbytes)
 
     @staticmethod
-    def _bind_resident(bindings: dict[str, Binding], pieces: dict[str, Binding], inp: StagedInput, cache: Buffer) -> None:
-        """Bind ``inp`` where the resident cache holds it: at its host-cache offsets (one range per stream)."""
+    def _bind_resident(bindings: dict[str, Binding], pieces: dict[str, Binding], inp: StagedInput, cache: Buffer,
+                       base: int = 0) -> None:
+        """Bind ``inp`` where the resident cache holds it: at its host-cache offsets less ``base`` (one range per stream)."""
         first = inp.pieces[0]
         if len(inp.pieces) == 1:
-            bindings[f"window:{inp.name}"] = (cache, first.src_offset, first.nbytes)
+            bindings[f"window:{inp.name}"] = (cache, first.src_offset - base, first.nbytes)
             return
         for i, p in enumerate(inp.pieces):
-            pieces[f"window:{inp.name}#{i}"] = (cache, p.src_offset, p.nbytes)
+            pieces[f"window:{inp.name}#{i}"] = (cache, p.src_offset - base, p.nbytes)
         last = inp.pieces[-1]
-        bindings[f"window:{inp.name}"] = (cache, first.src_offset, last.src_offset + last.nbytes - first.src_offset)
+        bindings[f"window:{inp.name}"] = (cache, first.src_offset - base, last.src_offset + last.nbytes - first.src_offset)
 
     # pipelined pieces ------------------------------------------------
 

@@ -127,6 +127,7 @@ class TransportScheduler(OrderedPath):
         self.graph_mem: dict[int, Buffer] = {}
         self.io_dev: dict[int, Buffer] = {}
         self.resident: dict[int, Buffer] = {}
+        self.resident_base = 0  # the host-cache offset where the resident arm's device copy starts (past -ngl CPU layers)
         self.io_host = backend.alloc_host(io_bytes, "io_host", pinned=True)
         self.kernel_io_bytes = KERNEL_IO_BYTES
         self.history: list[GraphStats] = []
@@ -229,8 +230,8 @@ class TransportScheduler(OrderedPath):
                     raise self._does_not_fit(dev, need)
             if dev not in self.io_dev:
                 self.io_dev[dev] = self.be.alloc(dev, self.io_bytes, f"io{dev}")
-        if self.cfg.arm == "resident":
-            yield from self._make_resident(sorted(devices), stats)
+        if self.cfg.arm == "resident":  # past the -ngl CPU layers' blocks, which stay in host memory
+            yield from self._make_resident(sorted(devices), stats, start=graph.host_only_kv_bytes)
 
     def _does_not_fit(self, dev: int, need: int) -> OutOfDeviceMemory:
         free = self.be.free_bytes(dev) + (self.graph_mem[dev].nbytes if dev in self.graph_mem else 0)
@@ -311,7 +312,7 @@ class TransportScheduler(OrderedPath):
             yield from self._small_inputs(split, stats, bindings)
         pipelined = plan is not None and plan.active and bool(split.staged)
         if self.cfg.arm == "resident":
-            self._bind_device_kv(bindings, pieces, split.staged + split.resident, self.resident[dev])
+            self._bind_device_kv(bindings, pieces, split.staged + split.resident, self.resident[dev], self.resident_base)
         elif split.staged and not pipelined:
             yield from self._ordered_windows(split, stats, bindings, pieces)
         elif pipelined:  # the delivery's late ranges on the consumer stream, then a wait on its ``ready``

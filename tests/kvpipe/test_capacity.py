@@ -39,12 +39,13 @@ def test_an_8b_model_plans_on_a_12_gb_card_instead_of_a_false_out_of_memory(caps
 def test_weights_that_cannot_load_get_a_verdict_with_the_ngl_that_fits_never_a_gain(capsys: pytest.CaptureFixture[str]) -> None:
     got = _plan(capsys, "-m", "llama-3.1-70b", "--hardware", "rtx4070-gen4x16", "-d", "32768,65536")
     head = got[0]["memory_plan"]
-    assert "do not fit" in head["weights_verdict"] and f"-ngl {head['n_gpu_layers']} of 80" in head["weights_verdict"]
-    assert 0 < head["n_gpu_layers"] < 80
+    n = head["gpu_layers"]  # repeating layers on the GPU; llama.cpp's -ngl counts the output layer too
+    assert "do not fit" in head["weights_verdict"] and f"-ngl {n + 1} at most ({n} of 80 layers" in head["weights_verdict"]
+    assert 0 < n < 80
     for c in got:
         assert "uncapped_gain" not in c and "gain_by_depth" not in c  # no gain analysis for a model that cannot load
         best = c["memory_plan"]["best"]
-        assert best is not None and best["n_gpu_layers"] <= head["n_gpu_layers"] and best["memory_gib"]["free"] >= 0
+        assert best is not None and best["n_gpu_layers"] <= n + 1 and best["memory_gib"]["free"] >= 0
     assert main(["plan", "--tokens", "2", "--max-depth", "1", "--jobs", "1", "--host-mem", "64", "-m", "llama-3.1-70b",
                  "-d", "32768"]) == 0
     text = capsys.readouterr().out
@@ -102,7 +103,7 @@ def test_a_quantized_hf_config_weighs_what_its_type_says(tmp_path: Path, capsys:
     bf16 = _plan(capsys, "-m", str(path), "-d", "4096")[0]["memory_plan"]  # read as BF16: 15 GiB, not on a 12 GB card
     assert f"{8.03e9 * 2 / GIB:.1f} GiB of weights on the GPU do not fit" in bf16["weights_verdict"]
     q4 = _plan(capsys, "-m", str(path), "-d", "4096", "--weights-type", "q4_k_m")[0]["memory_plan"]
-    assert q4["weights_verdict"] == "" and q4["n_gpu_layers"] == 32
+    assert q4["weights_verdict"] == "" and q4["gpu_layers"] == 32
     assert q4["best"]["memory_gib"]["weights"] == pytest.approx(8.03e9 * 4.85 / 8 / GIB, rel=0.01)
 
 
@@ -110,6 +111,7 @@ def test_a_quantized_hf_config_weighs_what_its_type_says(tmp_path: Path, capsys:
     (["--vram", "64"], "--vram 64 GiB is above the card"),
     (["--vram", "0"], "--vram 0 out of range"),
     (["-ngl", "-1"], "-ngl -1 out of range"),
+    (["-ngl", "0"], "-ngl 0 out of range"),
     (["-ngl", "1.5"], "1.5"),
     (["--min-tps", "-3"], "--min-tps -3 out of range"),
     (["--weights-type", "q9_z"], "--weights-type 'q9_z' unknown"),
