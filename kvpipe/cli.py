@@ -1,6 +1,6 @@
 """The ``kvpipe`` command line: thin entry points over the library.
 
-Each command lives in its own module under ``sim/commands`` with
+Each command lives in its own module under ``kvpipe/commands`` with
 ``register(subparsers)`` and ``run(args) -> int``; this file only dispatches.
 Bad input anywhere becomes one line on stderr and exit code 2, never a
 traceback; a bug is one line and exit code 1, its traceback behind
@@ -18,6 +18,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from backends.files import clear_inputs
+from kvpipe.commands.paths import check_paths
 from sim.errors import InputError as UsageError
 
 COMMANDS = ("simulate", "bench", "sweep", "plan", "plot", "calibrate", "validate", "run", "report")
@@ -64,6 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return 2
+        clear_inputs()
+        check_paths(args)
         return int(args.func(args) or 0)
     except UsageError as exc:
         print(f"kvpipe: error: {exc}", file=sys.stderr)
