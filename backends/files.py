@@ -88,19 +88,21 @@ def input_named(path: str | Path) -> str | None:
 # ------------------------------------------------------------------- reading
 
 
-def read_bytes(path: str | Path, what: str, limit: int = SMALL_LIMIT, gz: bool = False) -> bytes:
-    """At most ``limit`` bytes of the file ``what`` at ``path`` (gzip inflated when ``gz``); noted as an input.
-    Raises InputError (a folder, unreadable, too large, bad gzip). Blocks on the read."""
+def read_bytes(path: str | Path, what: str, limit: int = SMALL_LIMIT, gz: bool = False, note: bool = True) -> bytes:
+    """At most ``limit`` bytes of the file ``what`` at ``path`` (gzip inflated when ``gz``); noted as an input unless
+    ``note`` is False (a file the command itself rewrites, a sweep's journal). Raises InputError (a folder, unreadable,
+    too large, bad gzip). Blocks on the read."""
     try:
         with open(path, "rb") as f:
             data = f.read(limit + 1)
     except IsADirectoryError:
-        raise InputError(f"{what} {shown(path)} is a folder; allowed: a file") from None
+        raise InputError(f"cannot read {what} {shown(path)}: it is a folder; allowed: a file") from None
     except OSError as exc:
         raise InputError(f"cannot read {what} {shown(path)}: {exc.strerror or exc}") from None
     if len(data) > limit:
         raise InputError(f"{what} {shown(path)} is larger than {limit // MIB:,} MiB; allowed: a file up to that size")
-    note_input(path)
+    if note:
+        note_input(path)
     if gz and data[:2] == b"\x1f\x8b":
         return gunzip(data, f"{what} {shown(path)}", limit)
     return data

@@ -128,23 +128,29 @@ def png_bytes(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def save(fig: Figure, prefix: str | Path, formats: Sequence[str] = FORMATS) -> list[Path]:
-    """Write ``prefix.png`` / ``prefix.svg``; returns the paths. Blocks on the writes (``sim.safe_write``)."""
+def rendered(fig: Figure, prefix: str | Path, formats: Sequence[str] = FORMATS) -> list[tuple[Path, bytes]]:
+    """``prefix.png`` / ``prefix.svg`` as (path, bytes), nothing written yet. Raises InputError on an unknown format."""
     import io
-
-    from sim.safe_write import write_output
 
     prefix = Path(prefix)
     out = []
     for fmt in formats:
         if fmt not in FORMATS:
             raise InputError(f"unknown format {fmt!r}; allowed: {', '.join(FORMATS)}")
-        path = prefix.with_name(f"{prefix.name}.{fmt}")
         buf = io.BytesIO()
         fig.savefig(buf, format=fmt)
-        write_output(path, buf.getvalue())
-        out.append(path)
+        out.append((prefix.with_name(f"{prefix.name}.{fmt}"), buf.getvalue()))
     return out
+
+
+def save(fig: Figure, prefix: str | Path, formats: Sequence[str] = FORMATS) -> list[Path]:
+    """Write ``prefix.png`` / ``prefix.svg`` (all or none: ``sim.safe_write.write_outputs``); returns the paths.
+    Blocks on the writes."""
+    from sim.safe_write import write_outputs
+
+    files = rendered(fig, prefix, formats)
+    write_outputs(list(files))
+    return [path for path, _ in files]
 
 
 # ------------------------------------------------------------------ kinds

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backends.files import read_bytes
 from sim.errors import InputError
 
 VERSION = 1
@@ -114,10 +115,7 @@ def load(path: str | Path) -> list[Task]:
     """The tasks of the study file at ``path``, in run order. Raises InputError (one line) on a missing or
     unreadable file, a TOML syntax error (``file:line: reason``) or a key, shape or choice TOML adds. Blocks on the read."""
     where = str(path)
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise InputError(f"cannot read study {where!r}: {exc.strerror or exc}") from None
+    raw = read_bytes(path, "study")
     try:
         text = raw.decode()
     except UnicodeDecodeError:

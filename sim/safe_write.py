@@ -85,6 +85,25 @@ def check_output(path: str | Path) -> None:
                              f"{stat.filemode(st.st_mode)}, owner uid {st.st_uid}); allowed: a file you may write, or a new path")
 
 
+def check_folder(path: str | Path) -> None:
+    """Refuse (InputError) an output folder that cannot be made or written: a file, a path under a file, a read-only
+    place, ``/proc``. Probes with a temporary file in the folder, or in its nearest existing parent if it does not
+    exist yet, and leaves nothing behind (the folder is not made). Blocks on the probe."""
+    where = Path(os.path.realpath(path))
+    probe = where
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        what = "it is a file" if probe == where else f"{shown(probe)} on its path is a file"
+        raise InputError(f"cannot write the folder {shown(path)}: {what}; allowed: a folder, or a new path")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".kvpipe-probe.", dir=probe)
+    except OSError as exc:
+        raise InputError(f"cannot write the folder {shown(path)}: {exc.strerror or exc}") from None
+    os.close(fd)
+    Path(tmp).unlink(missing_ok=True)
+
+
 def write_output(path: str | Path, data: bytes | str) -> None:
     """Write ``data`` (text is UTF-8) to ``path`` as the module text says. Raises InputError. Blocks on the write."""
     write_outputs([(path, data)])

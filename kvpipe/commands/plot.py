@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--format {args.format!r}; allowed: {', '.join(plots.FORMATS)} (comma list)")
     budget_lines = parse_list(args.budget_lines, float, "--budget-lines", "MiB, comma list") if args.budget_lines else []
     rows: list[dict[str, Any]] | None = None
-    written = []
+    files: list[tuple[Path, bytes]] = []  # every kind's files: written together at the end, all or none
     for kind in kinds:
         if kind == "timeline":
             if args.rows:
@@ -174,7 +174,10 @@ def run(args: argparse.Namespace) -> int:
         prefix = args.out or f"out/plots/{kind}"
         if args.out and len(kinds) > 1:
             prefix = f"{args.out}-{kind}"
-        written += plots.save(fig, prefix, formats)
-    for path in written:
+        files += plots.rendered(fig, prefix, formats)
+    from sim.safe_write import write_outputs
+
+    write_outputs(list(files))
+    for path, _ in files:
         print(path)
     return 0
