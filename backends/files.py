@@ -39,7 +39,7 @@ from backends.errors import InputError
 
 MIB = 1 << 20
 SMALL_LIMIT = 64 * MIB  # a profile, a model config, a study, a llama-bench file
-LARGE_LIMIT = 1024 * MIB  # rows, reports, traces (after gzip inflates them)
+LARGE_LIMIT = 512 * MIB  # rows, reports, traces (after gzip inflates them)
 MAX_NESTING = 64  # JSON arrays/objects inside each other; kvpipe's own files use 5 at most
 
 _inputs: dict[tuple[int, int], str] = {}  # (st_dev, st_ino) -> the path as given
@@ -49,6 +49,11 @@ _input_paths: dict[str, str] = {}  # resolved path -> the path as given
 def shown(path: str | Path) -> str:
     """A path for a one-line message: its repr (a newline in a name stays ``\\n``)."""
     return repr(str(path))
+
+
+def plain(path: str | Path) -> str:
+    """A path as written where it is printable, else its repr: a message stays one line either way."""
+    return str(path) if str(path).isprintable() else repr(str(path))
 
 
 # ------------------------------------------------------------ this run's inputs

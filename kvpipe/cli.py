@@ -52,6 +52,11 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise Terminated
 
 
+def one_line(message: str) -> str:
+    """A message as one line: any line break a value brought in (a file name, a library's text) written as ``\\n``."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
@@ -70,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_paths(args)
         return int(args.func(args) or 0)
     except UsageError as exc:
-        print(f"kvpipe: error: {exc}", file=sys.stderr)
+        print(f"kvpipe: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except Terminated:
         print("kvpipe: terminated", file=sys.stderr)
@@ -85,7 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug, not bad input: one line, the traceback behind --debug
         if debug:
             raise
-        print(f"kvpipe: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)
+        print(f"kvpipe: internal error: {type(exc).__name__}: {one_line(str(exc))} (rerun with --debug for the traceback)",
+              file=sys.stderr)
         return 1
 
 

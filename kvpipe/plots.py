@@ -21,6 +21,7 @@ Units: rows carry theirs in their field names; axes say theirs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,6 +109,24 @@ def _context_axis(ax: Any, rows: Sequence[dict[str, Any]], ylabel: str, what: st
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, **(legend or {}))
     ax.set_title(_title(rows, what), fontsize=10)
+
+
+#: Row fields a plot or the report reads as numbers (where present), and as text.
+ROW_NUMBERS = ("context", "depth", "budget_mib", "tokens_per_s", "tokens", "window_rows", "ring_mib", "ms_per_token", "parallel",
+               "early_mib", "late_mib", "ordered_mib")
+ROW_TEXT = ("model", "hardware", "cache_type")
+
+
+def check_rows(rows: Sequence[dict[str, Any]], where: str) -> None:
+    """Each row's numeric fields finite numbers and its names text. Raises InputError ``where row i: key = value``."""
+    for i, r in enumerate(rows):
+        for k in ROW_NUMBERS:
+            v = r.get(k, 0)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise InputError(f"{where} row {i}: {k} = {v!r}; allowed: a finite number (rows of kvpipe sweep or simulate --json)")
+        for k in ROW_TEXT:
+            if not isinstance(r.get(k, ""), str):
+                raise InputError(f"{where} row {i}: {k} = {r[k]!r}; allowed: text (rows of kvpipe sweep or simulate --json)")
 
 
 def _figure(size: tuple[float, float] = (9, 5.5)) -> Figure:

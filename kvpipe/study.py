@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backends.files import read_bytes
+from backends.files import plain, read_bytes
 from sim.errors import InputError
 
 VERSION = 1
@@ -120,7 +120,7 @@ def load(path: str | Path) -> list[Task]:
         text = raw.decode()
     except UnicodeDecodeError:
         raise InputError(f"study {where!r} is not UTF-8 text") from None
-    return tasks(parse_toml(text, where), Path(path).absolute().parent, where)
+    return tasks(parse_toml(text, plain(where)), Path(path).absolute().parent, plain(where))
 
 
 def parse_toml(text: str, where: str) -> dict[str, Any]:

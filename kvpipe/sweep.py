@@ -175,8 +175,8 @@ def executor_for(jobs: int | None = None, dask_address: str | None = None) -> It
             client.close()
         return
     n = jobs or os.cpu_count() or 1
-    if n < 1:
-        raise InputError(f"--jobs {jobs} out of range; allowed: 0 (every core) or a positive number of workers")
+    if not 1 <= n <= max_jobs():
+        raise InputError(f"--jobs {jobs} out of range; allowed: 0 (every core) or 1..{max_jobs()} workers")
     if n == 1:
         yield _Serial()
         return
@@ -189,6 +189,11 @@ def executor_for(jobs: int | None = None, dask_address: str | None = None) -> It
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown(wait=True, cancel_futures=True)
+
+
+def max_jobs() -> int:
+    """The most local worker processes a sweep may start: 4 per core, at least 32 (each is a whole Python process)."""
+    return max(32, 4 * (os.cpu_count() or 1))
 
 
 def _worker_init(parent: int) -> None:

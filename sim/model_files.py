@@ -97,7 +97,7 @@ def count(value: Any, key: str, where: str, bound: str) -> int:
     boolean = type(value).__name__ in ("bool", "bool_")
     ok = not boolean and (isinstance(value, numbers.Integral) or isinstance(value, float) and value.is_integer())
     if not ok or not 1 <= int(value) <= hi:
-        raise ValueError(f"{where}: {key} = {value!r}; allowed: a whole number 1..{hi:,}")
+        raise InputError(f"{where}: {key} = {value!r}; allowed: a whole number 1..{hi:,}")
     return int(value)
 
 def interval(value: Any, key: str, where: str, n_layers: int) -> int:

@@ -25,6 +25,7 @@ from sim.workload import CACHE_TYPES, MAX_CONTEXT
 T = TypeVar("T")
 
 REFERENCE_CONTEXTS = "4096,16384,32768"
+MAX_RANGE_VALUES = 100_000  # values one range may expand to
 RANGE_FLAGS = ("context", "depth", "budget", "parallel")
 UsageError = InputError  # the command line's name for it
 EXACT_HELP = ("simulate every requested point and every token (default: each distinct simulation once, token 0 and the "
@@ -149,11 +150,13 @@ def expand_ranges(text: str) -> str:
             step = float(step_text.replace("_", "")) if step_text else 1.0
         except ValueError:
             start = stop = step = math.nan
-        if not step > 0 or not stop >= start:
-            raise UsageError(f"range {spec!r} is not valid; allowed: START..STOP or START..STOP/STEP with STEP > 0, STOP >= START")
-        n = int(math.floor((stop - start) / step + 1e-9)) + 1
-        if n > 100_000:
-            raise UsageError(f"range {spec!r} has {n} values; allowed: at most 100000")
+        if not step > 0 or not stop >= start or not all(map(math.isfinite, (start, stop, step))):
+            raise UsageError(f"range {spec!r} is not valid; allowed: START..STOP or START..STOP/STEP with finite numbers, "
+                             "STEP > 0, STOP >= START")
+        span = (stop - start) / step
+        if not span < MAX_RANGE_VALUES:  # an infinite or absurd count (0..1e308/1e-308) before any int() of it
+            raise UsageError(f"range {spec!r} has {span + 1:.3g} values; allowed: at most {MAX_RANGE_VALUES:,}")
+        n = int(math.floor(span + 1e-9)) + 1
         integral = all(float(x).is_integer() for x in (start, step))
         out += [str(int(start + i * step)) if integral else f"{start + i * step:g}" for i in range(n)]
     return ",".join(out)

@@ -23,6 +23,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from backends.files import plain
 from kvpipe import study
 from kvpipe.cli import build_parser
 from kvpipe.commands.args import UsageError, points_from_args
@@ -46,7 +47,7 @@ def _about(where: str, task: study.Task) -> Iterator[None]:
     try:
         yield
     except UsageError as exc:
-        raise UsageError(f"{where} [{task.section}]: {exc}") from None
+        raise UsageError(f"{plain(where)} [{task.section}]: {exc}") from None
 
 
 def checked(task: study.Task, where: str, parser: argparse.ArgumentParser) -> argparse.Namespace:

@@ -38,10 +38,11 @@ def grid_points(args: argparse.Namespace) -> list[Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.jobs < 0:
-        raise UsageError(f"--jobs {args.jobs} out of range; allowed: >= 1 (0 = all cores)")
+    from kvpipe.sweep import JOURNAL, ROWS_CSV, ROWS_JSON, max_jobs, run_sweep  # here, not at parser build: multiprocessing
+
+    if not 0 <= args.jobs <= max_jobs():
+        raise UsageError(f"--jobs {args.jobs} out of range; allowed: 0 (all cores) or 1..{max_jobs()}")
     points = grid_points(args)
-    from kvpipe.sweep import JOURNAL, ROWS_CSV, ROWS_JSON, run_sweep  # here, not at parser build: it pulls in multiprocessing
 
     res = run_sweep(points, out_dir=args.out, jobs=args.jobs or None, dask_address=args.dask, progress=not args.quiet,
                     exact=args.exact, resume=args.resume)
