@@ -26,12 +26,25 @@ COMMANDS = ("simulate", "bench", "sweep", "plan", "plot", "calibrate", "validate
 
 
 class _Parser(argparse.ArgumentParser):
+    """argparse with bad input as UsageError and no prefix matching: a flag is taken only as written (``--tok 2`` is
+    not ``--tokens 2``, and ``-t 8`` -- llama.cpp's threads -- is not ``-ts 8``, the tensor split)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(message)
+
+    def _get_option_tuples(self, option_string: str) -> list[Any]:
+        # Python < 3.12 matches single-dash prefixes even with allow_abbrev=False; keep only a one-letter flag glued
+        # to its value (``-c8`` is ``-c 8``).
+        return [t for t in super()._get_option_tuples(option_string) if t[1] == option_string[:2]]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kvpipe", description="Predict and prove pipelined host->device KV-cache delivery.")
+    parser.add_argument("--version", action="version", version=f"kvpipe {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         try:
@@ -42,6 +55,21 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         module.register(sub)
     return parser
+
+
+def version() -> str:
+    """kvpipe's version: the installed distribution's, else the source tree's pyproject.toml. Does not block."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("kvpipe")
+    except metadata.PackageNotFoundError:
+        import re
+        from pathlib import Path
+
+        text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+        found = re.search(r'^version = "([^"]+)"', text, re.M)
+        return found[1] if found else "unknown"
 
 
 class Terminated(KeyboardInterrupt):

@@ -36,6 +36,7 @@ from backends.files import LARGE_LIMIT, parse_json, read_bytes, shown
 from kvpipe.plots import check_rows
 from sim.errors import InputError
 from sim.telemetry import flatten
+from validate.report_md import driver_text
 
 KINDS = {
     "rows": "result rows (kvpipe sweep --out DIR, its rows.json, kvpipe simulate --json)",
@@ -568,13 +569,6 @@ def _section(inp: Input, figs: Figures) -> str:
             raise
         raise InputError(f"{shown(inp.path)} ({inp.kind}): a field the report draws is missing or of the wrong type "
                          f"({type(exc).__name__}: {exc}); allowed: {KINDS[inp.kind]}, as kvpipe wrote it") from None
-
-
-def driver_text(version: Any) -> Any:
-    """A CUDA driver version as the driver API gives it (13000) in the form nvidia-smi prints (13.0); else as is."""
-    if isinstance(version, int) and not isinstance(version, bool) and version >= 1000:
-        return f"{version // 1000}.{version % 1000 // 10}"
-    return version
 
 
 def page(inputs: Sequence[Input], command: str, title: str = "kvpipe report") -> str:

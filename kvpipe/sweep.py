@@ -348,8 +348,11 @@ class RowStore:
         self.rows[key] = r
         if self._journal is not None:
             line = self._lines[key] = json.dumps(r)
-            self._journal.write(line + "\n")
-            self._journal.flush()
+            try:
+                self._journal.write(line + "\n")
+                self._journal.flush()
+            except OSError as exc:  # a full disk: the rows so far stay in the journal; a rerun resumes from them
+                raise InputError(f"cannot write the sweep journal {shown(Path(str(self.dir)) / JOURNAL)}: {exc.strerror or exc}") from None
             if time.monotonic() - self._last_snapshot > SNAPSHOT_EVERY_S:
                 self.snapshot(order)
 

@@ -73,9 +73,10 @@ def add_grid_args(p: argparse.ArgumentParser, exact: bool = True) -> None:
                    help="V cache type(s) (llama.cpp -ctv); default: the K type")
     p.add_argument("--context", "--n-depth", "-d", dest="context", default=REFERENCE_CONTEXTS,
                    help="tokens already cached when decoding starts (llama-bench -d), comma list or START..STOP/STEP")
-    p.add_argument("--no-kv-offload", "-nkvo", dest="nkvo", default="1",
-                   help="1: the KV cache in host memory, delivered by the scheduler (default); 0: kept on the device (the "
-                        "resident arm, what llama.cpp runs without -nkvo); a comma list for both")
+    p.add_argument("--no-kv-offload", "-nkvo", dest="nkvo", default="1", nargs="?", const="1",
+                   help="1: the KV cache in host memory, delivered by the scheduler (default; a bare -nkvo means 1, as "
+                        "in llama.cpp); 0: kept on the device (the resident arm, what llama.cpp runs without -nkvo); a "
+                        "comma list for both")
     p.add_argument("--depth", "--kv-pipeline-depth", "-kvpd", dest="depth", default="0,1",
                    help=f"look-ahead depth(s) 0..{MAX_DEPTH}; 0 = ordered")
     p.add_argument("--budget", "--kv-pipeline-budget", "-kvpb", dest="budget", default="128",
