@@ -14,7 +14,8 @@ that stand or fall together):
   *into*, never replaced;
 * a folder is refused.
 
-Before anything is written, :func:`check_output` refuses a path that is an
+Before anything is written, :func:`distinct_outputs` refuses two outputs that
+are one file, and :func:`check_output` refuses a path that is an
 input of the same run (``backends.files.input_named``: the same resolved path
 or the same inode -- ``calibrate --from-llama-bench in.json --out in.json``
 would replace the measurements it reads) and an existing file the user could
@@ -104,6 +105,21 @@ def check_folder(path: str | Path) -> None:
     Path(tmp).unlink(missing_ok=True)
 
 
+def distinct_outputs(paths: Sequence[str | Path], names: Sequence[str] = ()) -> None:
+    """Refuse (InputError) two outputs of one run that are the same file (the last would silently replace the
+    first); ``names`` says which flag or table each path came from. Does not block beyond stats."""
+    seen: dict[str, int] = {}
+    for i, path in enumerate(paths):
+        if str(path) == "-":
+            continue
+        real = os.path.realpath(path)
+        if real in seen:
+            j = seen[real]
+            a, b = (f"{names[j]} {shown(paths[j])}", f"{names[i]} {shown(path)}") if names else (shown(paths[j]), shown(path))
+            raise InputError(f"{a} and {b} are the same file; allowed: a different path for each output")
+        seen[real] = i
+
+
 def write_output(path: str | Path, data: bytes | str) -> None:
     """Write ``data`` (text is UTF-8) to ``path`` as the module text says. Raises InputError. Blocks on the write."""
     write_outputs([(path, data)])
@@ -112,6 +128,7 @@ def write_output(path: str | Path, data: bytes | str) -> None:
 def write_outputs(files: Sequence[tuple[str | Path, bytes | str]]) -> None:
     """Write several outputs all or nothing: each regular file to a temporary beside it, then every rename. A
     failure before the renames removes every temporary and leaves every path as it was. Raises InputError."""
+    distinct_outputs([path for path, _ in files])
     for path, _ in files:
         check_output(path)
     staged: list[tuple[str, Path]] = []  # (temporary, final path)

@@ -271,3 +271,13 @@ def test_a_study_that_fails_late_names_what_it_kept(tmp_path: Path, capsys: pyte
     assert err.startswith("kvpipe: error:") and "[plot]" in err and "missing.json" in err, err
     assert "kept from the tables before it" in err and "rows.json" in err and "sw'" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_two_outputs_of_one_run_are_never_one_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    same = tmp_path / "x.json"
+    _refused(capsys, ["simulate", *GRID, "--trace", str(same), "--csv", str(tmp_path / "." / "x.json")], "--trace", "--csv",
+             "same file")
+    study = tmp_path / "study.toml"
+    study.write_text('contexts = [2048]\ndepths = [0]\ntokens = 1\n[plan]\nout = "o.txt"\n[simulate]\nout = "o.txt"\n')
+    _refused(capsys, ["run", str(study)], "[plan]", "[simulate]", "same file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.toml"]

@@ -5,7 +5,8 @@
 ``--from-llama-bench``, a study, ``report``'s inputs) and holds every output
 flag (``--out``, ``--csv``, ``--trace``) to ``sim.safe_write.check_output``,
 so ``kvpipe calibrate --from-llama-bench in.json --out in.json`` stops before
-the fit with one line instead of replacing the measurements. The same check
+the fit with one line instead of replacing the measurements; two output flags
+naming one file (``--trace x --csv x``) are refused too. The same check
 runs again in the writer itself (``sim.safe_write``) for every file it writes,
 the inputs the readers noted since included.
 """
@@ -16,7 +17,7 @@ import argparse
 import os
 
 from backends.files import note_input
-from sim.safe_write import check_output
+from sim.safe_write import check_output, distinct_outputs
 
 INPUT_FLAGS = ("model", "hardware", "rows", "from_llama_bench", "study", "inputs")
 OUTPUT_FLAGS = ("out", "csv", "trace", "json_out")
@@ -37,7 +38,8 @@ def check_paths(args: argparse.Namespace) -> None:
                 if os.path.isdir(path):
                     for child in ("rows.json", "rows.jsonl", "report.json"):
                         note_input(os.path.join(path, child))
-    for name in OUTPUT_FLAGS:
-        value = getattr(args, name, None)
-        if isinstance(value, str) and value and not os.path.isdir(value):
+    outputs = [(f"--{name.replace('_', '-')}", v) for name in OUTPUT_FLAGS if isinstance(v := getattr(args, name, None), str) and v]
+    distinct_outputs([v for _, v in outputs], [flag for flag, _ in outputs])
+    for _, value in outputs:
+        if not os.path.isdir(value):
             check_output(value)

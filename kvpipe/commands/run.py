@@ -28,7 +28,7 @@ from kvpipe import study
 from kvpipe.cli import build_parser
 from kvpipe.commands.args import UsageError, points_from_args
 from kvpipe.commands.paths import check_paths
-from sim.safe_write import check_output, write_output
+from sim.safe_write import check_output, distinct_outputs, write_output
 
 GRID_COMMANDS = ("simulate", "sweep", "plot")  # the commands whose grid flags points_from_args expands
 
@@ -62,6 +62,14 @@ def checked(task: study.Task, where: str, parser: argparse.ArgumentParser) -> ar
     return args
 
 
+@contextlib.contextmanager
+def _about_study(where: str) -> Iterator[None]:
+    try:
+        yield
+    except UsageError as exc:
+        raise UsageError(f"{plain(where)}: {exc}") from None
+
+
 def outputs_of(task: study.Task, args: argparse.Namespace) -> list[str]:
     """The files and folders a task writes: its standard output's file, and its --out / --csv / --trace."""
     named = [getattr(args, flag, None) for flag in ("out", "csv", "trace")]
@@ -90,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("run needs a study file: kvpipe run STUDY.toml (kvpipe run --print-example > study.toml writes one)")
     parser = build_parser()
     tasks = [(t, checked(t, args.study, parser)) for t in study.load(args.study)]
+    named = [(f"[{t.section}]", p) for t, a in tasks for p in outputs_of(t, a)]
+    with _about_study(args.study):
+        distinct_outputs([p for _, p in named], [n for n, _ in named])  # a later table would replace an earlier one's file
     if args.dry_run:
         print("\n".join(t.command_line() for t, _ in tasks))
         return 0
