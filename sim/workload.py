@@ -133,7 +133,8 @@ class Workload:
         m = self.model
         for which, ct, head_dim in (("K", self.cache_k, m.head_dim_k), ("V", self.cache_v, m.head_dim_v)):
             if (m.n_head_kv * head_dim) % ct.block_elems:
-                raise ValueError(f"{m.name}: a {which} row is {m.n_head_kv} KV heads x head dim {head_dim} = "
+                named = f"{m.name} ({m.source})" if m.source else m.name
+                raise ValueError(f"{named}: a {which} row is {m.n_head_kv} KV heads x head dim {head_dim} = "
                                  f"{m.n_head_kv * head_dim} elements, not whole {ct.block_elems}-element blocks of cache type "
                                  f"{ct.name}; allowed: a cache type whose blocks divide it (f16, f32)")
         if self.n_gpu_layers < 0:

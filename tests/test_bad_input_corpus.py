@@ -268,6 +268,7 @@ def test_a_hostile_gguf_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path
         _raw_gguf(path, {"attention.head_count_kv": 2, "vocab_size": 2**63})
     err = _run(capsys, tmp_path, ["simulate", "--model", str(path), "--context", "512", "--depth", "0", "--tokens", "1"])
     assert "model" in err and ("allowed" in err or "llama.cpp" in err), err
+    assert "model.gguf" in err, err  # the file named, the head-dim case too (through the shape's source)
 
 
 HF_HOSTILE = [("full_attention_interval", v) for v in ("0", "null", "NaN", "1e999", "2.5", '"x"')] + [
