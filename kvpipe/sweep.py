@@ -21,7 +21,11 @@ atomically every few seconds and at the end; rerunning into the same folder
 skips every point whose coordinates the folder already holds, so an
 interrupted sweep loses at most the points in flight. Settings that are not in
 the row (pageable cache, mutations) are kept in ``sweep.json`` and a rerun with
-different ones is refused rather than mixed in.
+different ones is refused rather than mixed in; so is a rerun of another grid
+unless ``resume``, and a folder holding rows with no ``sweep.json`` (someone
+else's). One sweep at a time holds a folder (a ``flock``, see :class:`RowStore`),
+and local workers die with the sweep, even when it is killed by SIGKILL
+(:func:`_worker_init`).
 
 Units: seconds inside; the rows carry their own units in their field names.
 """

@@ -22,7 +22,7 @@ def register(sub: Any) -> None:
     p.add_argument("--tokens", type=int, default=64, help="simulated decode tokens per repeat (default 64)")
     p.add_argument("--repeats", type=int, default=3,
                    help="repeats, each a simulation then a bare loop; the best wall time of each is kept (default 3)")
-    p.add_argument("--trace", action="store_true", help="record the timeline too (as --trace does)")
+    p.add_argument("--trace", action="store_true", help="record every span of the timeline while timing, as simulate --trace does")
     p.add_argument("--json", action="store_true", help="print the measurements as one JSON object")
     p.set_defaults(func=run)
 
