@@ -284,10 +284,12 @@ class RowStore:
         self._last_snapshot = 0.0
         if self.dir is None:
             return
-        self._lock = _lock_folder(self.dir)
+        self._lock, created = _lock_folder(self.dir)
         try:
             self._open(settings, grid_id(grid), len(grid), resume)
         except BaseException:
+            if created:  # a refused folder (someone else's rows) is left as it was, without our lock file
+                (self.dir / LOCK).unlink(missing_ok=True)
             self._unlock()
             raise
 
@@ -397,11 +399,13 @@ def grid_id(grid: Sequence[Key]) -> str:
     return hashlib.sha256(repr(sorted(map(repr, grid))).encode()).hexdigest()[:16]
 
 
-def _lock_folder(folder: Path) -> int:
-    """Create ``folder`` if need be and take an exclusive, non-blocking flock on its :data:`LOCK`; the descriptor.
-    Raises InputError naming the folder and the holder's pid when another process holds it."""
+def _lock_folder(folder: Path) -> tuple[int, bool]:
+    """Create ``folder`` if need be and take an exclusive, non-blocking flock on its :data:`LOCK`; the descriptor, and
+    whether this call created the lock file. Raises InputError naming the folder and the holder's pid when another
+    process holds it."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        created = not (folder / LOCK).exists()
         fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
     except FileExistsError:
         raise InputError(f"--out {shown(folder)} exists and is not a folder") from None
@@ -416,7 +420,7 @@ def _lock_folder(folder: Path) -> int:
                          "to finish, or give another --out") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+    return fd, created
 
 
 def _read_json(path: Path) -> Any:
