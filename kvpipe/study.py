@@ -91,7 +91,8 @@ TABLES: dict[str, Table] = {
     "plan": Table(PLAN_GRID, {"max_depth": Key("--max-depth"), "budget_for_gain": Key("--budget-for-gain"),
                               "jobs": Key("--jobs"), "llama_cpp": Key("--llama-cpp", "switch")}, "stdout"),
     "simulate": Table(tuple(GRID), {"csv": Key("--csv", "path"), "trace": Key("--trace", "path")}, "stdout"),
-    "sweep": Table(tuple(GRID), {"jobs": Key("--jobs"), "quiet": Key("--quiet", "switch")}, "flag", "out/sweep"),
+    "sweep": Table(tuple(GRID), {"jobs": Key("--jobs"), "quiet": Key("--quiet", "switch"), "resume": Key("--resume", "switch")},
+                   "flag", "out/sweep"),
     "plot": Table(tuple(GRID), {"format": Key("--format"), "rows": Key("--rows", "path"), "jobs": Key("--jobs")},
                   "prefix", "out/plots"),
 }
@@ -276,6 +277,7 @@ format = "json"
 out = "out/sweep"               # --out: a folder (rows.json, rows.csv, the rows.jsonl journal)
 jobs = 1                        # --jobs (0 = all cores)
 quiet = true                    # --quiet: no progress bar
+# resume = true                 # --resume: add this grid's points to a folder that holds another grid's sweep
 # contexts = "1024..65536/1024" # a grid key set here is for this table only
 
 [plot]                          # kvpipe plot KIND, once per kind

@@ -280,3 +280,16 @@ def test_two_outputs_of_one_run_are_never_one_file(tmp_path: Path, capsys: pytes
     study.write_text('contexts = [2048]\ndepths = [0]\ntokens = 1\n[plan]\nout = "o.txt"\n[simulate]\nout = "o.txt"\n')
     _refused(capsys, ["run", str(study)], "[plan]", "[simulate]", "same file")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study.toml"]
+
+
+def test_a_study_reruns_its_sweep_with_another_grid_only_with_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    study = tmp_path / "study.toml"
+    table = '[sweep]\nout = "sw"\njobs = 1\nquiet = true\n'
+    study.write_text('contexts = [2048]\ndepths = [0]\ntokens = 1\n' + table)
+    assert main(["run", str(study)]) == 0
+    study.write_text('contexts = [2048, 4096]\ndepths = [0]\ntokens = 1\n' + table)
+    assert main(["run", str(study)]) == 2
+    assert "another grid" in capsys.readouterr().err
+    study.write_text('contexts = [2048, 4096]\ndepths = [0]\ntokens = 1\n' + table + "resume = true\n")
+    assert main(["run", str(study)]) == 0
+    assert len(json.loads((tmp_path / "sw" / "rows.json").read_text())) == 2
