@@ -16,11 +16,13 @@ here, once, in :func:`load_profile`.
 from __future__ import annotations
 
 import bisect
-import json
 import math
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+from backends.errors import InputError
+from backends.files import load_json_object, mapping, number, whole
 
 PRESET_DIR = Path(__file__).with_name("presets")
 MIB = 1024 * 1024
@@ -355,6 +357,7 @@ def prediction_band(profile: HardwareProfile, model: str, cache: str) -> Band | 
 
 
 MAX_MEMORY_MIB = float(1 << 30)  # 1 PiB: past it a memory size is a typo, not a device
+MAX_ENGINES, MAX_SLOWDOWN, MAX_ALIGNMENT, MAX_HOST_US = 64, 100.0, 1 << 30, 1e9  # likewise
 
 
 def _mib(d: dict[str, Any], key: str, where: str, default: float | None = None) -> int:
@@ -376,16 +379,36 @@ def _device(d: dict[str, Any], where: str) -> DeviceProfile:
         h2d_pageable=_curve(links["h2d_pageable"], f"{where}.h2d_pageable"),
         d2h_pinned=_curve(links["d2h_pinned"], f"{where}.d2h_pinned"),
         d2h_pageable=_curve(links.get("d2h_pageable", links["d2h_pinned"]), f"{where}.d2h_pageable"),
-        h2d_engines=int(d.get("h2d_engines", 1)),
-        d2h_engines=int(d.get("d2h_engines", 1)),
-        duplex_slowdown=float(d.get("duplex_slowdown", 1.0)),
-        alignment_bytes=int(d.get("alignment_bytes", 256)),
+        h2d_engines=whole(d, "h2d_engines", where, 1, MAX_ENGINES, default=1),
+        d2h_engines=whole(d, "d2h_engines", where, 1, MAX_ENGINES, default=1),
+        duplex_slowdown=number(d, "duplex_slowdown", where, 1.0, MAX_SLOWDOWN, default=1.0),
+        alignment_bytes=whole(d, "alignment_bytes", where, 1, MAX_ALIGNMENT, default=256),
         compute=compute,
         memory_reserved_bytes=_mib(d, "memory_reserved_mib", where, 600.0),
         copy_engine_drains_stream=bool(d.get("copy_engine_drains_stream", False)),
         pageable_chunk_bytes=_mib(d, "pageable_chunk_mib", where, 2.0) or 2 * MIB,
         dram_bytes_per_s=float(d.get("dram_GBps", 0.0)) * 1e9,
     )
+
+
+def _check_workloads(data: dict[str, Any], where: str) -> None:
+    """``workloads`` (the calibrated entries) must be an object of objects, each with a ``compute`` object and
+    finite numbers: :func:`for_workload` reads them for every point. Raises InputError naming the entry and key."""
+    table = data.get("workloads")
+    if table is None:
+        return
+    if not isinstance(table, dict):
+        raise InputError(f"{where}: workloads must be an object of model@cache entries, not {type(table).__name__}")
+    for key, entry in table.items():
+        at = f"{where}.workloads[{key!r}]"
+        if not isinstance(entry, dict):
+            raise InputError(f"{at} must be an object, not {type(entry).__name__}")
+        compute_model_of(mapping(entry, "compute", at))
+        for name in ("launch_us", "event_us", "split_launch_us"):
+            if name in entry:
+                number(entry, name, at, 0.0, MAX_HOST_US)
+        if entry.get("band") is not None:
+            number(entry, "band", at, 0.0, 1e6)
 
 
 def profile_from_dict(data: dict[str, Any], where: str = "profile") -> HardwareProfile:
@@ -402,7 +425,10 @@ def profile_from_dict(data: dict[str, Any], where: str = "profile") -> HardwareP
             host_wait_s=float(h.get("host_wait_us", 5.0)) * 1e-6,
             split_launch_s=float(h.get("split_launch_us", 0.0)) * 1e-6,
         )
+        if not isinstance(data["devices"], list):
+            raise InputError(f"{where}: devices must be a list of device objects")
         devices = tuple(_device(d, f"{where}.devices[{i}]") for i, d in enumerate(data["devices"]))
+        _check_workloads(data, where)
         return HardwareProfile(
             name=str(data["name"]),
             devices=devices,
@@ -413,14 +439,10 @@ def profile_from_dict(data: dict[str, Any], where: str = "profile") -> HardwareP
         )
     except KeyError as exc:
         raise ValueError(f"{where}: missing field {exc}") from exc
-    except (TypeError, AttributeError) as exc:
+    except (TypeError, AttributeError, OverflowError) as exc:
         raise ValueError(f"{where}: malformed ({exc})") from exc
     except ValueError as exc:
         raise ValueError(str(exc) if str(exc).startswith(where) else f"{where}: {exc}") from None
-
-
-def _no_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a number JSON allows")
 
 
 def preset_names() -> list[str]:
@@ -443,20 +465,11 @@ def load_profile(name_or_path: str) -> HardwareProfile:
 
 
 def read_profile_dict(name_or_path: str) -> tuple[dict[str, Any], str]:
-    """The JSON object of one preset (by name) or profile file (by path), and where it came from. Raises ValueError."""
+    """The JSON object of one preset (by name) or profile file (by path), and where it came from. Raises ValueError
+    (an InputError: one line naming the file) on an unreadable, too large, deeply nested or non-JSON file."""
     path = Path(name_or_path)
     if not path.suffix:
         path = PRESET_DIR / f"{name_or_path}.json"
         if not path.exists():
             raise ValueError(f"unknown hardware {name_or_path!r}; presets: {', '.join(preset_names())} or a .json file")
-    try:
-        data = json.loads(path.read_text(), parse_constant=_no_constant)
-    except OSError as exc:
-        raise ValueError(f"cannot read hardware profile {str(path)!r}: {exc.strerror}") from exc
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"hardware profile {str(path)!r} is not valid JSON: {exc.msg} at line {exc.lineno}") from exc
-    except ValueError as exc:  # NaN / Infinity: accepted by Python's json, not by JSON
-        raise ValueError(f"hardware profile {str(path)!r} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"hardware profile {str(path)!r} must hold a JSON object")
-    return data, str(path)
+    return load_json_object(path, "hardware profile"), str(path)

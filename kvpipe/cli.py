@@ -1,6 +1,6 @@
 """The ``kvpipe`` command line: thin entry points over the library.
 
-Each command lives in its own module under ``sim/commands`` with
+Each command lives in its own module under ``kvpipe/commands`` with
 ``register(subparsers)`` and ``run(args) -> int``; this file only dispatches.
 Bad input anywhere becomes one line on stderr and exit code 2, never a
 traceback; a bug is one line and exit code 1, its traceback behind
@@ -18,18 +18,33 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from backends.files import clear_inputs
+from kvpipe.commands.paths import check_paths
 from sim.errors import InputError as UsageError
 
 COMMANDS = ("simulate", "bench", "sweep", "plan", "plot", "calibrate", "validate", "run", "report")
 
 
 class _Parser(argparse.ArgumentParser):
+    """argparse with bad input as UsageError and no prefix matching: a flag is taken only as written (``--tok 2`` is
+    not ``--tokens 2``, and ``-t 8`` -- llama.cpp's threads -- is not ``-ts 8``, the tensor split)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(message)
+
+    def _get_option_tuples(self, option_string: str) -> list[Any]:
+        # Python < 3.12 matches single-dash prefixes even with allow_abbrev=False; keep only a one-letter flag glued
+        # to its value (``-c8`` is ``-c 8``).
+        return [t for t in super()._get_option_tuples(option_string) if t[1] == option_string[:2]]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kvpipe", description="Predict and prove pipelined host->device KV-cache delivery.")
+    parser.add_argument("--version", action="version", version=f"kvpipe {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         try:
@@ -42,12 +57,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def version() -> str:
+    """kvpipe's version: the installed distribution's, else the source tree's pyproject.toml. Does not block."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("kvpipe")
+    except metadata.PackageNotFoundError:
+        import re
+        from pathlib import Path
+
+        text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+        found = re.search(r'^version = "([^"]+)"', text, re.M)
+        return found[1] if found else "unknown"
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread so every cleanup path (worker pools, partial reports) runs."""
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     raise Terminated
+
+
+def one_line(message: str) -> str:
+    """A message as one line: any line break a value brought in (a file name, a library's text) written as ``\\n``."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,9 +99,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return 2
+        clear_inputs()
+        check_paths(args)
         return int(args.func(args) or 0)
     except UsageError as exc:
-        print(f"kvpipe: error: {exc}", file=sys.stderr)
+        print(f"kvpipe: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except Terminated:
         print("kvpipe: terminated", file=sys.stderr)
@@ -81,7 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug, not bad input: one line, the traceback behind --debug
         if debug:
             raise
-        print(f"kvpipe: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)
+        print(f"kvpipe: internal error: {type(exc).__name__}: {one_line(str(exc))} (rerun with --debug for the traceback)",
+              file=sys.stderr)
         return 1
 
 

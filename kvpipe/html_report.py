@@ -21,10 +21,9 @@ no dates in the SVG). Units: those of the inputs' field names.
 
 from __future__ import annotations
 
-import gzip
 import html
 import io
-import json
+import math
 import re
 import shlex
 from collections.abc import Callable, Iterable, Sequence
@@ -33,8 +32,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from backends.files import LARGE_LIMIT, parse_json, read_bytes, shown
+from kvpipe.plots import check_rows
 from sim.errors import InputError
 from sim.telemetry import flatten
+from validate.report_md import driver_text
 
 KINDS = {
     "rows": "result rows (kvpipe sweep --out DIR, its rows.json, kvpipe simulate --json)",
@@ -65,14 +67,50 @@ class Input:
 
 
 def _read_json(path: Path) -> Any:
+    """A JSON (or gzipped JSON) input: read and inflated to at most LARGE_LIMIT bytes, nesting bounded. Raises InputError."""
+    raw = read_bytes(path, "report input", LARGE_LIMIT, gz=True)
     try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
-    try:
-        return json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-    except (ValueError, OSError, EOFError) as exc:
-        raise InputError(f"{str(path)!r} is not an output kvpipe report reads (not JSON: {exc}); allowed: {ALLOWED}") from None
+        return parse_json(raw, shown(path), allow_nan=True)
+    except InputError as exc:
+        why = str(exc).removeprefix(shown(path)).strip()
+        raise InputError(f"{shown(path)} is not an output kvpipe report reads (not JSON: {why}); allowed: {ALLOWED}") from None
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _check(obj: Any, kind: str, where: str) -> None:
+    """The fields each kind's section reads, typed: a string where a number belongs, a trace event without its
+    ``pid``, a report without its summary's errors are one line naming the file, the item and the key."""
+    if kind == "rows":
+        check_rows(obj, where)
+    elif kind == "plan":
+        for i, p in enumerate(obj):
+            if not _is_number(p["context"]) or not isinstance(p["gain_by_depth"], dict) or not isinstance(p["ring_mib_by_depth"], dict):
+                raise InputError(f"{where} plan row {i}: context must be a number, gain_by_depth and ring_mib_by_depth "
+                                 "objects; allowed: kvpipe plan --json")
+    elif kind == "validate":
+        s = obj["summary"]
+        for key in ("points", "median_abs_error", "max_abs_error"):
+            if not _is_number(s.get(key)):
+                raise InputError(f"{where}: summary.{key} = {s.get(key)!r}; allowed: a number (kvpipe validate's report.json)")
+        if not all(isinstance(p, dict) for p in obj["points"]):
+            raise InputError(f"{where}: points must be objects; allowed: kvpipe validate's report.json")
+    elif kind == "trace":
+        for i, e in enumerate(obj["traceEvents"]):
+            if not isinstance(e, dict) or e.get("ph") not in ("X", "M"):
+                continue  # other events (counters, instants) are not drawn
+            need = ("pid", "name", "ts") if e["ph"] == "X" else ("pid", "name")
+            missing = [k for k in need if k not in e]
+            if missing:
+                raise InputError(f"{where} traceEvents[{i}] has no {missing[0]!r}; allowed: Chrome trace events with "
+                                 f"{', '.join(need)}")
+            bad = [k for k in ("ts", "dur") if k in e and not (_is_number(e[k]) and math.isfinite(e[k]))]
+            if e["ph"] == "X" and bad:
+                raise InputError(f"{where} traceEvents[{i}].{bad[0]} = {e[bad[0]]!r}; allowed: a finite number (µs)")
+            if e["ph"] == "M" and e["name"] in ("process_name", "thread_name") and not isinstance((e.get("args") or {}).get("name"), str):
+                raise InputError(f"{where} traceEvents[{i}] ({e['name']}) has no args.name; allowed: a Chrome trace's metadata")
 
 
 def kind_of(obj: Any) -> str | None:
@@ -114,6 +152,7 @@ def load_inputs(path: str | Path) -> list[Input]:
         raise InputError(f"{str(p)!r} is not an output kvpipe report reads ({what}); allowed: {ALLOWED}")
     if kind == "trace" and isinstance(obj, list):
         obj = {"traceEvents": obj}
+    _check(obj, kind, shown(p))
     return [Input(str(p), kind, obj)]
 
 
@@ -431,7 +470,7 @@ def _facts(pairs: Iterable[tuple[str, Any]]) -> str:
 def _validate_section(inp: Input, figs: Figures) -> str:
     doc, s = inp.data, inp.data["summary"]
     gate = "PASS" if s.get("exactness_gate") else "FAIL"
-    out = [_facts([("device", doc.get("device")), ("driver", doc.get("driver_version")), ("CuPy", doc.get("cupy_version")),
+    out = [_facts([("device", doc.get("device")), ("driver", driver_text(doc.get("driver_version"))), ("CuPy", doc.get("cupy_version")),
                    ("date", doc.get("date")), ("profile", doc.get("profile")), ("machine", doc.get("machine")),
                    ("repetitions", doc.get("repetitions")), ("warm-up graphs", doc.get("warmup_graphs")),
                    ("complete", doc.get("complete")), ("exactness gate", gate)])]
@@ -520,6 +559,18 @@ nav li{margin:2px 0}
 """
 
 
+def _section(inp: Input, figs: Figures) -> str:
+    """One input's section. A field the load-time checks (:func:`_check`) do not cover that is missing or of the
+    wrong type is the input's fault, not a bug: one line naming the file. Blocks for the drawing."""
+    try:
+        return SECTIONS[inp.kind](inp, figs)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as exc:
+        if isinstance(exc, InputError):
+            raise
+        raise InputError(f"{shown(inp.path)} ({inp.kind}): a field the report draws is missing or of the wrong type "
+                         f"({type(exc).__name__}: {exc}); allowed: {KINDS[inp.kind]}, as kvpipe wrote it") from None
+
+
 def page(inputs: Sequence[Input], command: str, title: str = "kvpipe report") -> str:
     """The HTML page of ``inputs``; ``command`` is the one that builds it (shown at the top). Blocks for the drawing."""
     figs = Figures()
@@ -528,7 +579,7 @@ def page(inputs: Sequence[Input], command: str, title: str = "kvpipe report") ->
         head = f"{KINDS[inp.kind].split(' (')[0].capitalize()}: {inp.path}"
         toc.append(f'<li><a href="#input-{i}">{html.escape(head)}</a></li>')
         sections.append(f'<section id="input-{i}" data-kind="{inp.kind}"><h2>{html.escape(head)}</h2>'
-                        f"{SECTIONS[inp.kind](inp, figs)}</section>")
+                        f"{_section(inp, figs)}</section>")
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{html.escape(title)}</title>'

@@ -21,6 +21,7 @@ Units: rows carry theirs in their field names; axes say theirs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,6 +111,24 @@ def _context_axis(ax: Any, rows: Sequence[dict[str, Any]], ylabel: str, what: st
     ax.set_title(_title(rows, what), fontsize=10)
 
 
+#: Row fields a plot or the report reads as numbers (where present), and as text.
+ROW_NUMBERS = ("context", "depth", "budget_mib", "tokens_per_s", "tokens", "window_rows", "ring_mib", "ms_per_token", "parallel",
+               "early_mib", "late_mib", "ordered_mib")
+ROW_TEXT = ("model", "hardware", "cache_type")
+
+
+def check_rows(rows: Sequence[dict[str, Any]], where: str) -> None:
+    """Each row's numeric fields finite numbers and its names text. Raises InputError ``where row i: key = value``."""
+    for i, r in enumerate(rows):
+        for k in ROW_NUMBERS:
+            v = r.get(k, 0)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise InputError(f"{where} row {i}: {k} = {v!r}; allowed: a finite number (rows of kvpipe sweep or simulate --json)")
+        for k in ROW_TEXT:
+            if not isinstance(r.get(k, ""), str):
+                raise InputError(f"{where} row {i}: {k} = {r[k]!r}; allowed: text (rows of kvpipe sweep or simulate --json)")
+
+
 def _figure(size: tuple[float, float] = (9, 5.5)) -> Figure:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -128,23 +147,29 @@ def png_bytes(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def save(fig: Figure, prefix: str | Path, formats: Sequence[str] = FORMATS) -> list[Path]:
-    """Write ``prefix.png`` / ``prefix.svg``; returns the paths. Blocks on the writes (``sim.safe_write``)."""
+def rendered(fig: Figure, prefix: str | Path, formats: Sequence[str] = FORMATS) -> list[tuple[Path, bytes]]:
+    """``prefix.png`` / ``prefix.svg`` as (path, bytes), nothing written yet. Raises InputError on an unknown format."""
     import io
-
-    from sim.safe_write import write_output
 
     prefix = Path(prefix)
     out = []
     for fmt in formats:
         if fmt not in FORMATS:
             raise InputError(f"unknown format {fmt!r}; allowed: {', '.join(FORMATS)}")
-        path = prefix.with_name(f"{prefix.name}.{fmt}")
         buf = io.BytesIO()
         fig.savefig(buf, format=fmt)
-        write_output(path, buf.getvalue())
-        out.append(path)
+        out.append((prefix.with_name(f"{prefix.name}.{fmt}"), buf.getvalue()))
     return out
+
+
+def save(fig: Figure, prefix: str | Path, formats: Sequence[str] = FORMATS) -> list[Path]:
+    """Write ``prefix.png`` / ``prefix.svg`` (all or none: ``sim.safe_write.write_outputs``); returns the paths.
+    Blocks on the writes."""
+    from sim.safe_write import write_outputs
+
+    files = rendered(fig, prefix, formats)
+    write_outputs(list(files))
+    return [path for path, _ in files]
 
 
 # ------------------------------------------------------------------ kinds

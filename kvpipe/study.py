@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backends.files import plain, read_bytes
 from sim.errors import InputError
 
 VERSION = 1
@@ -90,7 +91,8 @@ TABLES: dict[str, Table] = {
     "plan": Table(PLAN_GRID, {"max_depth": Key("--max-depth"), "budget_for_gain": Key("--budget-for-gain"),
                               "jobs": Key("--jobs"), "llama_cpp": Key("--llama-cpp", "switch")}, "stdout"),
     "simulate": Table(tuple(GRID), {"csv": Key("--csv", "path"), "trace": Key("--trace", "path")}, "stdout"),
-    "sweep": Table(tuple(GRID), {"jobs": Key("--jobs"), "quiet": Key("--quiet", "switch")}, "flag", "out/sweep"),
+    "sweep": Table(tuple(GRID), {"jobs": Key("--jobs"), "quiet": Key("--quiet", "switch"), "resume": Key("--resume", "switch")},
+                   "flag", "out/sweep"),
     "plot": Table(tuple(GRID), {"format": Key("--format"), "rows": Key("--rows", "path"), "jobs": Key("--jobs")},
                   "prefix", "out/plots"),
 }
@@ -114,15 +116,12 @@ def load(path: str | Path) -> list[Task]:
     """The tasks of the study file at ``path``, in run order. Raises InputError (one line) on a missing or
     unreadable file, a TOML syntax error (``file:line: reason``) or a key, shape or choice TOML adds. Blocks on the read."""
     where = str(path)
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise InputError(f"cannot read study {where!r}: {exc.strerror or exc}") from None
+    raw = read_bytes(path, "study")
     try:
         text = raw.decode()
     except UnicodeDecodeError:
         raise InputError(f"study {where!r} is not UTF-8 text") from None
-    return tasks(parse_toml(text, where), Path(path).absolute().parent, where)
+    return tasks(parse_toml(text, plain(where)), Path(path).absolute().parent, plain(where))
 
 
 def parse_toml(text: str, where: str) -> dict[str, Any]:
@@ -278,6 +277,7 @@ format = "json"
 out = "out/sweep"               # --out: a folder (rows.json, rows.csv, the rows.jsonl journal)
 jobs = 1                        # --jobs (0 = all cores)
 quiet = true                    # --quiet: no progress bar
+# resume = true                 # --resume: add this grid's points to a folder that holds another grid's sweep
 # contexts = "1024..65536/1024" # a grid key set here is for this table only
 
 [plot]                          # kvpipe plot KIND, once per kind

@@ -21,13 +21,19 @@ atomically every few seconds and at the end; rerunning into the same folder
 skips every point whose coordinates the folder already holds, so an
 interrupted sweep loses at most the points in flight. Settings that are not in
 the row (pageable cache, mutations) are kept in ``sweep.json`` and a rerun with
-different ones is refused rather than mixed in.
+different ones is refused rather than mixed in; so is a rerun of another grid
+unless ``resume``, and a folder holding rows with no ``sweep.json`` (someone
+else's). One sweep at a time holds a folder (a ``flock``, see :class:`RowStore`),
+and local workers die with the sweep, even when it is killed by SIGKILL
+(:func:`_worker_init`).
 
 Units: seconds inside; the rows carry their own units in their field names.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import math
 import os
@@ -40,8 +46,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from backends.files import LARGE_LIMIT, check_nesting, parse_json, read_bytes, shown
 from sim import checks, distinct
 from sim.errors import InputError
+from sim.safe_write import write_outputs
 from sim.simulate import Point, placement_fields, row
 from sim.telemetry import rows_to_csv, write_atomic
 
@@ -52,7 +60,7 @@ KEY_FIELDS = ("model", "hardware", "cache_type", "context", "contexts", "paralle
 #: still lack the last two: ``sim.simulate.placement_fields``).
 KEY_DEFAULTS = {"arm": "transport", "kv_gpu_layers": 0, "n_gpu_layers": "all"}
 SNAPSHOT_EVERY_S = 2.0
-ROWS_JSON, ROWS_CSV, JOURNAL, MANIFEST = "rows.json", "rows.csv", "rows.jsonl", "sweep.json"
+ROWS_JSON, ROWS_CSV, JOURNAL, MANIFEST, LOCK = "rows.json", "rows.csv", "rows.jsonl", "sweep.json", ".kvpipe-sweep.lock"
 
 Key = tuple[Any, ...]
 
@@ -173,12 +181,12 @@ def executor_for(jobs: int | None = None, dask_address: str | None = None) -> It
             client.close()
         return
     n = jobs or os.cpu_count() or 1
-    if n < 1:
-        raise InputError(f"--jobs {jobs} out of range; allowed: 0 (every core) or a positive number of workers")
+    if not 1 <= n <= max_jobs():
+        raise InputError(f"--jobs {jobs} out of range; allowed: 0 (every core) or 1..{max_jobs()} workers")
     if n == 1:
         yield _Serial()
         return
-    pool = ProcessPoolExecutor(max_workers=n, initializer=_ignore_sigint)
+    pool = ProcessPoolExecutor(max_workers=n, initializer=_worker_init, initargs=(os.getpid(),))
     try:
         yield pool
     except BaseException:  # interrupted (Ctrl-C, SIGTERM) or failed: the workers end now, not after their chunks
@@ -189,12 +197,45 @@ def executor_for(jobs: int | None = None, dask_address: str | None = None) -> It
     pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _ignore_sigint() -> None:
-    """Workers leave Ctrl-C to the parent, which keeps finished rows and ends the pool; SIGTERM ends a worker."""
+def max_jobs() -> int:
+    """The most local worker processes a sweep may start: 4 per core, at least 32 (each is a whole Python process)."""
+    return max(32, 4 * (os.cpu_count() or 1))
+
+
+def _worker_init(parent: int) -> None:
+    """A worker leaves Ctrl-C to the parent, which keeps finished rows and ends the pool; SIGTERM ends it; and it dies
+    with its parent, even one killed by SIGKILL (which runs no cleanup): Linux sends it SIGTERM when the parent
+    thread ends (``prctl(PR_SET_PDEATHSIG)``), and a watcher thread checks ``os.getppid()`` where that is missing."""
     import signal
+    import threading
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _die_with_parent()
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="kvpipe-parent-watch").start()
+
+
+def _die_with_parent() -> None:
+    """Ask Linux for SIGTERM when the parent ends (PR_SET_PDEATHSIG); a no-op elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _watch_parent(parent: int, every_s: float = 1.0) -> None:
+    """End this worker once its parent is gone (reparented: ``os.getppid()`` changed). Runs in a daemon thread."""
+    while os.getppid() == parent:
+        time.sleep(every_s)
+    os._exit(1)
 
 
 def chunks(points: Sequence[Point], workers: int, todo: Sequence[bool] | None = None, exact: bool = False) -> list[Chunk]:
@@ -225,51 +266,85 @@ def chunks(points: Sequence[Point], workers: int, todo: Sequence[bool] | None = 
 
 
 class RowStore:
-    """The output folder of a sweep: journal, snapshots, manifest. ``None`` folder = rows kept in memory only."""
+    """The output folder of a sweep: journal, snapshots, manifest. ``None`` folder = rows kept in memory only.
 
-    def __init__(self, out_dir: str | Path | None, settings: dict[str, Any]) -> None:
+    The folder is this process's alone while the store is open: an exclusive, non-blocking ``flock`` on
+    :data:`LOCK` inside it (a second sweep into it stops with one line naming the holder's pid; the kernel drops the
+    lock when the holder dies, even by SIGKILL). Rows already there are resumed only from a folder this sweep
+    recognises: its ``sweep.json`` names the same settings and the same grid (``resume`` also takes a folder of
+    another grid, to add this grid's points to it); rows with no ``sweep.json``, or of another grid without
+    ``resume``, are someone else's and are refused, never rewritten.
+    """
+
+    def __init__(self, out_dir: str | Path | None, settings: dict[str, Any], grid: Sequence[Key] = (),
+                 resume: bool = False) -> None:
         self.dir = Path(out_dir) if out_dir else None
         self.rows: dict[Key, dict[str, Any]] = {}
         self._lines: dict[Key, str] = {}  # each row as JSON, encoded once for the journal and reused by every snapshot
         self._journal: Any = None
+        self._lock: int | None = None
         self._last_snapshot = 0.0
         if self.dir is None:
             return
-        if self.dir.exists() and not self.dir.is_dir():
-            raise InputError(f"--out {str(self.dir)!r} exists and is not a folder")
+        self._lock, created = _lock_folder(self.dir)
+        try:
+            self._open(settings, grid_id(grid), len(grid), resume)
+        except BaseException:
+            if created:  # a refused folder (someone else's rows) is left as it was, without our lock file
+                (self.dir / LOCK).unlink(missing_ok=True)
+            self._unlock()
+            raise
+
+    def _open(self, settings: dict[str, Any], grid: str, n_points: int, resume: bool) -> None:
+        assert self.dir is not None
         manifest = self.dir / MANIFEST
+        named = shown(self.dir)
         if manifest.exists():
             old = _read_json(manifest)
+            if not isinstance(old, dict):
+                raise InputError(f"{shown(manifest)} holds a {type(old).__name__}, not a sweep manifest; allowed: a folder of "
+                                 "kvpipe sweep, or another --out")
             if old.get("settings") != settings:
-                raise InputError(f"{str(self.dir)!r} holds a sweep with settings {old.get('settings')}, not {settings}; "
+                raise InputError(f"{named} holds a sweep with settings {old.get('settings')}, not {settings}; "
                                  "use another --out")
+            if old.get("grid") != grid and not resume:
+                raise InputError(f"--out {named} holds a sweep of another grid ({old.get('points', '?')} points; this one "
+                                 f"{n_points}); allowed: another --out, or --resume to add this grid's points to it")
+        elif any((self.dir / f).exists() for f in (JOURNAL, ROWS_JSON, ROWS_CSV)):
+            raise InputError(f"--out {named} holds rows of no sweep kvpipe recorded there (no {MANIFEST}); allowed: a new or "
+                             "empty folder, or one kvpipe sweep wrote")
         for r in self._load():
             self.rows[key_of_row(r)] = r
-        write_atomic(manifest, json.dumps({"settings": settings, "key_fields": list(KEY_FIELDS)}, indent=1))
+        write_atomic(manifest, json.dumps({"settings": settings, "key_fields": list(KEY_FIELDS), "grid": grid,
+                                           "points": n_points}, indent=1))
         # Compact the journal (drops a line cut short by an interruption) before appending to it.
         write_atomic(self.dir / JOURNAL, "".join(json.dumps(r) + "\n" for r in self.rows.values()))
         self._journal = open(self.dir / JOURNAL, "a")  # noqa: SIM115 - closed in close()
 
     def _load(self) -> list[dict[str, Any]]:
         assert self.dir is not None
-        rows: list[dict[str, Any]] = []
+        rows: list[Any] = []
         if (self.dir / ROWS_JSON).exists():
             data = _read_json(self.dir / ROWS_JSON)
             if not isinstance(data, list):
-                raise InputError(f"{str(self.dir / ROWS_JSON)!r} does not hold a list of rows")
+                raise InputError(f"{shown(self.dir / ROWS_JSON)} does not hold a list of rows")
             rows += data
         journal = self.dir / JOURNAL
         if journal.exists():
-            for line in journal.read_text().splitlines():
+            text = read_bytes(journal, "sweep journal", LARGE_LIMIT, note=False).decode(errors="replace")
+            for n, line in enumerate(text.splitlines(), 1):
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError:
                     continue  # the line an interruption cut short; that point runs again
+                except RecursionError:
+                    raise InputError(f"sweep journal {shown(journal)} line {n} nests too deep; allowed: kvpipe's rows") from None
+                check_nesting(rows[-1], f"sweep journal {shown(journal)} line {n}")
         try:
             for r in rows:
                 key_of_row(r)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InputError(f"{str(self.dir)!r} holds a row without grid coordinates ({exc}); use another --out") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InputError(f"{shown(self.dir)} holds a row without grid coordinates ({exc}); use another --out") from None
         return rows
 
     def __contains__(self, key: Key) -> bool:
@@ -281,8 +356,11 @@ class RowStore:
         self.rows[key] = r
         if self._journal is not None:
             line = self._lines[key] = json.dumps(r)
-            self._journal.write(line + "\n")
-            self._journal.flush()
+            try:
+                self._journal.write(line + "\n")
+                self._journal.flush()
+            except OSError as exc:  # a full disk: the rows so far stay in the journal; a rerun resumes from them
+                raise InputError(f"cannot write the sweep journal {shown(Path(str(self.dir)) / JOURNAL)}: {exc.strerror or exc}") from None
             if time.monotonic() - self._last_snapshot > SNAPSHOT_EVERY_S:
                 self.snapshot(order)
 
@@ -293,28 +371,62 @@ class RowStore:
         return first + [r for k, r in self.rows.items() if k not in seen]
 
     def snapshot(self, order: Sequence[Key]) -> None:
-        """Rewrite rows.json and rows.csv atomically. Blocks on the writes."""
+        """Rewrite rows.json and rows.csv atomically (both or neither). Blocks on the writes."""
         self._last_snapshot = time.monotonic()
         if self.dir is None:
             return
         rows = self.ordered(order)
         # One row a line (the C encoder; json.dumps with indent runs the pure-Python one, several times slower).
         text = ",\n".join(self._lines.get(key_of_row(r)) or json.dumps(r) for r in rows)
-        write_atomic(self.dir / ROWS_JSON, f"[\n{text}\n]\n" if rows else "[]\n")
-        write_atomic(self.dir / ROWS_CSV, rows_to_csv(rows) if rows else "")
+        write_outputs([(self.dir / ROWS_JSON, f"[\n{text}\n]\n" if rows else "[]\n"),
+                       (self.dir / ROWS_CSV, rows_to_csv(rows) if rows else "")])
 
     def close(self, order: Sequence[Key]) -> None:
-        self.snapshot(order)
-        if self._journal is not None:
-            self._journal.close()
-            self._journal = None
+        try:
+            self.snapshot(order)
+        finally:
+            if self._journal is not None:
+                self._journal.close()
+                self._journal = None
+            self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)  # closing the descriptor drops the flock
+            self._lock = None
+
+
+def grid_id(grid: Sequence[Key]) -> str:
+    """A fingerprint of a grid's points (their coordinates, in any order): what ``sweep.json`` records."""
+    return hashlib.sha256(repr(sorted(map(repr, grid))).encode()).hexdigest()[:16]
+
+
+def _lock_folder(folder: Path) -> tuple[int, bool]:
+    """Create ``folder`` if need be and take an exclusive, non-blocking flock on its :data:`LOCK`; the descriptor, and
+    whether this call created the lock file. Raises InputError naming the folder and the holder's pid when another
+    process holds it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        created = not (folder / LOCK).exists()
+        fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    except FileExistsError:
+        raise InputError(f"--out {shown(folder)} exists and is not a folder") from None
+    except OSError as exc:
+        raise InputError(f"cannot use --out {shown(folder)}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise InputError(f"--out {shown(folder)} is in use by another kvpipe sweep (pid {holder}); allowed: wait for it "
+                         "to finish, or give another --out") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd, created
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(f"cannot read {str(path)!r}: {exc}") from None
+    return parse_json(read_bytes(path, "sweep file", LARGE_LIMIT, note=False), f"sweep file {shown(path)}", allow_nan=True)
 
 
 # ------------------------------------------------------------------ sweep
@@ -340,6 +452,7 @@ def run_sweep(
     dask_address: str | None = None,
     progress: bool = True,
     exact: bool = False,
+    resume: bool = False,
 ) -> SweepResult:
     """Run every point not already in ``out_dir``; returns all rows in grid order.
 
@@ -347,7 +460,7 @@ def run_sweep(
     the fast path of ``sim.steady`` unless ``exact``, and every point gets its own row. Blocks until the sweep is done (wall time
     ~ distinct simulations x simulated tokens x a few ms / workers). Raises InputError on an empty grid or an
     unusable output folder. A point that raises is reported in ``failed`` and left out of the rows (a rerun
-    retries it).
+    retries it). ``resume`` adds this grid to a folder that holds another grid's sweep (``RowStore``).
     """
     if not points:
         raise InputError("the grid is empty; give at least one value per flag")
@@ -356,16 +469,15 @@ def run_sweep(
     with executor_for(jobs, dask_address) as ex:  # first: a missing extra or scheduler writes nothing
         order: list[Key] = []
         unique: list[Point] = []
-        todo: list[bool] = []
         seen: set[Key] = set()
-        store = RowStore(out_dir, settings_of(points, exact))
         for p in points:
             k = key_of_point(p)
             if k not in seen:
                 seen.add(k)
                 order.append(k)
                 unique.append(p)
-                todo.append(k not in store)
+        store = RowStore(out_dir, settings_of(points, exact), order, resume)
+        todo = [k not in store for k in order]
         result = SweepResult(rows=[], resumed=len(order) - sum(todo))
         try:
             workers = 1 if isinstance(ex, _Serial) else (jobs or os.cpu_count() or 1)

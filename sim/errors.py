@@ -1,4 +1,4 @@
-"""The one exception type library code raises for bad input a user gave.
+"""The one exception type library code raises for bad input a user gave (defined in ``backends.errors``).
 
 :class:`InputError` is a ``ValueError`` whose message is one line naming the
 bad value and what is allowed, in the user's units. The command line
@@ -8,6 +8,6 @@ bad value and what is allowed, in the user's units. The command line
 
 from __future__ import annotations
 
+from backends.errors import InputError
 
-class InputError(ValueError):
-    """Bad input from a user (a flag, a file, a value): one line, exit code 2 at the command line."""
+__all__ = ["InputError"]

@@ -13,13 +13,16 @@ names the bad value. ``sim.workload`` re-exports what is public here.
 
 from __future__ import annotations
 
-import json
 import numbers
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from backends.files import load_json_object, note_input, number, shown, whole, whole_value
+from sim.errors import InputError
+
 PRESET_DIR = Path(__file__).with_name("presets")
+MAX_WEIGHT_GIB = 1 << 20  # 1 PiB of weights: past it a typo, not a model
 
 
 @dataclass(frozen=True)
@@ -95,35 +98,50 @@ def count(value: Any, key: str, where: str, bound: str) -> int:
     boolean = type(value).__name__ in ("bool", "bool_")
     ok = not boolean and (isinstance(value, numbers.Integral) or isinstance(value, float) and value.is_integer())
     if not ok or not 1 <= int(value) <= hi:
-        raise ValueError(f"{where}: {key} = {value!r}; allowed: a whole number 1..{hi:,}")
+        raise InputError(f"{where}: {key} = {value!r}; allowed: a whole number 1..{hi:,}")
     return int(value)
+
+def interval(value: Any, key: str, where: str, n_layers: int) -> int:
+    """A ``full_attention_interval``: a whole number 1..n_layers (0, null, NaN, text refused in one line)."""
+    return whole_value(value, key, where, 1, n_layers)
+
 
 def _shape_from_dict(d: dict[str, Any], where: str) -> ModelShape:
     try:
         n_layers = count(d["n_layers"], "n_layers", where, "layers")
         if "attn_layers" in d:
-            attn = tuple(int(a) for a in d["attn_layers"])
+            if not isinstance(d["attn_layers"], list):
+                raise InputError(f"{where}: attn_layers must be a list of layer indices")
+            attn = tuple(whole_value(a, "attn_layers", where, 0, n_layers - 1) for a in d["attn_layers"])
         else:
-            every = int(d.get("full_attention_interval", 1))
+            every = interval(d.get("full_attention_interval", 1), "full_attention_interval", where, n_layers)
             attn = tuple(layer for layer in range(n_layers) if layer % every == every - 1)
-        head_dim = int(d.get("head_dim", int(d["hidden"]) // int(d["n_head"])))
+        n_head = count(d["n_head"], "n_head", where, "heads")
+        hidden = count(d["hidden"], "hidden", where, "hidden")
+        head_dim = count(d.get("head_dim", hidden // n_head), "head_dim", where, "head_dim")
+        small = d.get("small_inputs_bytes", [4, 16])
+        if not isinstance(small, list):
+            raise InputError(f"{where}: small_inputs_bytes must be a list of byte counts")
         return ModelShape(
             name=str(d["name"]),
             n_layers=n_layers,
             attn_layers=attn,
-            n_head=int(d["n_head"]),
-            n_head_kv=int(d["n_head_kv"]),
-            head_dim_k=int(d.get("head_dim_k", head_dim)),
-            head_dim_v=int(d.get("head_dim_v", head_dim)),
-            hidden=int(d["hidden"]),
-            ffn=int(d["ffn"]),
-            vocab=int(d.get("vocab", 32000)),
-            weight_bytes=int(float(d.get("weight_gib", 0.0)) * 2**30) or int(d.get("weight_bytes", 0)),
-            small_inputs_bytes=tuple(int(x) for x in d.get("small_inputs_bytes", (4, 16))),
+            n_head=n_head,
+            n_head_kv=count(d["n_head_kv"], "n_head_kv", where, "heads"),
+            head_dim_k=count(d.get("head_dim_k", head_dim), "head_dim_k", where, "head_dim"),
+            head_dim_v=count(d.get("head_dim_v", head_dim), "head_dim_v", where, "head_dim"),
+            hidden=hidden,
+            ffn=count(d["ffn"], "ffn", where, "ffn"),
+            vocab=count(d.get("vocab", 32000), "vocab", where, "vocab"),
+            weight_bytes=int(number(d, "weight_gib", where, 0.0, MAX_WEIGHT_GIB, default=0.0) * 2**30)
+            or whole(d, "weight_bytes", where, 0, MAX_WEIGHT_GIB << 30, default=0),
+            small_inputs_bytes=tuple(whole_value(x, "small_inputs_bytes", where, 0, 1 << 30) for x in small),
             source=str(d.get("source", where)),
         )
     except KeyError as exc:
         raise ValueError(f"{where}: missing field {exc}") from exc
+    except InputError:
+        raise
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: {exc}") from exc
 
@@ -141,28 +159,21 @@ def load_model(spec: str) -> ModelShape:
     if spec.endswith(".gguf"):
         return _from_gguf(path)
     if path.suffix == ".json" or path.name == "config.json":
-        try:
-            data = json.loads(path.read_text())
-        except OSError as exc:
-            raise ValueError(f"cannot read model config {spec!r}: {exc.strerror}") from exc
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"model config {spec!r} is not valid JSON: {exc.msg} at line {exc.lineno}") from exc
-        if not isinstance(data, dict):
-            raise ValueError(f"model config {spec!r} must hold a JSON object")
-        if "num_hidden_layers" in data:
+        data = load_json_object(path, "model config")
+        if "num_hidden_layers" in data or isinstance(data.get("text_config"), dict):  # a multimodal config: its text_config
             return _from_hf_config(data, spec)
         return _shape_from_dict(data, spec)
     preset = PRESET_DIR / f"{spec}.json"
     if not preset.exists():
         raise ValueError(f"unknown model {spec!r}; presets: {', '.join(model_preset_names())}, or a .gguf / config.json file")
-    return _shape_from_dict(json.loads(preset.read_text()), str(preset))
+    return _shape_from_dict(load_json_object(preset, "model preset"), str(preset))
 
 
-def _hf_attn_layers(cfg: dict[str, Any], n_layers: int) -> tuple[int, ...]:
+def _hf_attn_layers(cfg: dict[str, Any], n_layers: int, where: str) -> tuple[int, ...]:
     types = cfg.get("layer_types")
     if isinstance(types, list) and len(types) == n_layers:
         return tuple(i for i, t in enumerate(types) if "full" in str(t) or str(t) == "attention")
-    every = int(cfg.get("full_attention_interval", 1))
+    every = interval(cfg.get("full_attention_interval", 1), "full_attention_interval", where, n_layers)
     return tuple(i for i in range(n_layers) if i % every == every - 1)
 
 
@@ -179,7 +190,7 @@ def _from_hf_config(cfg: dict[str, Any], where: str) -> ModelShape:
         vocab = count(cfg.get("vocab_size", 32000), "vocab_size", where, "vocab")
     except KeyError as exc:
         raise ValueError(f"config {where!r}: missing field {exc}") from exc
-    attn = _hf_attn_layers(cfg, n_layers)
+    attn = _hf_attn_layers(cfg, n_layers, where)
     per_layer = hidden * (n_head * head_dim) * 2 + hidden * (n_head_kv * head_dim) * 2 + 3 * hidden * ffn
     params = n_layers * per_layer + 2 * vocab * hidden
     dtype_bytes = {"float32": 4, "float16": 2, "bfloat16": 2}.get(str(cfg.get("torch_dtype", "bfloat16")), 2)
@@ -206,11 +217,14 @@ def _from_gguf(path: Path) -> ModelShape:
     except ImportError as exc:  # pragma: no cover - gguf is a dependency
         raise ValueError("reading .gguf files needs the 'gguf' package") from exc
     if not path.is_file():
-        raise ValueError(f"cannot read GGUF file {str(path)!r}: no such file")
+        raise ValueError(f"cannot read GGUF file {shown(path)}: no such file")
+    where = str(path)
+    note_input(path)
     try:
         reader = GGUFReader(str(path), "r")
-    except Exception as exc:  # gguf raises ValueError/struct.error/OSError on bad files
-        raise ValueError(f"cannot read GGUF file {str(path)!r}: {exc}") from exc
+    except Exception as exc:  # gguf raises ValueError/struct.error/OSError/MemoryError on bad files (an array of 2^60)
+        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ValueError(f"cannot read GGUF file {shown(path)}: {reason}; allowed: a GGUF file llama.cpp can load") from exc
 
     def field_value(key: str) -> Any:
         f = reader.fields.get(key)
@@ -232,14 +246,19 @@ def _from_gguf(path: Path) -> ModelShape:
 
     n_layers = count(need("block_count"), f"{arch}.block_count", str(path), "layers")
     n_head = count(need("attention.head_count"), f"{arch}.attention.head_count", str(path), "heads")
+    kv_key = f"{arch}.attention.head_count_kv"
     kv = need("attention.head_count_kv")
     if isinstance(kv, list):
-        attn = tuple(i for i, h in enumerate(kv) if int(h) > 0)
-        n_head_kv = max(int(h) for h in kv)
+        if len(kv) != n_layers:
+            raise InputError(f"{where}: {kv_key} lists {len(kv):,} layers; allowed: one per layer ({n_layers})")
+        heads = [whole_value(h, kv_key, where, 0, COUNT_BOUNDS["heads"]) for h in kv]
+        attn = tuple(i for i, h in enumerate(heads) if h > 0)
+        n_head_kv = count(max(heads), kv_key, where, "heads")
     else:
-        n_head_kv = int(kv)
+        n_head_kv = count(kv, kv_key, where, "heads")
         every = field_value(f"{arch}.full_attention_interval")
-        attn = tuple(i for i in range(n_layers) if i % int(every or 1) == int(every or 1) - 1)
+        every = 1 if every is None else interval(every, f"{arch}.full_attention_interval", where, n_layers)
+        attn = tuple(i for i in range(n_layers) if i % every == every - 1)
     hidden = count(need("embedding_length"), f"{arch}.embedding_length", str(path), "hidden")
     head_k = count(field_value(f"{arch}.attention.key_length") or hidden // n_head, f"{arch}.attention.key_length", str(path),
                    "head_dim")
@@ -251,6 +270,7 @@ def _from_gguf(path: Path) -> ModelShape:
     if vocab is None:
         tokens = reader.fields.get("tokenizer.ggml.tokens")
         vocab = len(tokens.data) if tokens is not None else 32000
+    vocab = count(vocab, f"{arch}.vocab_size", where, "vocab")
     weight_bytes = int(sum(int(t.n_bytes) for t in reader.tensors))
     if weight_bytes <= 0:
         raise ValueError(f"GGUF file {str(path)!r} holds no tensors, so its weights' size is unknown; "
@@ -266,7 +286,7 @@ def _from_gguf(path: Path) -> ModelShape:
         head_dim_v=head_v,
         hidden=hidden,
         ffn=ffn,
-        vocab=int(vocab),
+        vocab=vocab,
         weight_bytes=weight_bytes,
         source=f"GGUF header {path}",
         n_params=int(sum(int(t.n_elements) for t in reader.tensors)),

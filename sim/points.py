@@ -12,6 +12,7 @@ parses text: ``kvpipe.commands.args`` turns flags into a GridSpec.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 from backends.profile import HardwareProfile, for_workload, load_profile
@@ -77,10 +78,26 @@ def nkvo_attention(profile: HardwareProfile) -> str:
     return str(profile.meta.get("nkvo_attention", "device"))
 
 
+#: The most points a grid may have: counted before any is built (1.5e9 would exhaust memory long before it ran).
+MAX_POINTS = 10_000_000
+
+
+def size(spec: GridSpec) -> int:
+    """How many points the grid's axes multiply to (the resident arm's are fewer: an upper bound). Pure."""
+    axes = (spec.models, spec.hardware, spec.cache_types, spec.cache_types_v or ("",), spec.kv_offload, spec.contexts,
+            spec.parallels, spec.depths, spec.budgets_mib)
+    return math.prod(len(a) for a in axes)
+
+
 def points(spec: GridSpec) -> list[Point]:
-    """Every point of the grid, in product order. Raises InputError on any bad value. Does not block."""
+    """Every point of the grid, in product order. Raises InputError on any bad value, or on a grid of more than
+    :data:`MAX_POINTS` points (counted before any is built). Does not block."""
     if spec.tokens < 1:
         raise InputError(f"--tokens {spec.tokens} out of range; allowed: >= 1")
+    n = size(spec)
+    if n > MAX_POINTS:
+        raise InputError(f"the grid has {n:,} points ({len(spec.contexts):,} contexts x {len(spec.depths):,} depths x "
+                         f"{len(spec.budgets_mib):,} budgets x the other flags); allowed: at most {MAX_POINTS:,} points")
     models = [model(m) for m in spec.models]
     hws = [hardware(h) for h in spec.hardware]
     caches = [cache(c) for c in spec.cache_types]

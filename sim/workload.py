@@ -127,8 +127,16 @@ class Workload:
             raise ValueError(f"context has {len(self.context)} values; allowed: one, or one per sequence ({self.n_parallel})")
         if self.split_mode not in SPLIT_MODES:
             raise ValueError(f"split-mode {self.split_mode!r} unknown; allowed: {', '.join(SPLIT_MODES)}")
-        if any(not math.isfinite(p) or p < 0 for p in self.tensor_split) or (self.tensor_split and sum(self.tensor_split) <= 0):
-            raise ValueError(f"tensor-split {list(self.tensor_split)} must be non-negative proportions with a positive sum")
+        total = sum(self.tensor_split)
+        if any(not math.isfinite(p) or p < 0 for p in self.tensor_split) or (self.tensor_split and not 0 < total < math.inf):
+            raise ValueError(f"tensor-split {list(self.tensor_split)} must be non-negative proportions with a positive, finite sum")
+        m = self.model
+        for which, ct, head_dim in (("K", self.cache_k, m.head_dim_k), ("V", self.cache_v, m.head_dim_v)):
+            if (m.n_head_kv * head_dim) % ct.block_elems:
+                named = f"{m.name} ({m.source})" if m.source else m.name
+                raise ValueError(f"{named}: a {which} row is {m.n_head_kv} KV heads x head dim {head_dim} = "
+                                 f"{m.n_head_kv * head_dim} elements, not whole {ct.block_elems}-element blocks of cache type "
+                                 f"{ct.name}; allowed: a cache type whose blocks divide it (f16, f32)")
         if self.n_gpu_layers < 0:
             raise ValueError(f"n-gpu-layers {self.n_gpu_layers} out of range; allowed: >= 0 (>= {self.model.n_layers}: every layer)")
         if not 0 <= self.kv_gpu_layers <= self.model.n_attn:

@@ -22,18 +22,20 @@ beyond that.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backends.files import parse_json, read_bytes, shown, whole
 from sim.errors import InputError
-from sim.workload import CACHE_TYPES
+from sim.workload import CACHE_TYPES, MAX_CONTEXT
 
 #: Fields every record must have (``-o json`` and ``-o jsonl`` write the same ones).
 REQUIRED = ("build_commit", "model_type", "model_size", "model_n_params", "n_gpu_layers", "type_k", "type_v",
             "no_kv_offload", "n_prompt", "n_gen", "n_depth", "avg_ts")
+#: Bounds of llama-bench's counts (past them a value is a typo or a hostile file, not a test).
+MAX_COUNTS = {"n_depth": MAX_CONTEXT, "n_prompt": MAX_CONTEXT, "n_gen": 1 << 20, "n_gpu_layers": 1 << 16}
 ALLOWED_FORMAT = "llama-bench -o json (an array of records) or -o jsonl (one record a line)"
 
 
@@ -90,33 +92,24 @@ class BenchFile:
 
 
 def _records(path: Path) -> list[Any]:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError(f"--from-llama-bench {str(path)!r}: cannot read it ({exc.strerror or exc}); "
-                         f"allowed: a file of {ALLOWED_FORMAT}") from None
-    except UnicodeDecodeError:
-        raise InputError(f"--from-llama-bench {str(path)!r} is not text; allowed: {ALLOWED_FORMAT}") from None
+    what = "--from-llama-bench"
+    text = read_bytes(path, what).decode(errors="replace")
     stripped = text.strip()
     if not stripped:
-        raise InputError(f"--from-llama-bench {str(path)!r} is empty; allowed: {ALLOWED_FORMAT}")
-    try:
-        data = json.loads(stripped)
+        raise InputError(f"{what} {shown(path)} is empty; allowed: {ALLOWED_FORMAT}")
+    if stripped[0] == "[":
+        data = parse_json(stripped, f"{what} {shown(path)}")
         return data if isinstance(data, list) else [data]
-    except json.JSONDecodeError:
-        pass
     out = []
     for n, line in enumerate(stripped.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise InputError(f"--from-llama-bench {str(path)!r} line {n}: not JSON ({exc.msg}); allowed: {ALLOWED_FORMAT}") from None
+        if line.strip():
+            out.append(parse_json(line, f"{what} {shown(path)} line {n}"))
     return out
 
 
 def _number(rec: dict[str, Any], key: str, where: str, kind: type = float) -> Any:
+    if kind is int:
+        return whole(rec, key, where, -1 if key == "n_gpu_layers" else 0, MAX_COUNTS.get(key, 1 << 53))
     value = rec[key]
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise InputError(f"{where}: {key} {value!r} is not a finite number; allowed: llama-bench's numbers")
@@ -145,7 +138,9 @@ def load(path: str | Path) -> BenchFile:
             raise InputError(f"--from-llama-bench {where!r} record {i} has no {missing[0]!r}: not llama-bench output; "
                              f"allowed: {ALLOWED_FORMAT}")
         recs.append(rec)
-    decode = [r for r in recs if int(_number(r, "n_gen", where, int)) > 0 and int(_number(r, "n_prompt", where, int)) == 0]
+    named = f"--from-llama-bench {where!r}"
+    decode = [r for i, r in enumerate(recs)
+              if _number(r, "n_gen", f"{named} record {i}", int) > 0 and _number(r, "n_prompt", f"{named} record {i}", int) == 0]
     if not decode:
         raise InputError(f"--from-llama-bench {where!r} has no decode test (n_prompt 0, n_gen > 0); allowed: llama-bench -p 0 -n N")
     for key, what in (("build_commit", "builds"), ("model_type", "models"), ("model_size", "models"),
@@ -172,14 +167,14 @@ def load(path: str | Path) -> BenchFile:
         ngl = int(_number(r, "n_gpu_layers", at, int))
         if ngl < 0:
             raise InputError(f"{at}: n_gpu_layers {ngl}; allowed: >= 0 (llama-bench -ngl)")
-        runs.append(BenchRun(depth=depth, n_gen=int(r["n_gen"]), kv_offload_host=bool(nkvo), type_k=tk, type_v=tv,
+        runs.append(BenchRun(depth=depth, n_gen=_number(r, "n_gen", at, int), kv_offload_host=bool(nkvo), type_k=tk, type_v=tv,
                              avg_tps=tps, stddev_tps=float(stddev) if isinstance(stddev, int | float) else 0.0,
                              samples_tps=samples, avg_ns=max(avg_ns, 0.0), n_gpu_layers=ngl))
     first = decode[0]
     return BenchFile(
         path=where, runs=tuple(runs), build_commit=str(first["build_commit"]),
         build_number=int(first.get("build_number", 0) or 0), gpu_info=str(first.get("gpu_info", "")),
-        model_type=str(first["model_type"]), model_size_bytes=int(_number(first, "model_size", where, int)),
-        model_n_params=int(_number(first, "model_n_params", where, int)), n_gpu_layers=max(r.n_gpu_layers for r in runs),
+        model_type=str(first["model_type"]), model_size_bytes=_number(first, "model_size", named, int),
+        model_n_params=_number(first, "model_n_params", named, int), n_gpu_layers=max(r.n_gpu_layers for r in runs),
         flash_attn=first.get("flash_attn"), model_filename=str(first.get("model_filename", "")),
     )

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from backends.profile import HardwareProfile, for_workload
+from sim.safe_write import write_outputs
 from sim.simulate import Point, placement_fields, row, simulate
-from sim.telemetry import write_atomic
 from sim.transport.scheduler import TransportConfig
 from sim.workload import Workload
 from validate import ceiling, race
@@ -260,8 +260,8 @@ def write_report(folder: str | Path, groups: Sequence[GroupResult], profile: Har
     summ = summary(pts, gate)
     summ["calibration"] = calibration_points(profile, pts)
     doc = {**meta, "profile": profile.name, "summary": summ, "exactness": gate, "points": pts}
-    write_atomic(folder / "report.json", json.dumps(doc, indent=1, default=str))
-    write_atomic(folder / "report.md", markdown(pts, summ, gate, meta))
+    write_outputs([(folder / "report.json", json.dumps(doc, indent=1, default=str)),
+                   (folder / "report.md", markdown(pts, summ, gate, meta))])
     if draw:
         plots(pts, folder)
     return doc
@@ -330,8 +330,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             doc = merge([json.loads(Path(p).read_text()) for p in args.paths])
             folder = Path(args.merge)
             folder.mkdir(parents=True, exist_ok=True)
-            write_atomic(folder / "report.json", json.dumps(doc, indent=1, default=str))
-            write_atomic(folder / "report.md", markdown(doc["points"], doc["summary"], doc["exactness"], doc))
+            write_outputs([(folder / "report.json", json.dumps(doc, indent=1, default=str)),
+                           (folder / "report.md", markdown(doc["points"], doc["summary"], doc["exactness"], doc))])
             for f in plots(doc["points"], folder):
                 print(f"wrote {f}")
             return 0

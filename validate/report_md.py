@@ -10,6 +10,13 @@ from validate.report_tools import label
 TARGETS = "median ≤ 3%, every point ≤ 8%"
 
 
+def driver_text(version: Any) -> Any:
+    """A CUDA driver version as the driver API gives it (13000) in the form nvidia-smi prints (13.0); else as is."""
+    if isinstance(version, int) and not isinstance(version, bool) and version >= 1000:
+        return f"{version // 1000}.{version % 1000 // 10}"
+    return version
+
+
 def _pct(x: float) -> str:
     return f"{x:.1%}"
 
@@ -98,7 +105,8 @@ def _points(pts: Sequence[dict[str, Any]]) -> list[str]:
 def markdown(pts: Sequence[dict[str, Any]], summ: dict[str, Any], gate: dict[str, Any], meta: dict[str, Any]) -> str:
     """The report as a markdown page."""
     lines = ["# kvpipe validate: GPU against simulation", "",
-             f"Device: {meta.get('device')}; driver {meta.get('driver_version')}; CuPy {meta.get('cupy_version')}; {meta.get('date')}",
+             f"Device: {meta.get('device')}; driver {driver_text(meta.get('driver_version'))}; CuPy {meta.get('cupy_version')}; "
+             f"{meta.get('date')}",
              "", f"Command: `{meta.get('command')}`", ""]
     if meta.get("complete") is False:
         lines += [f"**Partial report**: written after {meta.get('repetitions_done')} of {meta.get('repetitions')} "

@@ -6,12 +6,14 @@ needs a GPU. Units: tokens/s and microseconds as the reports store them.
 
 from __future__ import annotations
 
+import io
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from backends.profile import HardwareProfile
+from sim.safe_write import write_output
 from sim.transport.scheduler import TransportConfig
 
 
@@ -115,8 +117,13 @@ def plots(pts: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
             ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)  # under the axes
         fig.tight_layout()
         path = folder / f"{kind}.png"
-        fig.savefig(path, dpi=110)
+        buf = io.BytesIO()
+        fig.savefig(buf, dpi=110)  # in savefig.format: png (the HTML report sets svg)
         plt.close(fig)
+        if isinstance(path, Path):
+            write_output(path, buf.getvalue())
+        else:  # an in-memory file (kvpipe.html_report's folder)
+            path.write(buf.getvalue())
         files.append(path)
     return files
 

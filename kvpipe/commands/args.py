@@ -25,6 +25,7 @@ from sim.workload import ALL_LAYERS, CACHE_TYPES, MAX_CONTEXT
 T = TypeVar("T")
 
 REFERENCE_CONTEXTS = "4096,16384,32768"
+MAX_RANGE_VALUES = 100_000  # values one range may expand to
 RANGE_FLAGS = ("context", "depth", "budget", "parallel", "kv_gpu_layers", "n_gpu_layers")
 RANGE_DEFAULTS = {"kv_gpu_layers": "0", "n_gpu_layers": str(ALL_LAYERS)}  # commands built without the flag
 UsageError = InputError  # the command line's name for it
@@ -73,9 +74,10 @@ def add_grid_args(p: argparse.ArgumentParser, exact: bool = True) -> None:
                    help="V cache type(s) (llama.cpp -ctv); default: the K type")
     p.add_argument("--context", "--n-depth", "-d", dest="context", default=REFERENCE_CONTEXTS,
                    help="tokens already cached when decoding starts (llama-bench -d), comma list or START..STOP/STEP")
-    p.add_argument("--no-kv-offload", "-nkvo", dest="nkvo", default="1",
-                   help="1: the KV cache in host memory, delivered by the scheduler (default); 0: kept on the device (the "
-                        "resident arm, what llama.cpp runs without -nkvo); a comma list for both")
+    p.add_argument("--no-kv-offload", "-nkvo", dest="nkvo", default="1", nargs="?", const="1",
+                   help="1: the KV cache in host memory, delivered by the scheduler (default; a bare -nkvo means 1, as "
+                        "in llama.cpp); 0: kept on the device (the resident arm, what llama.cpp runs without -nkvo); a "
+                        "comma list for both")
     p.add_argument("--depth", "--kv-pipeline-depth", "-kvpd", dest="depth", default="0,1",
                    help=f"look-ahead depth(s) 0..{MAX_DEPTH}; 0 = ordered")
     p.add_argument("--budget", "--kv-pipeline-budget", "-kvpb", dest="budget", default="128",
@@ -158,11 +160,13 @@ def expand_ranges(text: str) -> str:
             step = float(step_text.replace("_", "")) if step_text else 1.0
         except ValueError:
             start = stop = step = math.nan
-        if not step > 0 or not stop >= start:
-            raise UsageError(f"range {spec!r} is not valid; allowed: START..STOP or START..STOP/STEP with STEP > 0, STOP >= START")
-        n = int(math.floor((stop - start) / step + 1e-9)) + 1
-        if n > 100_000:
-            raise UsageError(f"range {spec!r} has {n} values; allowed: at most 100000")
+        if not step > 0 or not stop >= start or not all(map(math.isfinite, (start, stop, step))):
+            raise UsageError(f"range {spec!r} is not valid; allowed: START..STOP or START..STOP/STEP with finite numbers, "
+                             "STEP > 0, STOP >= START")
+        span = (stop - start) / step
+        if not span < MAX_RANGE_VALUES:  # an infinite or absurd count (0..1e308/1e-308) before any int() of it
+            raise UsageError(f"range {spec!r} has {span + 1:.3g} values; allowed: at most {MAX_RANGE_VALUES:,}")
+        n = int(math.floor(span + 1e-9)) + 1
         integral = all(float(x).is_integer() for x in (start, step))
         out += [str(int(start + i * step)) if integral else f"{start + i * step:g}" for i in range(n)]
     return ",".join(out)

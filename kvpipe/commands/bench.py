@@ -11,16 +11,19 @@ from kvpipe.commands.args import UsageError
 
 def register(sub: Any) -> None:
     p = sub.add_parser("bench", help="measure the simulator's speed on the reference preset")
-    p.add_argument("--model", "-m", default="qwen3.8-27b")
-    p.add_argument("--hardware", default="rtx4070-gen4x16")
-    p.add_argument("--cache-type", "--cache-type-k", "-ctk", dest="cache_type", default="q8_0")
-    p.add_argument("--context", "--n-depth", "-d", dest="context", type=int, default=16384)
-    p.add_argument("--depth", "--kv-pipeline-depth", "-kvpd", dest="depth", type=int, default=1)
+    p.add_argument("--model", "-m", default="qwen3.8-27b", help="one model preset, .gguf or config.json (default qwen3.8-27b)")
+    p.add_argument("--hardware", default="rtx4070-gen4x16", help="one hardware preset or profile .json (default rtx4070-gen4x16)")
+    p.add_argument("--cache-type", "--cache-type-k", "-ctk", dest="cache_type", default="q8_0",
+                   help="KV cache type (llama.cpp -ctk; default q8_0)")
+    p.add_argument("--context", "--n-depth", "-d", dest="context", type=int, default=16384,
+                   help="tokens already cached when decoding starts (llama-bench -d; default 16384)")
+    p.add_argument("--depth", "--kv-pipeline-depth", "-kvpd", dest="depth", type=int, default=1,
+                   help="look-ahead depth; 0 = ordered (default 1)")
     p.add_argument("--tokens", type=int, default=64, help="simulated decode tokens per repeat (default 64)")
     p.add_argument("--repeats", type=int, default=3,
                    help="repeats, each a simulation then a bare loop; the best wall time of each is kept (default 3)")
-    p.add_argument("--trace", action="store_true", help="record the timeline too (as --trace does)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--trace", action="store_true", help="record every span of the timeline while timing, as simulate --trace does")
+    p.add_argument("--json", action="store_true", help="print the measurements as one JSON object")
     p.set_defaults(func=run)
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 from pathlib import Path
 from typing import Any
 
+from backends.files import LARGE_LIMIT, parse_json, read_bytes, shown
 from kvpipe.commands.args import UsageError, add_grid_args, parse_list
 
 ROW_KINDS = ("gain-vs-depth", "gain-vs-context", "gain-per-mib", "ring-vs-context", "tps-vs-context")
@@ -44,16 +44,11 @@ def register(sub: Any) -> None:
 def read_rows(path: str) -> list[dict[str, Any]]:
     """Rows from a JSON list or a CSV file (numbers and booleans converted). Raises UsageError if unreadable."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise UsageError(f"cannot read rows {path!r}: {exc.strerror}") from None
+    raw = read_bytes(p, "rows", LARGE_LIMIT, gz=True)
     if p.suffix == ".csv":
+        text = raw.decode(errors="replace")
         return _checked([{k: _value(v) for k, v in r.items()} for r in csv.DictReader(text.splitlines())], path)
-    try:
-        rows = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"rows {path!r} are not valid JSON: {exc.msg} at line {exc.lineno}") from None
+    rows = parse_json(raw, f"rows {shown(path)}", allow_nan=True)
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise UsageError(f"rows {path!r} must hold a JSON list of row objects")
     return _checked(rows, path)
@@ -66,6 +61,9 @@ def _checked(rows: list[dict[str, Any]], path: str) -> list[dict[str, Any]]:
         missing = [k for k in ROW_FIELDS if k not in r]
         if missing:
             raise UsageError(f"row {i} of {path!r} lacks {', '.join(missing)}; rows come from kvpipe sweep or simulate --json")
+    from kvpipe.plots import check_rows
+
+    check_rows(rows, f"rows {shown(path)}")
     return rows
 
 
@@ -151,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--format {args.format!r}; allowed: {', '.join(plots.FORMATS)} (comma list)")
     budget_lines = parse_list(args.budget_lines, float, "--budget-lines", "MiB, comma list") if args.budget_lines else []
     rows: list[dict[str, Any]] | None = None
-    written = []
+    files: list[tuple[Path, bytes]] = []  # every kind's files: written together at the end, all or none
     for kind in kinds:
         if kind == "timeline":
             if args.rows:
@@ -174,7 +172,10 @@ def run(args: argparse.Namespace) -> int:
         prefix = args.out or f"out/plots/{kind}"
         if args.out and len(kinds) > 1:
             prefix = f"{args.out}-{kind}"
-        written += plots.save(fig, prefix, formats)
-    for path in written:
+        files += plots.rendered(fig, prefix, formats)
+    from sim.safe_write import write_outputs
+
+    write_outputs(list(files))
+    for path, _ in files:
         print(path)
     return 0

@@ -18,8 +18,9 @@ from typing import Any
 
 from backends.base import OutOfDeviceMemory
 from kvpipe.commands.args import add_grid_args, points_from_args
+from sim.safe_write import write_outputs
 from sim.simulate import Point, RunResult, row
-from sim.telemetry import chrome_trace, rows_to_csv, table, write_atomic
+from sim.telemetry import chrome_trace, rows_to_csv, table
 from sim.transport.scheduler import GraphStats
 
 
@@ -60,11 +61,13 @@ def run(args: argparse.Namespace) -> int:
     points = points_from_args(args)
     results = run_points(points, trace=bool(args.trace), functional=args.functional, exact=args.exact)
     rows = [r for _, r in results]
+    files: list[tuple[str, str]] = []  # the trace and the CSV: both written, or neither
     if args.trace:
         label = lambda r: f"{r['model']} {r['hardware']} ctx={r['context']} depth={r['depth']} budget={r['budget_mib']:g}"  # noqa: E731
-        write_atomic(args.trace, json.dumps(chrome_trace((label(r), res.spans) for res, r in results)))
+        files.append((args.trace, json.dumps(chrome_trace((label(r), res.spans) for res, r in results))))
     if args.csv:
-        write_atomic(args.csv, rows_to_csv(rows))
+        files.append((args.csv, rows_to_csv(rows)))
+    write_outputs(files)
     if points and points[0].transport.mutations and not args.functional:
         for r in rows:
             r["mutation_note"] = "timing only: --functional shows what the mutation does to the bytes"

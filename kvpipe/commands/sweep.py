@@ -25,6 +25,9 @@ def register(sub: Any) -> None:
                    help="output folder (default out/sweep); a rerun into it skips finished points")
     p.add_argument("--jobs", type=int, default=0, help="local worker processes (default: all cores; 1 = this process)")
     p.add_argument("--dask", metavar="ADDRESS", help="run on an existing Dask cluster (needs the 'cluster' extra)")
+    p.add_argument("--resume", action="store_true",
+                   help="add this grid's points to a folder that holds another grid's sweep (a rerun of the same grid "
+                        "resumes without it); rows no kvpipe sweep recorded are never taken")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -35,13 +38,14 @@ def grid_points(args: argparse.Namespace) -> list[Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.jobs < 0:
-        raise UsageError(f"--jobs {args.jobs} out of range; allowed: >= 1 (0 = all cores)")
+    from kvpipe.sweep import JOURNAL, ROWS_CSV, ROWS_JSON, max_jobs, run_sweep  # here, not at parser build: multiprocessing
+
+    if not 0 <= args.jobs <= max_jobs():
+        raise UsageError(f"--jobs {args.jobs} out of range; allowed: 0 (all cores) or 1..{max_jobs()}")
     points = grid_points(args)
-    from kvpipe.sweep import JOURNAL, ROWS_CSV, ROWS_JSON, run_sweep  # here, not at parser build: it pulls in multiprocessing
 
     res = run_sweep(points, out_dir=args.out, jobs=args.jobs or None, dask_address=args.dask, progress=not args.quiet,
-                    exact=args.exact)
+                    exact=args.exact, resume=args.resume)
     where = f"{args.out}/{ROWS_JSON}, {args.out}/{ROWS_CSV} (journal {JOURNAL})"
     print(f"swept {len(points)} points: {res.ran} run ({res.simulations} distinct simulations), {res.resumed} already "
           f"done, {len(res.failed)} failed, in {res.wall_s:.1f} s -> {where}")

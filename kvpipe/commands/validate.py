@@ -40,11 +40,13 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from backends.base import BackendUnavailable
+    from sim.safe_write import check_folder
     from validate import driver
 
     points = points_from_args(args)
     if args.reps < 1 or args.warmup < 0 or not 0 < args.scale <= 1:
         raise UsageError("--reps must be >= 1, --warmup >= 0, --scale in (0, 1]")
+    check_folder(args.out)  # before the measurements: a report that cannot be written is known now
     if any(p.workload.gpu_layer_start for p in points):
         raise UsageError("--n-gpu-layers below the layer count: validate runs every layer on the GPU (the decode program "
                          "models GPU kernels); allowed: -ngl >= the model's layers")

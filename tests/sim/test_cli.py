@@ -162,3 +162,56 @@ def test_a_closed_pipe_stops_quietly() -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) in (0, 141)
     assert "internal error" not in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- issue 29 part C: terminal friction
+
+
+@pytest.mark.parametrize("argv", [["simulate", "--tok", "2"], ["simulate", "-t", "8"], ["simulate", "--cont", "4096"],
+                                  ["sweep", "--out-d", "x"], ["plan", "--max-d", "2"], ["bench", "--rep", "1"]])
+def test_a_flag_is_taken_only_as_written(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    assert main(argv) == 2  # -t 8 (llama.cpp's threads) was the tensor split 8; --tok was --tokens
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unrecognized arguments" in err, err
+
+
+def test_a_one_letter_flag_still_takes_a_glued_value() -> None:
+    from kvpipe.cli import build_parser
+
+    assert build_parser().parse_args(["simulate", "-c8192"]).ctx_size == 8192
+
+
+def test_a_bare_nkvo_means_1_as_in_llama_cpp(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvpipe.cli import build_parser
+
+    assert build_parser().parse_args(["simulate", "-nkvo", "--depth", "0"]).nkvo == "1"
+    assert build_parser().parse_args(["simulate", "-nkvo", "0"]).nkvo == "0"
+    assert main(["simulate", "-nkvo", "--context", "2048", "--depth", "0", "--tokens", "1", "--json"]) == 0
+    assert [r["arm"] for r in json.loads(capsys.readouterr().out)] == ["transport"]
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvpipe.cli import version
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"kvpipe {version()}" and version() != "unknown"
+
+
+def test_every_bench_option_has_help() -> None:
+    from kvpipe.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    bench = sub.choices["bench"]  # type: ignore[attr-defined]
+    assert all(a.help for a in bench._actions if a.dest != "help"), [a.dest for a in bench._actions if not a.help]
+
+
+def test_the_driver_version_is_printed_as_nvidia_smi_does() -> None:
+    from pathlib import Path
+
+    from validate.report_md import driver_text, markdown
+
+    assert (driver_text(13000), driver_text(12040), driver_text("575.57"), driver_text(None)) == ("13.0", "12.4", "575.57", None)
+    rep = json.loads((Path(__file__).resolve().parents[2] / "validate/results/h200/run13/report/report.json").read_text())
+    text = markdown(rep["points"], rep["summary"], rep["exactness"], {**rep, "driver_version": 13000})
+    assert "driver 13.0;" in text

@@ -56,7 +56,7 @@ def test_rerun_skips_done_points_and_extends(tmp_path: Path) -> None:
     again = sweep.run_sweep(sweep_points(GRID), tmp_path, jobs=1, progress=False)
     assert (again.ran, again.resumed) == (0, 8) and again.rows == first.rows
     bigger = GRID[:1] + ["2048,16384,32768"] + GRID[2:]
-    more = sweep.run_sweep(sweep_points(bigger), tmp_path, jobs=1, progress=False)
+    more = sweep.run_sweep(sweep_points(bigger), tmp_path, jobs=1, progress=False, resume=True)  # another grid: --resume
     assert (more.ran, more.resumed) == (4, 8)
     assert [r["context"] for r in more.rows] == [2048] * 4 + [16384] * 4 + [32768] * 4
 

@@ -88,7 +88,7 @@ def _write(tmp_path: Path, records: Any, name: str = "bad.json") -> Path:
 
 
 BAD_CASES = {
-    "not json": ("this is not llama-bench output\n", "not JSON"),
+    "not json": ("this is not llama-bench output\n", "not valid JSON"),
     "empty": ("", "empty"),
     "no fields": ([{"n_gen": 64}], "has no 'build_commit'"),
     "a number": ("[3]", "not a test record"),
