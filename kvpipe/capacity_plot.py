@@ -42,16 +42,17 @@ def memory_plan(fp: FitPlan, cache_type: str) -> Any:
                  and sum(1 for g in fits[:i] if _how(g.best) == kind) == 0 else None)
         if c.interval:
             top.vlines(i, c.interval[0], c.interval[1], color=colour, linewidth=2)
-        top.annotate(f"{c.tokens_per_s:.1f}", (i, c.tokens_per_s), textcoords="offset points", xytext=(6, 4), fontsize=8)
+        label = f"{c.tokens_per_s:.3g}" + (f" (-ngl {c.n_gpu_layers})" if c.n_gpu_layers != 99 else "")
+        top.annotate(label, (i, c.tokens_per_s), textcoords="offset points", xytext=(6, 4), fontsize=8)
     top.plot(xs, [f.best.tokens_per_s for f in fits if f.best], "-", color="#bbbbbb", zorder=0)
     top.set_ylabel("predicted t/s (best way to run)")
-    top.set_ylim(bottom=0)
+    top.set_ylim(0, 1.15 * max((f.best.tokens_per_s for f in fits if f.best), default=1.0))
     top.grid(alpha=0.3)
-    top.legend(loc="upper right", fontsize=8)
+    top.legend(loc="lower left", fontsize=8)
     missing = [f"{f.context:,}" for f in fp.fits if f.best is None]
     title = f"{fp.model} ({cache_type} KV) on {fp.hardware}, {fp.limits.vram_bytes / GIB:.1f} GiB"
     if fp.ngl < fp.n_layers:
-        title += f", {fp.ngl} of {fp.n_layers} layers on the GPU"
+        title += ": the weights do not fit, the largest -ngl per context as marked"
     top.set_title(title + (f" (does not fit: {', '.join(missing)})" if missing else ""), fontsize=10)
     base = [0.0] * len(fits)
     for key, label, colour in PARTS:

@@ -39,11 +39,11 @@ from kvpipe.sweep import gain_rows, run_sweep
 from sim.errors import InputError
 from sim.graph import decode_graph
 from sim.model_files import with_weights_type
-from sim.points import GridSpec
+from sim.points import MAX_POINTS, GridSpec
 from sim.points import points as grid_points
 from sim.simulate import Point
 from sim.transport.config import MAX_BUDGET_MIB, MAX_DEPTH, MIB, TransportConfig
-from sim.workload import ALL_LAYERS, WINDOW_PAD_ROWS, Workload, layers_of_ngl
+from sim.workload import ALL_LAYERS, MAX_CONTEXT, WINDOW_PAD_ROWS, Workload, layers_of_ngl
 
 DEFAULT_BUDGET_MIB = TransportConfig().budget_mib
 #: Gains closer than this are a tie: two depths that run the same schedule differ by float noise (~1e-14), which
@@ -85,6 +85,9 @@ class PlanRequest:
         for b in self.budgets_mib:
             if not 0 <= b <= MAX_BUDGET_MIB:
                 raise InputError(f"--budget {b:g} out of range; allowed: 0 (no cap) .. {MAX_BUDGET_MIB}")
+        n = len(self.contexts) * (self.max_depth + 1) * (1 + len(self.budgets_mib))
+        if n > MAX_POINTS:
+            raise InputError(f"the plan has {n:,} points (contexts x depths x budgets); allowed: at most {MAX_POINTS:,}")
         if self.build not in ("fork", "upstream"):
             raise InputError(f"--build {self.build!r} unknown; allowed: fork (GenerelSchwerz/llama.cpp), upstream")
         if self.min_tps is not None and not (math.isfinite(self.min_tps) and self.min_tps > 0):
@@ -210,7 +213,7 @@ def closed_form(point: Point, n_slots: int) -> ClosedForm:
     link = point.hardware.devices[0].link(True, wl.pinned)
     rows = 4096.0
     for _ in range(200):
-        compute = gpu_compute_s(point, max(1, round(rows)))
+        compute = gpu_compute_s(point, min(MAX_CONTEXT, max(1, round(rows))))  # a peak past any context: the largest
         bw = link.bandwidth(rows * b)
         new = peak_rows(compute, bw, n_attn, b)
         done = abs(new - rows) < 0.01
@@ -228,7 +231,7 @@ def _context_for_window(window_rows: int) -> int:
 
 def simulated_peak(req: PlanRequest, depth: int, around_rows: float, max_rows: int) -> dict[str, Any]:
     """The window with the largest uncapped gain at ``depth``: a log scan, then 256-row steps near the top. Blocks."""
-    hi = max(4 * around_rows, max_rows, 4 * WINDOW_PAD_ROWS)
+    hi = min(max(4 * around_rows, max_rows, 4 * WINDOW_PAD_ROWS), MAX_CONTEXT - WINDOW_PAD_ROWS)
     coarse = sorted({_pad(512 * (hi / 512) ** (i / 23)) for i in range(24)})
     best = _best(req, coarse, depth)
     i = coarse.index(best["window_rows"])

@@ -116,6 +116,7 @@ def test_a_quantized_hf_config_weighs_what_its_type_says(tmp_path: Path, capsys:
     (["--min-tps", "-3"], "--min-tps -3 out of range"),
     (["--weights-type", "q9_z"], "--weights-type 'q9_z' unknown"),
     (["--build", "mine"], "mine"),
+    (["-d", "1..100000", "--max-depth", "14", "--budget", "0..200"], "the plan has 303,000,000 points"),
 ])
 def test_bad_memory_plan_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
     assert main(["plan", "--tokens", "1", "-d", "4096", *args]) == 2
