@@ -139,13 +139,14 @@ def test_reference_preset_ordered_rows_and_ring(capsys: pytest.CaptureFixture[st
 def test_sweep_rows_of_each_n_are_kept_apart(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
     from kvpipe.sweep import key_of_point, key_of_row
 
-    for name, grid in (("kv", ["--kv-gpu-layers", "0,4,8"]), ("ngl", ["-ngl", "999,64,60"])):
+    # llama.cpp's -ngl counts the output layer: -ngl 65 of a 64-layer model is every layer (as 999), 64 leaves one on the CPU
+    for name, grid in (("kv", ["--kv-gpu-layers", "0,4,8"]), ("ngl", ["-ngl", "999,65,60"])):
         out = tmp_path / name
         assert main(["sweep", "--context", "8192", "--depth", "0,1", "--tokens", "2", *grid, "--jobs", "1", "--quiet",
                      "--out", str(out)]) == 0
         rows = json.loads((out / "rows.json").read_text())
-        assert len(rows) == len({key_of_row(r) for r in rows}) == 4 + 2 * (name == "kv")  # -ngl 64 of 64: every layer
-    pts = points(GridSpec(contexts=((8192,),), depths=(0,), n_gpu_layers=(999, 64, 60), kv_gpu_layers=(0,)))
+        assert len(rows) == len({key_of_row(r) for r in rows}) == 4 + 2 * (name == "kv")  # -ngl 65 of 64: every layer
+    pts = points(GridSpec(contexts=((8192,),), depths=(0,), n_gpu_layers=(999, 65, 60), kv_gpu_layers=(0,)))
     assert key_of_point(pts[0]) == key_of_point(pts[1]) != key_of_point(pts[2])
     capsys.readouterr()
 
@@ -170,7 +171,7 @@ def test_ngl_runs_the_first_layers_in_one_cpu_split_priced_by_the_profile_or_an_
     measured = replace(compute, host_weight_bytes_per_s=50e9)
     assert cpu_layers_seconds(measured, qwen.layer_weight_bytes, start, windows, 1) < first.compute_s or rate > 50e9
     r = row(run_checked(Point(wl, REF, TransportConfig(depth=1))))
-    assert r["n_gpu_layers"] == 40 and r["cpu_layers_cost"] == "estimate" and r["hazards"] == 0
+    assert r["n_gpu_layers"] == 41 and r["cpu_layers_cost"] == "estimate" and r["hazards"] == 0  # llama.cpp's -ngl: +1 output layer
     prof = replace(REF, devices=(replace(REF.devices[0], compute=measured),))
     assert row(run_checked(Point(wl, prof, TransportConfig(depth=0))))["cpu_layers_cost"] == "profile"
 
