@@ -49,45 +49,13 @@ from typing import Any
 from backends.files import LARGE_LIMIT, check_nesting, parse_json, read_bytes, shown
 from sim import checks, distinct
 from sim.errors import InputError
+from sim.rows import KEY_DEFAULTS, KEY_FIELDS, Key, _norm, key_of_row, with_gains  # noqa: F401 - the schema, re-exported
 from sim.safe_write import write_outputs
 from sim.simulate import Point, placement_fields, row
 from sim.telemetry import rows_to_csv, write_atomic
 
-#: Row fields that identify a point (its grid coordinates).
-KEY_FIELDS = ("model", "hardware", "cache_type", "context", "contexts", "parallel", "unified", "split_mode", "depth",
-              "budget_mib", "tokens", "arm", "cache_type_v", "kv_gpu_layers", "n_gpu_layers")
-#: Key fields rows written before they existed lack, and the value those rows meant (rows of the default placement
-#: still lack the last two: ``sim.simulate.placement_fields``).
-KEY_DEFAULTS = {"arm": "transport", "kv_gpu_layers": 0, "n_gpu_layers": "all"}
 SNAPSHOT_EVERY_S = 2.0
 ROWS_JSON, ROWS_CSV, JOURNAL, MANIFEST, LOCK = "rows.json", "rows.csv", "rows.jsonl", "sweep.json", ".kvpipe-sweep.lock"
-
-Key = tuple[Any, ...]
-
-
-def key_of_row(r: dict[str, Any]) -> Key:
-    """The grid coordinates of a result row (lists as tuples, budget as float)."""
-    return tuple(_norm(k, r[k] if k in r else _default(r, k)) for k in KEY_FIELDS)
-
-
-def _default(r: dict[str, Any], field: str) -> Any:
-    """A key field that rows written before it existed lack: the value they meant. KeyError for any other."""
-    if field == "cache_type_v":
-        return r["cache_type"]  # the V cache was the K cache's type
-    return KEY_DEFAULTS[field]
-
-
-def _norm(field: str, value: Any) -> Any:
-    if isinstance(value, list | tuple):
-        return tuple(int(v) for v in value)
-    if field == "budget_mib":
-        return float(value)
-    if field in ("context", "parallel", "depth", "tokens", "kv_gpu_layers"):
-        return int(value)
-    if field == "unified":
-        return bool(value)
-    return str(value)
-
 
 def key_of_point(p: Point) -> Key:
     """The grid coordinates the row of ``p`` will carry (the labels ``sim.simulate.row`` uses)."""
@@ -528,22 +496,5 @@ def _results(ex: Executor, work: list[Chunk]) -> Iterator[tuple[Chunk, list[dict
 
 
 def gain_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each row with ``gain`` added: tokens/s over the depth-0 row of the same model/hardware/cache/context/tokens.
-
-    The ordered path does not depend on the budget, so a depth-0 row at any budget
-    serves as the baseline. Rows without a baseline get ``gain`` None. Does not block.
-    """
-    rows = list(rows)
-    base: dict[Key, float] = {}
-    for r in rows:
-        if r["depth"] == 0:
-            base[_base_key(r)] = r["tokens_per_s"]
-    out = []
-    for r in rows:
-        b = base.get(_base_key(r))
-        out.append({**r, "gain": (r["tokens_per_s"] / b - 1.0) if b else None})
-    return out
-
-
-def _base_key(r: dict[str, Any]) -> Key:
-    return tuple(_norm(k, r[k]) if k in r else None for k in KEY_FIELDS if k not in ("depth", "budget_mib"))
+    """Each row with ``gain`` added: tokens/s over its ordered path (``sim.rows.gains``, the one rule). Does not block."""
+    return with_gains(rows)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.base import Span
+from sim.rows import gains
 from sim.safe_write import write_output
 
 TRACK_ORDER = ("host", "consumer", "transfer", "h2d", "d2h")
@@ -83,20 +84,6 @@ def chrome_trace(timelines: Iterable[tuple[str, Sequence[Span]]]) -> dict[str, A
                 }
             )
     return {"traceEvents": events, "displayTimeUnit": "ms"}
-
-
-def gains(rows: Sequence[dict[str, Any]]) -> list[float | None]:
-    """Each row's gain over the depth-0 row of the same model/hardware/cache/context/budget/placement, if present."""
-    base: dict[tuple[Any, ...], float] = {}
-    key = ("model", "hardware", "cache_type", "context", "budget_mib", "parallel", "kv_gpu_layers", "n_gpu_layers")
-    for r in rows:
-        if r["depth"] == 0:
-            base[tuple(r.get(k) for k in key)] = r["tokens_per_s"]
-    out: list[float | None] = []
-    for r in rows:
-        b = base.get(tuple(r.get(k) for k in key))
-        out.append(r["tokens_per_s"] / b - 1.0 if b else None)
-    return out
 
 
 def _band_cell(r: dict[str, Any]) -> str:
