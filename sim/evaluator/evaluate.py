@@ -1,0 +1,108 @@
+"""Evaluate points with the compiled token program: lanes grouped by shape and ring decision, rows as the simulator's.
+
+Each point is planned by the scheduler's own planning replay (``sim.distinct.plan_point``: per token whether the
+ring runs, its slots, declines); each of its tokens becomes one *lane*: its graph's numbers
+(``sim.evaluator.costs``) and its ring decision (``token.Setup``: ordered or depth N, the slots already used since
+the ring was last allocated, the boundary wait after a token that delivered). Lanes with the same graph shape,
+decision and machine run together as one matrix (``token.run_token``); each token's stats land in a
+``GraphStats``, and ``sim.simulate.row`` makes the row, so every field is computed as the simulator's row is.
+
+Units: seconds and bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from backends.base import OutOfDeviceMemory
+from sim.distinct import PointPlan, plan_point
+from sim.evaluator.costs import token_costs
+from sim.evaluator.envelope import in_envelope
+from sim.evaluator.token import Setup, run_token
+from sim.simulate import Point, RunResult, placed_hardware, row
+from sim.transport.config import GraphStats
+
+TIME_FIELDS = ("total_s", "blocked_ordered_s", "consumer_wait_s", "issue_s", "boundary_wait_s")
+BYTE_FIELDS = ("early_bytes", "late_bytes", "ordered_bytes")
+COUNT_FIELDS = ("ordered_copies", "depth_stops", "recycle_waits", "deliveries")
+
+
+def setups(point: Point, plan: PointPlan, staged: Sequence[int]) -> list[Setup]:
+    """Each token's ring decision from the plan: ordered, or depth N with the slots used since the ring was (re)allocated
+    (``Ring.ensure_slots`` clears them) and the boundary wait after a token that delivered. ``staged``: each token's
+    staged splits (its deliveries). Pure."""
+    cfg = point.transport
+    n_slots = cfg.n_slots
+    used = [False] * n_slots
+    out: list[Setup] = []
+    prev_alloc, prev_active = 0, False
+    for k, tp in enumerate(plan.tokens):
+        active = bool(tp.active)
+        alloc = tp.rings[0][2] if tp.rings else 0
+        if active:
+            if k == 0 or alloc != prev_alloc:
+                used = [False] * n_slots
+            out.append(Setup(cfg.depth, n_slots, tuple(used), prev_active))
+            for o in range(min(staged[k], n_slots)):
+                used[o] = True
+        else:
+            out.append(Setup(boundary=prev_active))
+        prev_alloc, prev_active = alloc, active
+    return out
+
+
+def evaluate_stats(points: Sequence[Point], plans: Sequence[PointPlan] | None = None) -> list[list[GraphStats]]:
+    """Every token's GraphStats of every point (each inside the envelope: ``in_envelope``), as the simulator would
+    report them. Raises ValueError for a point outside the envelope and OutOfDeviceMemory for one that does not fit
+    (as the simulator does). Blocks for the evaluation (CPU)."""
+    plans = list(plans) if plans is not None else [plan_point(p) for p in points]
+    groups: dict[Any, list[tuple[int, int, np.ndarray]]] = {}
+    for i, (p, plan) in enumerate(zip(points, plans, strict=True)):
+        reason = in_envelope(p)
+        if reason:
+            raise ValueError(f"point {i} is outside the evaluator's envelope: {reason}")
+        if not plan.fits:
+            raise OutOfDeviceMemory(plan.reason)
+        costs = [token_costs(p, k) for k in range(p.workload.tokens)]
+        for k, (c, s) in enumerate(zip(costs, setups(p, plan, [c.layout.staged for c in costs]), strict=True)):
+            key = (c.layout, s, p.hardware.host, p.hardware.devices[0])
+            groups.setdefault(key, []).append((i, k, c.values))
+    out: list[list[GraphStats]] = [[GraphStats() for _ in range(p.workload.tokens)] for p in points]
+    for (layout, setup, host, dev), lanes in groups.items():
+        st = run_token(layout, np.stack([v for _, _, v in lanes]), setup, host, dev)
+        for n, (i, k, _) in enumerate(lanes):
+            g = out[i][k]
+            g.token = k
+            for f in TIME_FIELDS:
+                setattr(g, f, float(st[f][n]))  # type: ignore[index]
+            for f in BYTE_FIELDS:
+                setattr(g, f, int(st[f][n]))  # type: ignore[index]
+            for f in COUNT_FIELDS:
+                setattr(g, f, int(st[f]))  # type: ignore[arg-type]
+    for plan, stats in zip(plans, out, strict=True):
+        for g, tp in zip(stats, plan.tokens, strict=True):
+            for f, v in tp.fields().items():
+                setattr(g, f, v)
+    return out
+
+
+def evaluate(points: Sequence[Point], plans: Sequence[PointPlan] | None = None) -> list[dict[str, Any]]:
+    """The row of every point (``sim.simulate.row``'s fields, plus ``engine: evaluator``, ``tokens_simulated: 0``,
+    ``simulated_as`` its own depth and budget, ``shared_with_n: 1``). See :func:`evaluate_stats` for what it raises.
+    Blocks for the evaluation (CPU)."""
+    t = time.perf_counter()
+    stats = evaluate_stats(points, plans)
+    wall = (time.perf_counter() - t) / max(1, len(points))
+    rows = []
+    for p, graphs in zip(points, stats, strict=True):
+        placed = replace(p, hardware=placed_hardware(p))
+        result = RunResult(placed, graphs, [], token_costs(p, 0).window_rows, wall)
+        result.extra.update(tokens_simulated=0, simulated_as={"depth": p.transport.depth, "budget_mib": p.transport.budget_mib},
+                            shared_with_n=1, engine="evaluator")
+        rows.append(row(result))
+    return rows
