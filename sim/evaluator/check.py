@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sim.simulate import Point, row
@@ -75,27 +75,34 @@ def boundary_points(rows: Sequence[dict[str, Any]]) -> set[int]:
     return out
 
 
+def _simulated(points: list[Point]) -> list[dict[str, Any]]:
+    from sim.checks import run_checked
+
+    return [row(run_checked(p, exact=True)) for p in points]
+
+
 def _best(rows: Sequence[dict[str, Any]], pts: dict[tuple[int, float], int], budget: float) -> int | None:
     here = [i for (_, b), i in sorted(pts.items()) if b == budget]
     return max(here, key=lambda i: rows[i]["tokens_per_s"]) if here else None
 
 
 def check_sample(points: Sequence[Point], rows: Sequence[dict[str, Any]], n: int = 32, seed: int = 0,
-                 tolerance: float = TOLERANCE) -> float:
+                 tolerance: float = TOLERANCE, resimulate: Callable[[list[Point]], list[dict[str, Any]]] | None = None) -> float:
     """Re-simulate (exact) ``n`` of the evaluator's rows drawn with ``seed`` (all if fewer) and every row at a change
     of best depth or decline between neighbouring contexts (:func:`boundary_points`); return the largest relative
     disagreement (0.0 with nothing to check). Rows not made by the evaluator (``engine`` other than ``evaluator``)
-    are not drawn. Raises EvaluatorDisagreement above ``tolerance``. Blocks for the simulations (tens of ms each)."""
-    from sim.checks import run_checked
-
+    are not drawn. Raises EvaluatorDisagreement above ``tolerance``. ``resimulate``: the simulator's rows of a list
+    of points (default: one after another here; ``kvpipe sweep`` maps them over its workers). Blocks for the
+    simulations (tens of ms each)."""
     mine = [i for i, r in enumerate(rows) if r.get("engine", "evaluator") == "evaluator"]
     if not mine:
         return 0.0
     chosen = set(random.Random(seed).sample(mine, min(n, len(mine))))
     chosen |= {mine[j] for j in boundary_points([rows[i] for i in mine])}
+    order = sorted(chosen)
+    wanted = (resimulate or _simulated)([points[i] for i in order])
     worst = 0.0
-    for i in sorted(chosen):
-        want = row(run_checked(points[i], exact=True))
+    for i, want in zip(order, wanted, strict=True):
         d = row_disagreement(rows[i], want)
         if d > tolerance:
             raise EvaluatorDisagreement(f"point {i} (context {points[i].context}, depth {points[i].transport.depth}, budget "

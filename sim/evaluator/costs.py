@@ -26,9 +26,10 @@ import numpy as np
 from backends.base import CopyRange, copy_calls
 from backends.profile import LinkCurve
 from backends.simpy_copy import calls_seconds
+from sim.distinct import window_rows_at
 from sim.graph import DecodeGraph
 from sim.simulate import Point, graph_at
-from sim.transport.deliveries import ordered_copy, plan_deliveries, slot_entries, span_fn
+from sim.transport.deliveries import Delivery, SpanFn, ordered_copy, plan_deliveries, slot_entries, span_fn
 
 #: A split's shape: (kind, ordered inputs, staged inputs, kernel launches).
 SplitShape = tuple[str, int, int, int]
@@ -99,13 +100,8 @@ def _nbytes(ranges: Any) -> int:
 
 def build(point: Point, graph: DecodeGraph) -> TokenCosts:
     """The numbers of ``graph`` run by ``point``'s scheduler on its (single) device. Pure."""
-    dev = point.hardware.devices[0]
-    h2d, d2h = dev.link(True, True), dev.link(False, True)  # the io buffers are pinned; the envelope's host cache too
-    cfg = point.transport
-    span = span_fn(cfg.pack_streams, max(dev.alignment_bytes, cfg.min_alignment_bytes))
-    staged = list(graph.staged_splits)
-    _, entries = slot_entries(staged, span)
-    deliveries = {d.split: d for d in plan_deliveries(staged, entries, 1, lambda slot: 0, span)}
+    h2d, d2h, span = _links(point)
+    deliveries = _deliveries(graph, span)
     shape: list[SplitShape] = []
     vals: list[float] = []
     for s in graph.splits:
@@ -125,17 +121,103 @@ def build(point: Point, graph: DecodeGraph) -> TokenCosts:
     return TokenCosts(layout_of(tuple(shape)), np.array(vals, dtype=np.float64), graph.window_rows)
 
 
+def _links(point: Point) -> tuple[LinkCurve, LinkCurve, SpanFn]:
+    dev = point.hardware.devices[0]
+    cfg = point.transport
+    # the io buffers are pinned, and so is the envelope's host cache
+    return dev.link(True, True), dev.link(False, True), span_fn(cfg.pack_streams, max(dev.alignment_bytes, cfg.min_alignment_bytes))
+
+
+def _deliveries(graph: DecodeGraph, span: SpanFn) -> dict[int, Delivery]:
+    """The graph's deliveries by split (one slot at 0: a slot's place moves no copy's shape). Pure."""
+    staged = list(graph.staged_splits)
+    _, entries = slot_entries(staged, span)
+    return {d.split: d for d in plan_deliveries(staged, entries, 1, lambda slot: 0, span)}
+
+
+@dataclass(frozen=True)
+class _Block:
+    """The numbers of the first step built of one window size, and how its deliveries scale with the new row.
+
+    One sequence writes row ``r`` of a window of ``rows``: each window's stable prefix is its rows below ``r``
+    (``sim.graph``), so a delivery's early copy is the same calls with ``r`` rows each and its late copy the same
+    calls with ``rows - r``: ``early``/``late`` hold each staged split's (columns, bytes per row of each call).
+    ``None`` when the built step did not scale that way (then every step is built)."""
+
+    costs: TokenCosts
+    link: LinkCurve
+    scaled: tuple[tuple[int, int, int, int, tuple[int, ...], tuple[int, ...]], ...] | None
+
+
+def _block(point: Point, graph: DecodeGraph, costs: TokenCosts) -> _Block:
+    h2d, _, span = _links(point)
+    row = graph.positions[0]
+    late_rows = graph.window_rows - row
+    deliveries = _deliveries(graph, span)
+    out = []
+    for s, c in zip(graph.splits, costs.layout.splits, strict=True):
+        if not s.staged:
+            continue
+        d = deliveries[s.index]
+        early = [call.width * call.height for call in copy_calls(d.early)]
+        late = [call.width * call.height for call in copy_calls(d.late)]
+        if len(graph.positions) != 1 or row <= 0 or late_rows <= 0 or any(n % row for n in early) or any(n % late_rows for n in late):
+            return _Block(costs, h2d, None)
+        out.append((*c.early, *c.late, tuple(n // row for n in early), tuple(n // late_rows for n in late)))
+    return _Block(costs, h2d, tuple(out))
+
+
+def _scaled(block: _Block, row: int) -> TokenCosts:
+    """The step of ``block``'s window whose sequence writes row ``row``. Pure."""
+    assert block.scaled is not None
+    vals = block.costs.values.copy()
+    late_rows = block.costs.window_rows - row
+    seconds = block.link.seconds
+    for es, eb, ls, lb, early, late in block.scaled:
+        vals[es] = sum(seconds(n * row) for n in early)
+        vals[eb] = sum(early) * row
+        vals[ls] = sum(seconds(n * late_rows) for n in late)
+        vals[lb] = sum(late) * late_rows
+    return TokenCosts(block.costs.layout, vals, block.costs.window_rows)
+
+
 _KEPT: OrderedDict[Any, TokenCosts] = OrderedDict()
+_BLOCKS: OrderedDict[Any, _Block] = OrderedDict()
 KEPT_TOKENS = 1 << 14
 
 
 def token_costs(point: Point, step: int) -> TokenCosts:
-    """The numbers of ``point``'s decode step ``step`` (kept for the points that differ only in depth and budget)."""
-    cfg, hw = point.transport, point.hardware
-    key = (point.workload, hw.devices[0], cfg.pack_streams, cfg.min_alignment_bytes, step)
+    """The numbers of ``point``'s decode step ``step`` (kept for the points that differ only in depth and budget).
+
+    The first step of each window size is built from its graph (``sim.simulate.graph_at``); a later step of the same
+    window differs from it only in the row its sequence writes, which splits each window into early and late bytes,
+    so its deliveries are the first step's calls scaled to the new row (:class:`_Block`;
+    ``tests/sim/test_evaluator.py`` holds every step to its own graph)."""
+    cfg, hw, wl = point.transport, point.hardware, point.workload
+    base = (wl, hw.devices[0], cfg.pack_streams, cfg.min_alignment_bytes)
+    key = (*base, step)
     got = _KEPT.get(key)
     if got is None:
-        got = _KEPT[key] = build(point, graph_at(point, step))
-        while len(_KEPT) > KEPT_TOKENS:
-            _KEPT.popitem(last=False)
+        rows = window_rows_at(wl, step)
+        block = _BLOCKS.get((*base, rows))
+        if block is None or block.scaled is None:
+            graph = graph_at(point, step)
+            got = build(point, graph)
+            if block is None:
+                _keep(_BLOCKS, (*base, rows), _block(point, graph, got))
+        else:
+            got = _scaled(block, wl.writes(step)[0][1])
+        _keep(_KEPT, key, got)
     return got
+
+
+def clear_costs() -> None:
+    """Forget every kept token's numbers (a timing that must build them, as ``kvpipe bench`` does)."""
+    _KEPT.clear()
+    _BLOCKS.clear()
+
+
+def _keep(cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+    cache[key] = value
+    while len(cache) > KEPT_TOKENS:
+        cache.popitem(last=False)

@@ -30,6 +30,7 @@ from sim.transport.config import GraphStats
 TIME_FIELDS = ("total_s", "blocked_ordered_s", "consumer_wait_s", "issue_s", "boundary_wait_s")
 BYTE_FIELDS = ("early_bytes", "late_bytes", "ordered_bytes")
 COUNT_FIELDS = ("ordered_copies", "depth_stops", "recycle_waits", "deliveries")
+BATCH_POINTS = 4096  # points whose cost matrices are held at once (qwen3.8-27b, 8 tokens: ~60 MB)
 
 
 def setups(point: Point, plan: PointPlan, staged: Sequence[int]) -> list[Setup]:
@@ -59,32 +60,44 @@ def setups(point: Point, plan: PointPlan, staged: Sequence[int]) -> list[Setup]:
 def evaluate_stats(points: Sequence[Point], plans: Sequence[PointPlan] | None = None) -> list[list[GraphStats]]:
     """Every token's GraphStats of every point (each inside the envelope: ``in_envelope``), as the simulator would
     report them. Raises ValueError for a point outside the envelope and OutOfDeviceMemory for one that does not fit
-    (as the simulator does). Blocks for the evaluation (CPU)."""
-    plans = list(plans) if plans is not None else [plan_point(p) for p in points]
+    (as the simulator does). Blocks for the evaluation (CPU); holds one cost matrix of ``BATCH_POINTS`` points at a
+    time."""
+    out: list[list[GraphStats]] = []
+    for lo in range(0, len(points), BATCH_POINTS):
+        batch = points[lo : lo + BATCH_POINTS]
+        out += _batch(batch, plans[lo : lo + BATCH_POINTS] if plans is not None else None, lo)
+    return out
+
+
+def _batch(points: Sequence[Point], plans: Sequence[PointPlan] | None, first: int) -> list[list[GraphStats]]:
     groups: dict[Any, list[tuple[int, int, np.ndarray]]] = {}
-    for i, (p, plan) in enumerate(zip(points, plans, strict=True)):
-        reason = in_envelope(p)
+    planned: list[PointPlan] = []
+    for i, p in enumerate(points):
+        reason = in_envelope(p)  # first: its graph is then kept for the plan and the costs
         if reason:
-            raise ValueError(f"point {i} is outside the evaluator's envelope: {reason}")
+            raise ValueError(f"point {first + i} is outside the evaluator's envelope: {reason}")
+        plan = plans[i] if plans is not None else plan_point(p)
         if not plan.fits:
             raise OutOfDeviceMemory(plan.reason)
+        planned.append(plan)
         costs = [token_costs(p, k) for k in range(p.workload.tokens)]
         for k, (c, s) in enumerate(zip(costs, setups(p, plan, [c.layout.staged for c in costs]), strict=True)):
             key = (c.layout, s, p.hardware.host, p.hardware.devices[0])
             groups.setdefault(key, []).append((i, k, c.values))
-    out: list[list[GraphStats]] = [[GraphStats() for _ in range(p.workload.tokens)] for p in points]
+    out: list[list[GraphStats]] = [[GraphStats(token=k) for k in range(p.workload.tokens)] for p in points]
     for (layout, setup, host, dev), lanes in groups.items():
         st = run_token(layout, np.stack([v for _, _, v in lanes]), setup, host, dev)
+        columns = {f: st[f].tolist() for f in (*TIME_FIELDS, *BYTE_FIELDS)}  # type: ignore[union-attr]
+        counts = {f: int(st[f]) for f in COUNT_FIELDS}  # type: ignore[arg-type]
         for n, (i, k, _) in enumerate(lanes):
             g = out[i][k]
-            g.token = k
             for f in TIME_FIELDS:
-                setattr(g, f, float(st[f][n]))  # type: ignore[index]
+                setattr(g, f, columns[f][n])
             for f in BYTE_FIELDS:
-                setattr(g, f, int(st[f][n]))  # type: ignore[index]
-            for f in COUNT_FIELDS:
-                setattr(g, f, int(st[f]))  # type: ignore[arg-type]
-    for plan, stats in zip(plans, out, strict=True):
+                setattr(g, f, int(columns[f][n]))
+            for f, v in counts.items():
+                setattr(g, f, v)
+    for plan, stats in zip(planned, out, strict=True):
         for g, tp in zip(stats, plan.tokens, strict=True):
             for f, v in tp.fields().items():
                 setattr(g, f, v)

@@ -50,8 +50,9 @@ class Setup:
 class _Machine:
     """One token's clocks over ``L`` lanes."""
 
-    def __init__(self, lanes: int, n_deliveries: int, n_d2h: int, host: HostCosts, dev: DeviceProfile) -> None:
+    def __init__(self, lanes: int, n_deliveries: int, n_d2h: int, host: HostCosts, dev: DeviceProfile, ordered: bool) -> None:
         self.L = lanes
+        self.ordered = ordered
         self.host, self.dev = host, dev
         self.slowdown = dev.duplex_slowdown
         self.dram = dev.dram_bytes_per_s
@@ -177,7 +178,10 @@ class _Machine:
         # the host's clock in every lane never change (nothing the host does later starts before it).
         while self.o_final < self.T and (self.t_end[:, self.o_final] <= self.h).all():
             self.o_final += 1
-        self.c_open = [ci for ci in self.c_open if self.c[ci][5].max() >= self.o_final or (self.c[ci][5] < 0).any()]
+        if self.ordered:  # no transfer copy ever: a copy that ended is behind every later one
+            self.c_open = [ci for ci in self.c_open if not (self.c[ci][4] <= self.h).all()]
+        else:
+            self.c_open = [ci for ci in self.c_open if self.c[ci][5].max() >= self.o_final or (self.c[ci][5] < 0).any()]
 
     # ------------------------------------------------------------ host calls
 
@@ -235,7 +239,7 @@ def run_token(layout: Layout, X: Arr, setup: Setup, host: HostCosts, dev: Device
     field (arrays) and count (numbers), as the scheduler would have counted them."""
     L = X.shape[0]
     n_d2h = sum(len(c.ordered) for c in layout.splits if c.kind == "cpu")
-    m = _Machine(L, layout.staged, n_d2h, host, dev)
+    m = _Machine(L, layout.staged, n_d2h, host, dev, ordered=setup.depth == 0)
     z = np.zeros(L)
     st: dict[str, Arr | float] = {"blocked_ordered_s": z, "consumer_wait_s": z, "issue_s": z, "boundary_wait_s": z,
                                   "early_bytes": z, "late_bytes": z, "ordered_bytes": z, "ordered_copies": 0,
