@@ -6,8 +6,8 @@ SimPy loop (processes that only yield timeouts) in the same process, their
 ratio, and wall milliseconds per simulated decode token; then points per
 second of both engines on points like the bench point: the simulator's (one
 simulation of the point, every token) and the compiled evaluator's
-(``sim.evaluator.evaluate`` on ``EVALUATOR_POINTS`` such points at
-neighbouring contexts, planning and graphs included, caches cleared first).
+(``sim.evaluator.evaluate`` on a small sweep around it: 16 contexts x depths
+0..7 x two budgets, planning, graphs and rows included, caches cleared first).
 Timings, not tests: ``kvpipe bench`` prints them; docs/performance.md records them.
 """
 
@@ -127,24 +127,23 @@ def machine_run(point: Point, trace: bool = False) -> tuple[int, float]:
     return env.steps, time.perf_counter() - t
 
 
-EVALUATOR_POINTS = 256
-
-
-def evaluator_run(point: Point, n_points: int = EVALUATOR_POINTS) -> float:
-    """Evaluate ``n_points`` points like ``point`` at consecutive contexts from its own (planning and graphs included,
-    every cache cleared first). Returns wall s; 0.0 if the point is outside the evaluator's envelope."""
+def evaluator_run(point: Point, n_contexts: int = 16) -> tuple[int, float]:
+    """Evaluate a small sweep around ``point``: ``n_contexts`` contexts from its own, 1,024 apart, x depths 0..7 x
+    budgets 0 and 128 MiB (planning, graphs and rows included; every cache cleared first). Returns (points, wall s);
+    (0, 0.0) if the point is outside the evaluator's envelope."""
     from sim.evaluator import evaluate, in_envelope
     from sim.evaluator.costs import clear_costs
 
     if in_envelope(point) is not None:
-        return 0.0
-    wl = point.workload
-    pts = [replace(point, workload=replace(wl, context=(point.context + i,))) for i in range(n_points)]
+        return 0, 0.0
+    wl, cfg = point.workload, point.transport
+    pts = [replace(point, workload=replace(wl, context=(point.context + 1024 * i,)), transport=replace(cfg, depth=d, budget_mib=b))
+           for i in range(n_contexts) for d in range(8) for b in (0.0, 128.0)]
     clear_graph_cache()
     clear_costs()
     t = time.perf_counter()
     evaluate(pts)
-    return time.perf_counter() - t
+    return len(pts), time.perf_counter() - t
 
 
 def run_bench(point: Point, repeats: int = 3, trace: bool = False) -> BenchResult:
@@ -160,6 +159,5 @@ def run_bench(point: Point, repeats: int = 3, trace: bool = False) -> BenchResul
         if bare is None or loop[1] < bare[1]:
             bare = loop
     assert machine is not None and bare is not None
-    evaluated = min(evaluator_run(point) for _ in range(repeats))
-    return BenchResult(machine[0], machine[1], bare[0], bare[1], point.workload.tokens,
-                       EVALUATOR_POINTS if evaluated else 0, evaluated)
+    n, evaluated = min(evaluator_run(point) for _ in range(repeats))
+    return BenchResult(machine[0], machine[1], bare[0], bare[1], point.workload.tokens, n, evaluated)

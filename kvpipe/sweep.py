@@ -231,18 +231,19 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def chunks(points: Sequence[Point], workers: int, todo: Sequence[bool] | None = None, exact: bool = False) -> list[Chunk]:
+def chunks(points: Sequence[Point], workers: int, todo: Sequence[bool] | None = None, exact: bool = False,
+           evaluator: bool = True) -> list[Chunk]:
     """The points to run in chunks of whole partitions: about 8 per worker, at most 16 points to do each unless one
     partition holds more (progress stays live). Partitions with nothing to do are left out. Unless ``exact``, the
-    points inside the evaluator's envelope come first, in at least one chunk per worker of at most
-    ``EVALUATED_PER_CHUNK``."""
+    points inside the evaluator's envelope come first (``evaluator``: False simulates them too), in at least one chunk
+    per worker of at most ``EVALUATED_PER_CHUNK``."""
     todo = list(todo) if todo is not None else [True] * len(points)
     total = sum(todo)
     if not total:
         return []
     out: list[Chunk] = []
     parts = [part for part in distinct.partitions(points) if any(todo[i] for i in part)]
-    if not exact:  # partitions inside the evaluator's envelope (depth and budget do not change it) go to it
+    if evaluator and not exact:  # partitions inside the evaluator's envelope (depth and budget do not change it) go to it
         from sim.evaluator import in_envelope
 
         inside = [part for part in parts if in_envelope(points[part[0]]) is None]
@@ -390,13 +391,14 @@ def run_sweep(
     progress: bool = True,
     exact: bool = False,
     check_n: int = CHECK_N,
+    evaluator: bool = True,
 ) -> SweepResult:
     """Run every point not already in ``out_dir``; returns all rows in grid order.
 
     Unless ``exact``, points inside the evaluator's envelope are evaluated (``sim.evaluator``), and a sample of at
     least ``check_n`` of them (0: none) plus the boundary points is re-simulated exact on the same executor
     (``result.check``); a disagreement above 1e-9 raises ``sim.evaluator.EvaluatorDisagreement`` after the rows
-    are written.
+    are written. ``evaluator`` False: every point simulated (the fast path unless ``exact``), as before the evaluator.
 
     The points are planned by partition in the workers (``sim.distinct``): each distinct simulation runs once, on
     the fast path of ``sim.steady`` unless ``exact``, and every point gets its own row. Blocks until the sweep is done (wall time
@@ -425,7 +427,7 @@ def run_sweep(
         evaluated: list[tuple[Point, dict[str, Any]]] = []
         try:
             workers = 1 if isinstance(ex, _Serial) else (jobs or os.cpu_count() or 1)
-            _collect(ex, chunks(unique, workers, todo, exact), store, order, result, progress, evaluated)
+            _collect(ex, chunks(unique, workers, todo, exact, evaluator), store, order, result, progress, evaluated)
         finally:
             store.close(order)
         if evaluated and check_n:

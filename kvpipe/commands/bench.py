@@ -46,8 +46,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"wall ms / sim. token    {r.ms_per_token:12.3f}")
     print(f"simulator points/s      {r.simulator_points_per_s:12,.2f}   (one simulation of the point, {args.tokens} tokens)")
     if r.evaluator_points:
-        print(f"evaluator points/s      {r.evaluator_points_per_s:12,.1f}   ({r.evaluator_points} points like it, "
-              f"{args.tokens} tokens each, in {r.evaluator_wall_s * 1e3:.1f} ms; planning and graphs included)")
+        print(f"evaluator points/s      {r.evaluator_points_per_s:12,.1f}   ({r.evaluator_points} points around it (16 contexts x "
+              f"depths 0-7 x 2 budgets), {args.tokens} tokens each, in {r.evaluator_wall_s * 1e3:.1f} ms)")
     else:
         print("evaluator points/s               -   (the point is outside the evaluator's envelope)")
     return 0
