@@ -443,7 +443,9 @@ def _check(ex: Executor, evaluated: list[tuple[Point, dict[str, Any]]], n: int, 
 
     def resimulate(pts: list[Point]) -> list[dict[str, Any]]:
         result.checked = len(pts)
-        return list(ex.map(exact_row, pts))
+        # submit, not ``map``: an interrupted ``map`` cancels its futures while the pool marks them broken (a traceback)
+        futures = [ex.submit(exact_row, p) for p in pts]
+        return [f.result() for f in futures]
 
     result.check = check_sample([p for p, _ in evaluated], [r for _, r in evaluated], n=n, resimulate=resimulate)
 
