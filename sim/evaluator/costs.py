@@ -181,13 +181,18 @@ def _scaled(block: _Block, row: int) -> TokenCosts:
     return TokenCosts(block.costs.layout, vals, block.costs.window_rows)
 
 
-_KEPT: OrderedDict[Any, TokenCosts] = OrderedDict()
+_KEPT: OrderedDict[Any, dict[int, TokenCosts]] = OrderedDict()  # per workload and machine: step -> numbers
 _BLOCKS: OrderedDict[Any, _Block] = OrderedDict()
-KEPT_TOKENS = 1 << 14
+KEPT_POINTS = 1 << 12
 
 
 def token_costs(point: Point, step: int) -> TokenCosts:
-    """The numbers of ``point``'s decode step ``step`` (kept for the points that differ only in depth and budget).
+    """The numbers of ``point``'s decode step ``step`` (see :func:`point_costs`)."""
+    return point_costs(point)[step]
+
+
+def point_costs(point: Point) -> list[TokenCosts]:
+    """The numbers of every decode step of ``point`` (kept for the points that differ only in depth and budget).
 
     The first step of each window size is built from its graph (``sim.simulate.graph_at``); a later step of the same
     window differs from it only in the row its sequence writes, which splits each window into early and late bytes,
@@ -195,20 +200,26 @@ def token_costs(point: Point, step: int) -> TokenCosts:
     ``tests/sim/test_evaluator.py`` holds every step to its own graph)."""
     cfg, hw, wl = point.transport, point.hardware, point.workload
     base = (wl, hw.devices[0], cfg.pack_streams, cfg.min_alignment_bytes)
-    key = (*base, step)
-    got = _KEPT.get(key)
-    if got is None:
-        rows = window_rows_at(wl, step)
-        block = _BLOCKS.get((*base, rows))
-        if block is None or block.scaled is None:
-            graph = graph_at(point, step)
-            got = build(point, graph)
-            if block is None:
-                _keep(_BLOCKS, (*base, rows), _block(point, graph, got))
-        else:
-            got = _scaled(block, wl.writes(step)[0][1])
-        _keep(_KEPT, key, got)
-    return got
+    kept = _KEPT.get(base)
+    if kept is None:
+        kept = {}
+        _keep(_KEPT, base, kept)
+    out = []
+    for step in range(wl.tokens):
+        got = kept.get(step)
+        if got is None:
+            rows = window_rows_at(wl, step)
+            block = _BLOCKS.get((base, rows))
+            if block is None or block.scaled is None:
+                graph = graph_at(point, step)
+                got = build(point, graph)
+                if block is None:
+                    _keep(_BLOCKS, (base, rows), _block(point, graph, got))
+            else:
+                got = _scaled(block, wl.writes(step)[0][1])
+            kept[step] = got
+        out.append(got)
+    return out
 
 
 def clear_costs() -> None:
@@ -219,5 +230,5 @@ def clear_costs() -> None:
 
 def _keep(cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
     cache[key] = value
-    while len(cache) > KEPT_TOKENS:
+    while len(cache) > KEPT_POINTS:
         cache.popitem(last=False)

@@ -10,6 +10,7 @@ simulator. Pure; builds at most the point's first graph (kept, see ``sim.simulat
 
 from __future__ import annotations
 
+from sim.graph import DecodeGraph
 from sim.simulate import Point, graph_at
 
 
@@ -36,8 +37,15 @@ def in_envelope(point: Point) -> str | None:
 
 
 def _graph_reason(point: Point) -> str | None:
-    """Why the point's decode graph is not the shape the evaluator's program runs (None: it is)."""
+    """Why the point's decode graph is not the shape the evaluator's program runs (None: it is). Kept with the graph."""
     g = graph_at(point, 0)
+    if "evaluator_reason" not in g.memo:
+        g.memo["evaluator_reason"] = _reason(g)
+    reason: str | None = g.memo["evaluator_reason"]
+    return reason
+
+
+def _reason(g: DecodeGraph) -> str | None:
     if g.host_writes_at_start or not g.reads_output:
         return "the graph writes host cells at its start or its output is not read"
     first, rest = g.splits[0], g.splits[1:]

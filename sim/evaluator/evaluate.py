@@ -21,7 +21,7 @@ import numpy as np
 
 from backends.base import OutOfDeviceMemory
 from sim.distinct import PointPlan, plan_point
-from sim.evaluator.costs import token_costs
+from sim.evaluator.costs import point_costs, token_costs
 from sim.evaluator.envelope import in_envelope
 from sim.evaluator.token import Setup, run_token
 from sim.simulate import Point, RunResult, placed_hardware, row
@@ -71,6 +71,7 @@ def evaluate_stats(points: Sequence[Point], plans: Sequence[PointPlan] | None = 
 
 def _batch(points: Sequence[Point], plans: Sequence[PointPlan] | None, first: int) -> list[list[GraphStats]]:
     groups: dict[Any, list[tuple[int, int, np.ndarray]]] = {}
+    machines: dict[int, tuple[int, Any]] = {}  # id(profile) -> (its index, the profile, kept alive while its id is a key)
     planned: list[PointPlan] = []
     for i, p in enumerate(points):
         reason = in_envelope(p)  # first: its graph is then kept for the plan and the costs
@@ -80,13 +81,15 @@ def _batch(points: Sequence[Point], plans: Sequence[PointPlan] | None, first: in
         if not plan.fits:
             raise OutOfDeviceMemory(plan.reason)
         planned.append(plan)
-        costs = [token_costs(p, k) for k in range(p.workload.tokens)]
+        costs = point_costs(p)
+        m = machines.setdefault(id(p.hardware), (len(machines), p.hardware))[0]
         for k, (c, s) in enumerate(zip(costs, setups(p, plan, [c.layout.staged for c in costs]), strict=True)):
-            key = (c.layout, s, p.hardware.host, p.hardware.devices[0])
-            groups.setdefault(key, []).append((i, k, c.values))
+            groups.setdefault((c.layout, s, m), []).append((i, k, c.values))
     out: list[list[GraphStats]] = [[GraphStats(token=k) for k in range(p.workload.tokens)] for p in points]
-    for (layout, setup, host, dev), lanes in groups.items():
-        st = run_token(layout, np.stack([v for _, _, v in lanes]), setup, host, dev)
+    profiles = {m: hw for m, hw in machines.values()}
+    for (layout, setup, m), lanes in groups.items():
+        hw = profiles[m]
+        st = run_token(layout, np.stack([v for _, _, v in lanes]), setup, hw.host, hw.devices[0])
         columns = {f: st[f].tolist() for f in (*TIME_FIELDS, *BYTE_FIELDS)}  # type: ignore[union-attr]
         counts = {f: int(st[f]) for f in COUNT_FIELDS}  # type: ignore[arg-type]
         for n, (i, k, _) in enumerate(lanes):
