@@ -21,7 +21,7 @@ import numpy as np
 
 from backends.base import OutOfDeviceMemory
 from sim.distinct import PointPlan, plan_point
-from sim.evaluator.costs import point_costs, token_costs
+from sim.evaluator.costs import point_costs
 from sim.evaluator.envelope import in_envelope
 from sim.evaluator.token import Setup, run_token
 from sim.simulate import Point, RunResult, placed_hardware, row
@@ -62,48 +62,55 @@ def evaluate_stats(points: Sequence[Point], plans: Sequence[PointPlan] | None = 
     report them. Raises ValueError for a point outside the envelope and OutOfDeviceMemory for one that does not fit
     (as the simulator does). Blocks for the evaluation (CPU); holds one cost matrix of ``BATCH_POINTS`` points at a
     time."""
-    out: list[list[GraphStats]] = []
+    return [stats for stats, _ in _evaluated(points, plans)]
+
+
+def _evaluated(points: Sequence[Point], plans: Sequence[PointPlan] | None) -> list[tuple[list[GraphStats], int]]:
+    """(stats, the first token's window rows) of every point."""
+    out: list[tuple[list[GraphStats], int]] = []
     for lo in range(0, len(points), BATCH_POINTS):
         batch = points[lo : lo + BATCH_POINTS]
         out += _batch(batch, plans[lo : lo + BATCH_POINTS] if plans is not None else None, lo)
     return out
 
 
-def _batch(points: Sequence[Point], plans: Sequence[PointPlan] | None, first: int) -> list[list[GraphStats]]:
+def _batch(points: Sequence[Point], plans: Sequence[PointPlan] | None, first: int) -> list[tuple[list[GraphStats], int]]:
     groups: dict[Any, list[tuple[int, int, np.ndarray]]] = {}
     machines: dict[int, tuple[int, Any]] = {}  # id(profile) -> (its index, the profile, kept alive while its id is a key)
     planned: list[PointPlan] = []
+    rows: list[int] = []
+    last: tuple[Any, ...] = ()
     for i, p in enumerate(points):
-        reason = in_envelope(p)  # first: its graph is then kept for the plan and the costs
-        if reason:
-            raise ValueError(f"point {first + i} is outside the evaluator's envelope: {reason}")
+        # the envelope: the same verdict as the point before when only depth and budget differ (a grid's inner axes)
+        here = (p.workload, p.hardware, replace(p.transport, depth=0, budget_mib=0.0))
+        if here != last:
+            reason = in_envelope(p)  # first: its graph is then kept for the plan and the costs
+            if reason:
+                raise ValueError(f"point {first + i} is outside the evaluator's envelope: {reason}")
+            last = here
         plan = plans[i] if plans is not None else plan_point(p)
         if not plan.fits:
             raise OutOfDeviceMemory(plan.reason)
         planned.append(plan)
         costs = point_costs(p)
+        rows.append(costs[0].window_rows)
         m = machines.setdefault(id(p.hardware), (len(machines), p.hardware))[0]
         for k, (c, s) in enumerate(zip(costs, setups(p, plan, [c.layout.staged for c in costs]), strict=True)):
             groups.setdefault((c.layout, s, m), []).append((i, k, c.values))
-    out: list[list[GraphStats]] = [[GraphStats(token=k) for k in range(p.workload.tokens)] for p in points]
+    fields: list[list[dict[str, Any]]] = [[{} for _ in range(p.workload.tokens)] for p in points]
     profiles = {m: hw for m, hw in machines.values()}
     for (layout, setup, m), lanes in groups.items():
         hw = profiles[m]
         st = run_token(layout, np.stack([v for _, _, v in lanes]), setup, hw.host, hw.devices[0])
-        columns = {f: st[f].tolist() for f in (*TIME_FIELDS, *BYTE_FIELDS)}  # type: ignore[union-attr]
+        times = list(zip(*(st[f].tolist() for f in TIME_FIELDS), strict=True))  # type: ignore[union-attr]
+        nbytes = list(zip(*(st[f].astype(np.int64).tolist() for f in BYTE_FIELDS), strict=True))  # type: ignore[union-attr]
         counts = {f: int(st[f]) for f in COUNT_FIELDS}  # type: ignore[arg-type]
-        for n, (i, k, _) in enumerate(lanes):
-            g = out[i][k]
-            for f in TIME_FIELDS:
-                setattr(g, f, columns[f][n])
-            for f in BYTE_FIELDS:
-                setattr(g, f, int(columns[f][n]))
-            for f, v in counts.items():
-                setattr(g, f, v)
-    for plan, stats in zip(planned, out, strict=True):
-        for g, tp in zip(stats, plan.tokens, strict=True):
-            for f, v in tp.fields().items():
-                setattr(g, f, v)
+        for (i, k, _), t, b in zip(lanes, times, nbytes, strict=True):
+            fields[i][k] = {**dict(zip(TIME_FIELDS, t, strict=True)), **dict(zip(BYTE_FIELDS, b, strict=True)), **counts}
+    out = []
+    for plan, per_token, window_rows in zip(planned, fields, rows, strict=True):
+        out.append(([GraphStats(token=k, **f, **tp.fields()) for k, (f, tp) in enumerate(zip(per_token, plan.tokens, strict=True))],
+                    window_rows))
     return out
 
 
@@ -112,12 +119,12 @@ def evaluate(points: Sequence[Point], plans: Sequence[PointPlan] | None = None) 
     ``simulated_as`` its own depth and budget, ``shared_with_n: 1``). See :func:`evaluate_stats` for what it raises.
     Blocks for the evaluation (CPU)."""
     t = time.perf_counter()
-    stats = evaluate_stats(points, plans)
+    evaluated = _evaluated(points, plans)
     wall = (time.perf_counter() - t) / max(1, len(points))
     rows = []
-    for p, graphs in zip(points, stats, strict=True):
-        placed = replace(p, hardware=placed_hardware(p))
-        result = RunResult(placed, graphs, [], token_costs(p, 0).window_rows, wall)
+    for p, (graphs, window_rows) in zip(points, evaluated, strict=True):
+        placed = p if len(p.hardware.devices) == 1 else replace(p, hardware=placed_hardware(p))
+        result = RunResult(placed, graphs, [], window_rows, wall)
         result.extra.update(tokens_simulated=0, simulated_as={"depth": p.transport.depth, "budget_mib": p.transport.budget_mib},
                             shared_with_n=1, engine="evaluator")
         rows.append(row(result))
