@@ -431,7 +431,8 @@ def run_sweep(
         finally:
             store.close(order)
         if evaluated and check_n:
-            _check(ex, evaluated, check_n, result)
+            place = {k: i for i, k in enumerate(order)}  # grid order, not the order chunks finished: the same sample each run
+            _check(ex, sorted(evaluated, key=lambda pr: place[key_of_point(pr[0])]), check_n, result)
     result.rows = store.ordered(order) if out_dir else [store.rows[k] for k in order if k in store.rows]
     result.wall_s = time.perf_counter() - t0
     return result
