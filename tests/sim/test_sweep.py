@@ -215,8 +215,8 @@ def test_dask_missing_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.Mo
 
 @pytest.mark.benchmark
 def test_thousand_point_sweep_benchmark(tmp_path: Path) -> None:
-    """The issue's benchmark: 1,020 reference points, --jobs 2, the fast path then --exact (prints wall and CPU, how
-    many points ran and in how many simulations).
+    """The issue's benchmark: 1,020 reference points, --jobs 2, the default path (the evaluator and its sample check)
+    then --exact (prints wall and CPU, how many points ran and in how many simulations).
 
     A benchmark: it asserts nothing; the sweep's results are held by the other tests (tests/sim/test_fast_path.py)."""
     import os
