@@ -1,16 +1,20 @@
-"""How fast the SimPy machine simulates, against SimPy itself.
+"""How fast the SimPy machine simulates, against SimPy itself; and how many points per second each engine answers.
 
-Three figures: the machine's event rate (SimPy events processed per wall
+Figures: the machine's event rate (SimPy events processed per wall
 second while it simulates the reference preset), the event rate of a bare
 SimPy loop (processes that only yield timeouts) in the same process, their
-ratio, and wall milliseconds per simulated decode token. Timings, not tests:
-``kvpipe bench`` prints them; docs/performance.md records them.
+ratio, and wall milliseconds per simulated decode token; then points per
+second of both engines on points like the bench point: the simulator's (one
+simulation of the point, every token) and the compiled evaluator's
+(``sim.evaluator.evaluate`` on a small sweep around it: 16 contexts x depths
+0..7 x two budgets, planning, graphs and rows included, caches cleared first).
+Timings, not tests: ``kvpipe bench`` prints them; docs/performance.md records them.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import simpy
@@ -53,6 +57,8 @@ class BenchResult:
     bare_events: int
     bare_wall_s: float
     tokens: int
+    evaluator_points: int = 0
+    evaluator_wall_s: float = 0.0
 
     @property
     def machine_events_per_s(self) -> float:
@@ -67,6 +73,15 @@ class BenchResult:
         return self.machine_events_per_s / self.bare_events_per_s
 
     @property
+    def simulator_points_per_s(self) -> float:
+        """Points per second of the simulator: one simulation of the point (every token) per point."""
+        return 1.0 / self.machine_wall_s
+
+    @property
+    def evaluator_points_per_s(self) -> float:
+        return self.evaluator_points / self.evaluator_wall_s if self.evaluator_wall_s else 0.0
+
+    @property
     def ms_per_token(self) -> float:
         return self.machine_wall_s / self.tokens * 1e3
 
@@ -78,6 +93,9 @@ class BenchResult:
             "wall_ms_per_simulated_token": self.ms_per_token,
             "machine_events": self.machine_events,
             "tokens": self.tokens,
+            "simulator_points_per_s": self.simulator_points_per_s,
+            "evaluator_points_per_s": self.evaluator_points_per_s,
+            "evaluator_points": self.evaluator_points,
         }
 
 
@@ -109,6 +127,25 @@ def machine_run(point: Point, trace: bool = False) -> tuple[int, float]:
     return env.steps, time.perf_counter() - t
 
 
+def evaluator_run(point: Point, n_contexts: int = 16) -> tuple[int, float]:
+    """Evaluate a small sweep around ``point``: ``n_contexts`` contexts from its own, 1,024 apart, x depths 0..7 x
+    budgets 0 and 128 MiB (planning, graphs and rows included; every cache cleared first). Returns (points, wall s);
+    (0, 0.0) if the point is outside the evaluator's envelope."""
+    from sim.evaluator import evaluate, in_envelope
+    from sim.evaluator.costs import clear_costs
+
+    if in_envelope(point) is not None:
+        return 0, 0.0
+    wl, cfg = point.workload, point.transport
+    pts = [replace(point, workload=replace(wl, context=(point.context + 1024 * i,)), transport=replace(cfg, depth=d, budget_mib=b))
+           for i in range(n_contexts) for d in range(8) for b in (0.0, 128.0)]
+    clear_graph_cache()
+    clear_costs()
+    t = time.perf_counter()
+    evaluate(pts)
+    return len(pts), time.perf_counter() - t
+
+
 def run_bench(point: Point, repeats: int = 3, trace: bool = False) -> BenchResult:
     """Simulate ``point`` ``repeats`` times and run a bare loop of as many events after each; the best wall
     time of each is kept. Interleaved, so a neighbour's load hits both alike. Blocks for both."""
@@ -122,4 +159,5 @@ def run_bench(point: Point, repeats: int = 3, trace: bool = False) -> BenchResul
         if bare is None or loop[1] < bare[1]:
             bare = loop
     assert machine is not None and bare is not None
-    return BenchResult(machine[0], machine[1], bare[0], bare[1], point.workload.tokens)
+    n, evaluated = min(evaluator_run(point) for _ in range(repeats))
+    return BenchResult(machine[0], machine[1], bare[0], bare[1], point.workload.tokens, n, evaluated)

@@ -12,7 +12,15 @@ the time on pickling), and the worker's point planner (``sim.distinct``) maps
 its chunk to the distinct simulations that decide it, each run once, on the
 fast path of ``sim.steady`` unless ``exact``.
 
-Every row has exactly the schema of ``kvpipe simulate --json``. A point is
+Points inside the compiled evaluator's envelope (``sim.evaluator.in_envelope``: one device, pinned, one sequence,
+the transport arm, no mutation) are not simulated unless ``exact``: the evaluator computes every token of them
+exactly, a few hundred points to a chunk, and their rows say ``engine: evaluator``; the rest are simulated
+(``engine: simulator``). A sweep that evaluated points then re-simulates a sample of them, exact
+(``sim.evaluator.check_sample``: at least ``check_n``, plus every point where the best depth or a decline changes
+between neighbouring contexts), and reports the largest relative disagreement; above 1e-9 it raises
+``EvaluatorDisagreement`` (the rows are written first).
+
+Every row has exactly the schema of ``kvpipe simulate --json``, plus ``engine``. A point is
 identified by its *grid coordinates*, the row fields that name it (model,
 hardware, cache type, context, depth, budget, tokens). With an output folder
 each finished row is appended to a journal (``rows.jsonl``, one JSON object a
@@ -55,6 +63,9 @@ from sim.simulate import Point, placement_fields, row
 from sim.telemetry import rows_to_csv, write_atomic
 
 SNAPSHOT_EVERY_S = 2.0
+SIMULATED = {"engine": "simulator"}
+EVALUATED_PER_CHUNK = 512  # envelope points per evaluator chunk (its cost is mostly per point; a few per worker)
+CHECK_N = 32  # evaluator rows the sample check re-simulates at least
 ROWS_JSON, ROWS_CSV, JOURNAL, MANIFEST, LOCK = "rows.json", "rows.csv", "rows.jsonl", "sweep.json", ".kvpipe-sweep.lock"
 
 def key_of_point(p: Point) -> Key:
@@ -96,6 +107,7 @@ class Chunk:
     points: tuple[Point, ...]
     todo: tuple[bool, ...]
     exact: bool = False
+    evaluate: bool = False  # the points to do are inside the evaluator's envelope: evaluate them, not simulate
 
     @property
     def todo_points(self) -> list[Point]:
@@ -108,15 +120,39 @@ def run_chunk(chunk: Chunk | Sequence[Point]) -> list[dict[str, Any] | str]:
     simulations."""
     if not isinstance(chunk, Chunk):
         chunk = Chunk(tuple(chunk), (True,) * len(chunk))
+    if chunk.evaluate:
+        return _evaluated(chunk.todo_points)
     out: dict[int, dict[str, Any] | str] = {}
     for task in distinct.tasks(list(chunk.points), list(chunk.todo), exact=chunk.exact):
         try:
-            rows: list[dict[str, Any] | str] = [row(r) for r in checks.run_task(task)]
+            rows: list[dict[str, Any] | str] = [row(r) | SIMULATED for r in checks.run_task(task)]
         except Exception as exc:  # one bad point must not sink the sweep; reported at the end
             rows = [f"{type(exc).__name__}: {exc}"] * len(task.members)
         for m, r in zip(task.members, rows, strict=True):
             out[m.index] = r
     return [out[i] for i, t in enumerate(chunk.todo) if t]
+
+
+def _evaluated(points: Sequence[Point]) -> list[dict[str, Any] | str]:
+    """The rows of envelope points from the compiled evaluator, planned here (``sim.distinct.plan_point``); a point
+    whose graph does not fit is simulated, which reports why. Blocks for the evaluation (CPU)."""
+    from sim import evaluator
+
+    plans = [distinct.plan_point(p) for p in points]
+    fit = [i for i, pl in enumerate(plans) if pl.fits]
+    out: list[dict[str, Any] | str | None] = [None] * len(points)
+    for i, row_i in zip(fit, evaluator.evaluate([points[i] for i in fit], [plans[i] for i in fit]), strict=True):
+        out[i] = row_i
+    rest = [i for i, r in enumerate(out) if r is None]
+    if rest:
+        for i, got in zip(rest, run_chunk([points[i] for i in rest]), strict=True):
+            out[i] = got
+    return [r for r in out if r is not None]
+
+
+def exact_row(point: Point) -> dict[str, Any]:
+    """The simulator's row of ``point``, every token simulated (what the sample check compares with). Blocks."""
+    return row(checks.run_checked(point, exact=True)) | SIMULATED
 
 
 class _Serial(Executor):
@@ -206,20 +242,33 @@ def _watch_parent(parent: int, every_s: float = 1.0) -> None:
     os._exit(1)
 
 
-def chunks(points: Sequence[Point], workers: int, todo: Sequence[bool] | None = None, exact: bool = False) -> list[Chunk]:
+def chunks(points: Sequence[Point], workers: int, todo: Sequence[bool] | None = None, exact: bool = False,
+           evaluator: bool = True) -> list[Chunk]:
     """The points to run in chunks of whole partitions: about 8 per worker, at most 16 points to do each unless one
-    partition holds more (progress stays live). Partitions with nothing to do are left out."""
+    partition holds more (progress stays live). Partitions with nothing to do are left out. Unless ``exact``, the
+    points inside the evaluator's envelope come first (``evaluator``: False simulates them too), in at least one chunk
+    per worker of at most ``EVALUATED_PER_CHUNK``."""
     todo = list(todo) if todo is not None else [True] * len(points)
     total = sum(todo)
     if not total:
         return []
-    size = max(1, min(16, math.ceil(total / (max(1, workers) * 8))))
     out: list[Chunk] = []
+    parts = [part for part in distinct.partitions(points) if any(todo[i] for i in part)]
+    if evaluator and not exact:  # partitions inside the evaluator's envelope (depth and budget do not change it) go to it
+        from sim.evaluator import in_envelope
+
+        inside = [part for part in parts if in_envelope(points[part[0]]) is None]
+        parts = [part for part in parts if in_envelope(points[part[0]]) is not None]
+        answer = [points[i] for part in inside for i in part if todo[i]]
+        n = max(min(max(1, workers), len(answer)), math.ceil(len(answer) / EVALUATED_PER_CHUNK))
+        for k in range(n):
+            piece = tuple(answer[k * len(answer) // n : (k + 1) * len(answer) // n])
+            out.append(Chunk(piece, (True,) * len(piece), evaluate=True))
+        total = sum(todo[i] for part in parts for i in part)
+    size = max(1, min(16, math.ceil(total / (max(1, workers) * 8))))
     pts: list[Point] = []
     marks: list[bool] = []
-    for part in distinct.partitions(points):
-        if not any(todo[i] for i in part):
-            continue
+    for part in parts:
         pts += [points[i] for i in part]
         marks += [todo[i] for i in part]
         if sum(marks) >= size:
@@ -411,6 +460,9 @@ class SweepResult:
     failed: list[tuple[Key, str]] = field(default_factory=list)
     wall_s: float = 0.0
     simulations: int = 0
+    evaluated: int = 0
+    check: float | None = None  # the sample check's largest relative disagreement (None: nothing evaluated was checked)
+    checked: int = 0  # the evaluator rows it re-simulated
 
 
 def run_sweep(
@@ -421,8 +473,15 @@ def run_sweep(
     progress: bool = True,
     exact: bool = False,
     resume: bool = False,
+    check_n: int = CHECK_N,
+    evaluator: bool = True,
 ) -> SweepResult:
     """Run every point not already in ``out_dir``; returns all rows in grid order.
+
+    Unless ``exact``, points inside the evaluator's envelope are evaluated (``sim.evaluator``), and a sample of at
+    least ``check_n`` of them (0: none) plus the boundary points is re-simulated exact on the same executor
+    (``result.check``); a disagreement above 1e-9 raises ``sim.evaluator.EvaluatorDisagreement`` after the rows
+    are written. ``evaluator`` False: every point simulated (the fast path unless ``exact``), as before the evaluator.
 
     The points are planned by partition in the workers (``sim.distinct``): each distinct simulation runs once, on
     the fast path of ``sim.steady`` unless ``exact``, and every point gets its own row. Blocks until the sweep is done (wall time
@@ -447,18 +506,35 @@ def run_sweep(
         store = RowStore(out_dir, settings_of(points, exact), order, resume)
         todo = [k not in store for k in order]
         result = SweepResult(rows=[], resumed=len(order) - sum(todo))
+        evaluated: list[tuple[Point, dict[str, Any]]] = []
         try:
             workers = 1 if isinstance(ex, _Serial) else (jobs or os.cpu_count() or 1)
-            _collect(ex, chunks(unique, workers, todo, exact), store, order, result, progress)
+            _collect(ex, chunks(unique, workers, todo, exact, evaluator), store, order, result, progress, evaluated)
         finally:
             store.close(order)
+        if evaluated and check_n:
+            place = {k: i for i, k in enumerate(order)}  # grid order, not the order chunks finished: the same sample each run
+            _check(ex, sorted(evaluated, key=lambda pr: place[key_of_point(pr[0])]), check_n, result)
     result.rows = store.ordered(order) if out_dir else [store.rows[k] for k in order if k in store.rows]
     result.wall_s = time.perf_counter() - t0
     return result
 
 
+def _check(ex: Executor, evaluated: list[tuple[Point, dict[str, Any]]], n: int, result: SweepResult) -> None:
+    """The sample check of the evaluator's rows (``sim.evaluator.check_sample``), its simulations on ``ex``."""
+    from sim.evaluator import check_sample
+
+    def resimulate(pts: list[Point]) -> list[dict[str, Any]]:
+        result.checked = len(pts)
+        # submit, not ``map``: an interrupted ``map`` cancels its futures while the pool marks them broken (a traceback)
+        futures = [ex.submit(exact_row, p) for p in pts]
+        return [f.result() for f in futures]
+
+    result.check = check_sample([p for p, _ in evaluated], [r for _, r in evaluated], n=n, resimulate=resimulate)
+
+
 def _collect(ex: Executor, work: list[Chunk], store: RowStore, order: Sequence[Key], result: SweepResult,
-             progress: bool) -> None:
+             progress: bool, evaluated: list[tuple[Point, dict[str, Any]]] | None = None) -> None:
     from tqdm import tqdm
 
     total = sum(sum(c.todo) for c in work)
@@ -473,7 +549,12 @@ def _collect(ex: Executor, work: list[Chunk], store: RowStore, order: Sequence[K
                 else:
                     store.add(r, order)
                     result.ran += 1
-                    runs.add(_run_of(r))
+                    if r.get("engine") == "evaluator":
+                        result.evaluated += 1
+                        if evaluated is not None:
+                            evaluated.append((p, r))
+                    else:
+                        runs.add(_run_of(r))
             bar.update(len(done))
     result.simulations = len(runs)
 

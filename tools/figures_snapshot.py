@@ -16,6 +16,11 @@ number and hash is bit-identical (floats compared by their repr). Wall-clock fie
 ``write OUT.json --exact`` runs every command with ``--exact`` (every point and token simulated); ``compare A B --rel R
 --ignore F,G`` takes floats within a relative R as equal and leaves fields F, G out: ``compare fast.json
 exact.json --rel 1e-3 --ignore simulated_as,shared_with_n,tokens_simulated`` holds the fast path to the exact one.
+
+The sweep grid's rows come from the compiled evaluator (``sim.evaluator``, ``engine: evaluator``) since issue 26; a
+snapshot written before it holds them with ``compare OLD NEW --rel 1e-9 --ignore
+engine,hazards,tokens_simulated,simulated_as,shared_with_n`` (every other figure stays bit-identical: ``compare OLD NEW
+--ignore sweep``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""``kvpipe bench``: the simulator's speed (events/s vs bare SimPy, wall ms per simulated token)."""
+"""``kvpipe bench``: the simulator's speed (events/s vs bare SimPy, wall ms per simulated token) and both engines'
+points per second (the simulator's and the compiled evaluator's)."""
 
 from __future__ import annotations
 
@@ -46,4 +47,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"bare SimPy events/s     {r.bare_events_per_s:12,.0f}")
     print(f"ratio                   {r.ratio:12.1%}")
     print(f"wall ms / sim. token    {r.ms_per_token:12.3f}")
+    print(f"simulator points/s      {r.simulator_points_per_s:12,.2f}   (one simulation of the point, {args.tokens} tokens)")
+    if r.evaluator_points:
+        print(f"evaluator points/s      {r.evaluator_points_per_s:12,.1f}   ({r.evaluator_points} points around it (16 contexts x "
+              f"depths 0-7 x 2 budgets), {args.tokens} tokens each, in {r.evaluator_wall_s * 1e3:.1f} ms)")
+    else:
+        print("evaluator points/s               -   (the point is outside the evaluator's envelope)")
     return 0

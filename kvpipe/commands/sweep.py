@@ -4,9 +4,12 @@ The grid flags are those of ``simulate`` (list flags also take
 ``START..STOP/STEP`` ranges here). Points run over ``--jobs`` local processes
 or on a Dask cluster (``--dask ADDRESS``); rows land in ``--out DIR`` as
 ``rows.json`` and ``rows.csv`` with the schema of ``simulate --json``, plus
-the ``rows.jsonl`` journal a rerun resumes from. Each distinct simulation runs
-once and extrapolates its steady tokens (``sim.distinct``, ``sim.steady``);
-``--exact`` runs every point and token.
+the ``rows.jsonl`` journal a rerun resumes from. Points inside the compiled
+evaluator's envelope (``sim.evaluator``) are evaluated, every token exactly,
+and a sample of them re-simulated (``--check``; the summary prints the largest
+relative disagreement); the rest run as distinct simulations that extrapolate
+their steady tokens (``sim.distinct``, ``sim.steady``). ``--exact`` simulates
+every point and token.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import sys
 from typing import Any
 
 from kvpipe.commands.args import UsageError, add_grid_args, points_from_args
+
+CHECK_N = 32  # kvpipe.sweep.CHECK_N (not imported at parser build: it pulls in multiprocessing)
 
 
 def register(sub: Any) -> None:
@@ -29,6 +34,10 @@ def register(sub: Any) -> None:
                    help="add this grid's points to a folder that holds another grid's sweep (a rerun of the same grid "
                         "resumes without it); rows no kvpipe sweep recorded are never taken")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--check", type=int, default=CHECK_N, metavar="N",
+                   help=f"re-simulate at least N of the evaluator's points, exact, plus every point where the best depth or "
+                        f"a decline changes between neighbouring contexts, and fail above 1e-9 relative (default {CHECK_N}; "
+                        "0: no check)")
     p.set_defaults(func=run)
 
 
@@ -39,16 +48,25 @@ def grid_points(args: argparse.Namespace) -> list[Any]:
 
 def run(args: argparse.Namespace) -> int:
     from kvpipe.sweep import JOURNAL, ROWS_CSV, ROWS_JSON, max_jobs, run_sweep  # here, not at parser build: multiprocessing
+    from sim.evaluator import EvaluatorDisagreement
 
     if not 0 <= args.jobs <= max_jobs():
         raise UsageError(f"--jobs {args.jobs} out of range; allowed: 0 (all cores) or 1..{max_jobs()}")
+    if args.check < 0:
+        raise UsageError(f"--check {args.check} out of range; allowed: >= 0 (0 = no check)")
     points = grid_points(args)
 
-    res = run_sweep(points, out_dir=args.out, jobs=args.jobs or None, dask_address=args.dask, progress=not args.quiet,
-                    exact=args.exact, resume=args.resume)
+    try:
+        res = run_sweep(points, out_dir=args.out, jobs=args.jobs or None, dask_address=args.dask, progress=not args.quiet,
+                        exact=args.exact, resume=args.resume, check_n=args.check)
+    except EvaluatorDisagreement as exc:
+        print(f"kvpipe: sample check failed (the rows are written): {exc}", file=sys.stderr)
+        return 1
     where = f"{args.out}/{ROWS_JSON}, {args.out}/{ROWS_CSV} (journal {JOURNAL})"
-    print(f"swept {len(points)} points: {res.ran} run ({res.simulations} distinct simulations), {res.resumed} already "
-          f"done, {len(res.failed)} failed, in {res.wall_s:.1f} s -> {where}")
+    print(f"swept {len(points)} points: {res.ran} run ({res.evaluated} evaluated, {res.simulations} distinct simulations), "
+          f"{res.resumed} already done, {len(res.failed)} failed, in {res.wall_s:.1f} s -> {where}")
+    if res.check is not None:
+        print(f"sample check: {res.checked} evaluated points re-simulated exact, max relative disagreement {res.check:.2g}")
     for key, msg in res.failed[:5]:
         print(f"kvpipe: point {key} failed: {msg}", file=sys.stderr)
     return 1 if res.failed else 0

@@ -61,9 +61,24 @@ def test_the_planner_decides_what_the_simulation_decides_on_the_grid(grid: tuple
     assert [distinct.window_rows_at(p.workload, i) for i in range(8)] == [graph_at(p, i).window_rows for i in range(8)]
 
 
+def test_the_evaluator_holds_to_exact_on_the_grid(grid: tuple[list[Point], list[RunResult]]) -> None:
+    """The compiled evaluator (``sim.evaluator``, the sweep's default for these points): every row field within 1e-9
+    relative of the exact simulation's and the declined flags equal, on the whole grid."""
+    from sim.evaluator import evaluate, row_disagreement
+
+    pts, exact = grid
+    worst = 0.0
+    for got, r in zip(evaluate(pts), exact, strict=True):
+        want = row(r)
+        assert got["declined"] == want["declined"]
+        worst = max(worst, row_disagreement(got, want))
+    assert worst <= 1e-9
+    print(f"the evaluator on the 1,020-point grid: max relative disagreement {worst:.3g}")
+
+
 def test_the_fast_sweep_holds_to_exact_on_the_grid(grid: tuple[list[Point], list[RunResult]]) -> None:
     pts, exact = grid
-    res = run_sweep(pts, None, jobs=2, progress=False)
+    res = run_sweep(pts, None, jobs=2, progress=False, evaluator=False)  # the simulator's fast path, not the evaluator
     assert len(res.rows) == 1020 and res.simulations < 300  # 51 ordered runs and one per pipelined (context, depth)
     _held_to_exact(res.rows, exact)
     assert {r["tokens_simulated"] for r in res.rows} == {3}  # token 0, then a steady pair; 5 tokens extrapolated
@@ -86,7 +101,7 @@ def test_a_ring_that_pipelines_token_0_and_declines_after_is_not_the_ordered_run
     task = next(t for t in distinct.tasks(pts) if any(m.point is piped for m in t.members))
     assert task.point is piped and len(task.members) == 1
     assert [(s.start, s.stop) for s in steady.segments(plan)][:3] == [(0, 1), (1, 2), (2, 3)]  # the ring idles, counted
-    _held_to_exact(run_sweep(pts, None, jobs=1, progress=False).rows, [checks.run_checked(p) for p in pts])
+    _held_to_exact(run_sweep(pts, None, jobs=1, progress=False, evaluator=False).rows, [checks.run_checked(p) for p in pts])
 
 
 def _random_specs(seed: int) -> list[GridSpec]:
@@ -115,7 +130,7 @@ def _random_specs(seed: int) -> list[GridSpec]:
 def test_random_points_hold_to_exact() -> None:
     pts = [p for spec in _random_specs(15) for p in points(spec)]
     exact = [checks.run_checked(p) for p in pts]
-    res = run_sweep(pts, None, jobs=1, progress=False)
+    res = run_sweep(pts, None, jobs=1, progress=False, evaluator=False)
     _held_to_exact(res.rows, exact)
     assert any(r["declined"] for r in res.rows) and any(r["parallel"] > 1 and not r["unified"] for r in res.rows)
     assert any(r["split_mode"] == "layer" and r["depth"] and not r["declined"] for r in res.rows)

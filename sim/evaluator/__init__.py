@@ -1,0 +1,48 @@
+"""The compiled token evaluator: a decode token of the transport scheduler as vectorised NumPy, held to the simulator.
+
+A steady decode token is a fixed program once its ring decision is known: the host thread's calls
+(``sim.transport.scheduler``), two streams and one FIFO copy engine per direction on the SimPy machine's rules.
+Its timing is then a max-plus recurrence that needs no event queue. This package evaluates that recurrence for
+many points at once: every (point, token) is a lane; lanes whose graphs have the same shape and whose rings made the
+same decision run as one NumPy matrix, the copy engine's serving order decided per lane with ``np.where``. The ring
+decisions are not made here: they are ``sim.distinct.plan_point``'s replay of the scheduler's own planning.
+
+API (what a caller such as the planner or ``kvpipe sweep`` uses)::
+
+    from sim.evaluator import in_envelope, evaluate, check_sample, EvaluatorDisagreement
+
+    inside = [p for p in points if in_envelope(p) is None]   # None: the evaluator answers it; else a reason
+    rows = evaluate(inside)                                  # one row per point, in order
+    worst = check_sample(inside, rows)                       # re-simulates >= 32 points and every boundary
+
+* ``in_envelope(point) -> str | None``: phase 1 answers one device, pinned host memory, one sequence, the
+  ``transport`` arm at depth 0 (ordered) or 1..14 (pipelined) and any budget, no mutation (functional runs and
+  traces are the simulator's); anything else gets a one-line reason, and the caller simulates it
+  (``sim.checks.run_checked``).
+* ``evaluate(points, plans=None) -> list[dict]``: the row ``sim.simulate.row`` makes for a simulated point -- every
+  field of it, each token evaluated (none extrapolated) -- plus ``engine: "evaluator"``, ``tokens_simulated: 0``,
+  ``simulated_as`` (the point's own depth and budget) and ``shared_with_n: 1``; no ``hazards`` (no race checker
+  ran). ``plans``: the points' ``plan_point`` results, if the caller has them. Raises ValueError for a point
+  outside the envelope and ``backends.base.OutOfDeviceMemory`` for one whose graph does not fit (as the simulator
+  does). Pure and deterministic; CPU only; about 0.1 ms per point and token on a grid.
+* ``evaluate_stats(points, plans=None) -> list[list[GraphStats]]``: the per-token stats behind the rows.
+* ``check_sample(points, rows, n=32, seed=0) -> float``: re-simulates, exact, ``n`` rows drawn with ``seed`` plus
+  every row where the best depth or the decline changes between neighbouring contexts, returns the largest
+  relative disagreement, raises ``EvaluatorDisagreement`` above 1e-9. Blocks for the simulations (tens of ms each).
+* ``row_disagreement(a, b) -> float``: the comparison both use (relative, over every numeric field; ``inf`` where a
+  flag or a string differs).
+
+Held to the simulator by ``tests/sim/test_evaluator.py``: the 1,020-point figures grid against ``kvpipe sweep
+--exact`` rows, and random points of the envelope against ``run_checked(point, exact=True)``, within 1e-9.
+
+Modules: ``envelope`` (in_envelope), ``costs`` (a token's numbers, read off the graph), ``token`` (the program over
+lanes), ``evaluate`` (grouping, stats, rows), ``check`` (comparison, sample check). Units: seconds and bytes.
+"""
+
+from __future__ import annotations
+
+from sim.evaluator.check import EvaluatorDisagreement, check_sample, row_disagreement
+from sim.evaluator.envelope import in_envelope
+from sim.evaluator.evaluate import evaluate, evaluate_stats
+
+__all__ = ["EvaluatorDisagreement", "check_sample", "evaluate", "evaluate_stats", "in_envelope", "row_disagreement"]

@@ -1,0 +1,234 @@
+"""What one token's program costs, as numbers: the compiled evaluator's input, read off the real decode graph.
+
+A token's host program (``sim.transport.scheduler``) is a fixed sequence of operations once the graph and the ring
+decision are known; its timing depends on the graph only through a few numbers per split: a kernel's seconds and
+launches, the engine seconds and bytes of each blocking copy (small inputs H2D, new rows D2H, an ordered window),
+and a delivery's early and late copies. :func:`token_costs` reads them from the graph the simulator runs
+(``sim.simulate.graph_at``), shaping every copy by the machines' own rule (``backends.base.copy_calls``) and
+costing it by the SimPy machine's (``backends.simpy_copy.calls_seconds``), so nothing about a copy is derived twice.
+
+The numbers of one token are one float vector (:class:`TokenCosts`); its :class:`Layout` says which column is what
+and is shared by every token whose graph has the same shape (the same splits, inputs and launches), so the
+evaluator stacks the vectors of many points and tokens into one matrix and runs the shape's program once over it.
+
+Units: seconds and bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from backends.base import CopyRange, copy_calls
+from backends.profile import LinkCurve
+from backends.simpy_copy import calls_seconds
+from sim.distinct import window_rows_at
+from sim.graph import DecodeGraph
+from sim.simulate import Point, graph_at
+from sim.transport.deliveries import Delivery, SpanFn, ordered_copy, plan_deliveries, slot_entries, span_fn
+
+#: A split's shape: (kind, ordered inputs, staged inputs, kernel launches).
+SplitShape = tuple[str, int, int, int]
+
+
+@dataclass(frozen=True)
+class SplitCols:
+    """Where one split's numbers sit in a token's vector (column indices; -1: none)."""
+
+    kind: str
+    compute: int
+    ordered: tuple[tuple[int, int], ...]  # (seconds, bytes) of each blocking copy of its ordered inputs
+    early: tuple[int, int] = (-1, -1)  # (seconds, bytes) of its delivery's early copy
+    late: tuple[int, int] = (-1, -1)  # (seconds, bytes) of its delivery's late copy
+    windows: tuple[tuple[int, int], ...] = ()  # (seconds, bytes) of each staged input's blocking copy (ordered path)
+    launches: int = 0
+
+
+class Layout:
+    """The columns of a token vector for one graph shape (one per shape, shared: compare with ``is``)."""
+
+    def __init__(self, shape: tuple[SplitShape, ...]) -> None:
+        self.shape = shape
+        cols: list[SplitCols] = []
+        n = 0
+
+        def take(k: int) -> tuple[int, ...]:
+            nonlocal n
+            n += k
+            return tuple(range(n - k, n))
+
+        for kind, n_ordered, n_staged, launches in shape:
+            compute = take(1)[0]
+            ordered = tuple(take(2) for _ in range(n_ordered))
+            if n_staged:
+                early, late = take(2), take(2)
+                windows = tuple(take(2) for _ in range(n_staged))
+                cols.append(SplitCols(kind, compute, ordered, early, late, windows, launches))  # type: ignore[arg-type]
+            else:
+                cols.append(SplitCols(kind, compute, ordered, launches=launches))  # type: ignore[arg-type]
+        self.splits = tuple(cols)
+        self.width = n
+        self.staged = sum(1 for c in cols if c.windows)
+
+
+@functools.cache
+def layout_of(shape: tuple[SplitShape, ...]) -> Layout:
+    """The one Layout of ``shape``."""
+    return Layout(shape)
+
+
+@dataclass(frozen=True)
+class TokenCosts:
+    """One token's numbers (``values``, laid out by ``layout``) and its window rows."""
+
+    layout: Layout
+    values: np.ndarray
+    window_rows: int
+
+
+def _seconds(link: LinkCurve, ranges: Any) -> float:
+    return float(calls_seconds(link, copy_calls(ranges)))
+
+
+def _nbytes(ranges: Any) -> int:
+    return sum(r.nbytes for r in ranges)
+
+
+def build(point: Point, graph: DecodeGraph) -> TokenCosts:
+    """The numbers of ``graph`` run by ``point``'s scheduler on its (single) device. Pure."""
+    h2d, d2h, span = _links(point)
+    deliveries = _deliveries(graph, span)
+    shape: list[SplitShape] = []
+    vals: list[float] = []
+    for s in graph.splits:
+        shape.append((s.kind, len(s.ordered), len(s.staged), s.n_launches))
+        vals.append(s.compute_s)
+        link = h2d if s.kind == "gpu" else d2h
+        for small in s.ordered:
+            vals += [_seconds(link, (CopyRange(0, 0, small.nbytes),)), small.nbytes]
+        if s.staged:
+            d = deliveries[s.index]
+            vals += [_seconds(h2d, d.early), d.early_bytes, _seconds(h2d, d.late), d.late_bytes]
+            off = 0
+            for inp in s.staged:
+                ranges, spanned = ordered_copy(inp, off, span)
+                off += spanned
+                vals += [_seconds(h2d, ranges), _nbytes(ranges)]
+    return TokenCosts(layout_of(tuple(shape)), np.array(vals, dtype=np.float64), graph.window_rows)
+
+
+def _links(point: Point) -> tuple[LinkCurve, LinkCurve, SpanFn]:
+    dev = point.hardware.devices[0]
+    cfg = point.transport
+    # the io buffers are pinned, and so is the envelope's host cache
+    return dev.link(True, True), dev.link(False, True), span_fn(cfg.pack_streams, max(dev.alignment_bytes, cfg.min_alignment_bytes))
+
+
+def _deliveries(graph: DecodeGraph, span: SpanFn) -> dict[int, Delivery]:
+    """The graph's deliveries by split (one slot at 0: a slot's place moves no copy's shape). Pure."""
+    staged = list(graph.staged_splits)
+    _, entries = slot_entries(staged, span)
+    return {d.split: d for d in plan_deliveries(staged, entries, 1, lambda slot: 0, span)}
+
+
+@dataclass(frozen=True)
+class _Block:
+    """The numbers of the first step built of one window size, and how its deliveries scale with the new row.
+
+    One sequence writes row ``r`` of a window of ``rows``: each window's stable prefix is its rows below ``r``
+    (``sim.graph``), so a delivery's early copy is the same calls with ``r`` rows each and its late copy the same
+    calls with ``rows - r``: ``early``/``late`` hold each staged split's (columns, bytes per row of each call).
+    ``None`` when the built step did not scale that way (then every step is built)."""
+
+    costs: TokenCosts
+    link: LinkCurve
+    scaled: tuple[tuple[int, int, int, int, tuple[int, ...], tuple[int, ...]], ...] | None
+
+
+def _block(point: Point, graph: DecodeGraph, costs: TokenCosts) -> _Block:
+    h2d, _, span = _links(point)
+    row = graph.positions[0]
+    late_rows = graph.window_rows - row
+    deliveries = _deliveries(graph, span)
+    out = []
+    for s, c in zip(graph.splits, costs.layout.splits, strict=True):
+        if not s.staged:
+            continue
+        d = deliveries[s.index]
+        early = [call.width * call.height for call in copy_calls(d.early)]
+        late = [call.width * call.height for call in copy_calls(d.late)]
+        if len(graph.positions) != 1 or row <= 0 or late_rows <= 0 or any(n % row for n in early) or any(n % late_rows for n in late):
+            return _Block(costs, h2d, None)
+        out.append((*c.early, *c.late, tuple(n // row for n in early), tuple(n // late_rows for n in late)))
+    return _Block(costs, h2d, tuple(out))
+
+
+def _scaled(block: _Block, row: int) -> TokenCosts:
+    """The step of ``block``'s window whose sequence writes row ``row``. Pure."""
+    assert block.scaled is not None
+    vals = block.costs.values.copy()
+    late_rows = block.costs.window_rows - row
+    seconds = block.link.seconds
+    for es, eb, ls, lb, early, late in block.scaled:
+        vals[es] = sum(seconds(n * row) for n in early)
+        vals[eb] = sum(early) * row
+        vals[ls] = sum(seconds(n * late_rows) for n in late)
+        vals[lb] = sum(late) * late_rows
+    return TokenCosts(block.costs.layout, vals, block.costs.window_rows)
+
+
+_KEPT: OrderedDict[Any, dict[int, TokenCosts]] = OrderedDict()  # per workload and machine: step -> numbers
+_BLOCKS: OrderedDict[Any, _Block] = OrderedDict()
+KEPT_POINTS = 1 << 12
+
+
+def token_costs(point: Point, step: int) -> TokenCosts:
+    """The numbers of ``point``'s decode step ``step`` (see :func:`point_costs`)."""
+    return point_costs(point)[step]
+
+
+def point_costs(point: Point) -> list[TokenCosts]:
+    """The numbers of every decode step of ``point`` (kept for the points that differ only in depth and budget).
+
+    The first step of each window size is built from its graph (``sim.simulate.graph_at``); a later step of the same
+    window differs from it only in the row its sequence writes, which splits each window into early and late bytes,
+    so its deliveries are the first step's calls scaled to the new row (:class:`_Block`;
+    ``tests/sim/test_evaluator.py`` holds every step to its own graph)."""
+    cfg, hw, wl = point.transport, point.hardware, point.workload
+    base = (wl, hw.devices[0], cfg.pack_streams, cfg.min_alignment_bytes)
+    kept = _KEPT.get(base)
+    if kept is None:
+        kept = {}
+        _keep(_KEPT, base, kept)
+    out = []
+    for step in range(wl.tokens):
+        got = kept.get(step)
+        if got is None:
+            rows = window_rows_at(wl, step)
+            block = _BLOCKS.get((base, rows))
+            if block is None or block.scaled is None:
+                graph = graph_at(point, step)
+                got = build(point, graph)
+                if block is None:
+                    _keep(_BLOCKS, (base, rows), _block(point, graph, got))
+            else:
+                got = _scaled(block, wl.writes(step)[0][1])
+            kept[step] = got
+        out.append(got)
+    return out
+
+
+def clear_costs() -> None:
+    """Forget every kept token's numbers (a timing that must build them, as ``kvpipe bench`` does)."""
+    _KEPT.clear()
+    _BLOCKS.clear()
+
+
+def _keep(cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+    cache[key] = value
+    while len(cache) > KEPT_POINTS:
+        cache.popitem(last=False)

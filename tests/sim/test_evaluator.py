@@ -1,0 +1,143 @@
+"""The compiled evaluator (sim.evaluator) held to the simulator.
+
+* the figures grid (1,020 points: the reference preset at 51 contexts x depths 0-4 x budgets 0/64/128/256 MiB,
+  as ``tools/figures_snapshot.py`` sweeps it): every row field within 1e-9 relative of the exact sweep's rows
+  (``run_sweep(..., exact=True)``, what ``kvpipe sweep --exact`` runs) and the declined flags equal -- 200 points
+  drawn with a fixed seed in the default run, the whole grid under ``-m benchmark`` (it simulates for ~45 s);
+* random points of the envelope (every model preset, four hardware presets, contexts 1..200,000, depths 0..8,
+  budgets 0..1,024 MiB) against ``sim.checks.run_checked(point, exact=True)``;
+* ``check_sample``: what it re-simulates, what it returns, that it raises on a disagreement;
+* ``in_envelope``: each reason.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from backends.base import OutOfDeviceMemory
+from kvpipe import sweep
+from sim.checks import run_checked
+from sim.evaluator import EvaluatorDisagreement, check_sample, evaluate, in_envelope, row_disagreement
+from sim.evaluator.check import boundary_points
+from sim.points import GridSpec, points
+from sim.simulate import Point, row
+
+TOL = 1e-9
+GRID = GridSpec(contexts=tuple((c,) for c in range(1024, 52225, 1024)), depths=(0, 1, 2, 3, 4), budgets_mib=(0.0, 64.0, 128.0, 256.0))
+MODELS = ("qwen3.8-27b", "qwen3.8-27b-q5km", "llama-3.1-8b", "llama-3.1-70b")
+HARDWARE = ("rtx4070-gen4x16", "rtx3060-gen3x4", "h200-gen5x16", "gh200-c2c")
+
+
+def _against_exact_sweep(pts: list[Point]) -> float:
+    exact = {sweep.key_of_row(r): r for r in sweep.run_sweep(pts, jobs=1, progress=False, exact=True).rows}
+    rows = evaluate(pts)
+    worst = 0.0
+    for p, r in zip(pts, rows, strict=True):
+        want = exact[sweep.key_of_point(p)]
+        assert r["declined"] == want["declined"], (p.context, p.transport)
+        d = row_disagreement(r, want)
+        assert d <= TOL, (p.context, p.transport.depth, p.transport.budget_mib, d)
+        worst = max(worst, d)
+    return worst
+
+
+def test_figures_grid_sample_matches_the_exact_sweep() -> None:
+    grid = points(GRID)
+    assert len(grid) == 1020
+    _against_exact_sweep(random.Random(26).sample(grid, 200))
+
+
+@pytest.mark.benchmark
+def test_figures_grid_matches_the_exact_sweep() -> None:
+    worst = _against_exact_sweep(points(GRID))
+    print(f"figures grid, 1,020 points: max relative disagreement {worst:.3g}")
+
+
+@st.composite
+def envelope_points(draw: Any) -> Point:
+    spec = GridSpec(models=(draw(st.sampled_from(MODELS)),), hardware=(draw(st.sampled_from(HARDWARE)),),
+                    contexts=((draw(st.integers(1, 200_000)),),), depths=(draw(st.integers(0, 8)),),
+                    budgets_mib=(float(draw(st.integers(0, 1024))),), tokens=draw(st.integers(1, 6)))
+    return points(spec)[0]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(envelope_points())
+def test_random_envelope_points_match_the_simulator(point: Point) -> None:
+    assert in_envelope(point) is None
+    try:
+        want = row(run_checked(point, exact=True))
+    except OutOfDeviceMemory:
+        with pytest.raises(OutOfDeviceMemory):
+            evaluate([point])
+        return
+    got = evaluate([point])[0]
+    assert got["declined"] == want["declined"]
+    assert row_disagreement(got, want) <= TOL
+
+
+def test_every_token_and_field_of_a_point_with_a_decline_midway() -> None:
+    """A budget the window outgrows at a block boundary: the ring runs, then is declined; and a ring grown midway."""
+    pts = points(GridSpec(contexts=((8190,), (30000,)), depths=(1, 3), budgets_mib=(40.0, 0.0), tokens=6))
+    rows = evaluate(pts)
+    for p, r in zip(pts, rows, strict=True):
+        assert row_disagreement(r, row(run_checked(p, exact=True))) <= TOL
+    assert {r["engine"] for r in rows} == {"evaluator"} and all("hazards" not in r for r in rows)
+
+
+@pytest.mark.parametrize("hardware,cache_v", [("rtx4070-gen4x16", ()), ("h200-gen5x16", ("f16",)), ("rtx3060-gen3x4", ("q4_0",))])
+def test_scaled_steps_equal_their_own_graphs(hardware: str, cache_v: tuple[str, ...]) -> None:
+    """A later step of a window is its first step's numbers with the deliveries scaled to its row: equal, to the bit,
+    to the numbers built from its own graph (across a window boundary too)."""
+    from sim.evaluator.costs import build, clear_costs, token_costs
+    from sim.simulate import graph_at
+
+    clear_costs()
+    for p in points(GridSpec(hardware=(hardware,), cache_types_v=cache_v, contexts=((1000,), (4093,)), depths=(1,), tokens=6)):
+        for k in range(p.workload.tokens):
+            got, want = token_costs(p, k), build(p, graph_at(p, k))
+            assert got.layout is want.layout and got.values.tolist() == want.values.tolist(), (p.context, k)
+
+
+def test_check_sample_resimulates_and_reports() -> None:
+    pts = points(GridSpec(contexts=((4096,), (16384,), (32768,)), depths=(0, 1, 2), budgets_mib=(0.0, 64.0), tokens=3))
+    rows = evaluate(pts)
+    assert boundary_points(rows)  # the 64 MiB budget declines the ring somewhere between 4,096 and 32,768
+    assert check_sample(pts, rows, n=4) <= TOL
+    bad = [dict(r) for r in rows]
+    for r in bad:
+        r["ms_per_token"] *= 1 + 1e-6
+    with pytest.raises(EvaluatorDisagreement, match="differs from the simulator's by 1e-06"):
+        check_sample(pts, bad, n=len(bad))
+    assert check_sample(pts, [{**r, "engine": "simulator"} for r in rows]) == 0.0
+
+
+def test_row_disagreement() -> None:
+    a = {"x": 1.0, "y": {"z": [2.0, 3.0]}, "declined": False, "engine": "evaluator"}
+    assert row_disagreement(a, {**a, "engine": "simulator"}) == 0.0
+    assert row_disagreement(a, {**a, "x": 1.0 + 1e-12}) == pytest.approx(1e-12, rel=1e-3)
+    assert row_disagreement(a, {**a, "declined": True}) == float("inf")
+    assert row_disagreement(a, {k: v for k, v in a.items() if k != "x"}) == float("inf")
+
+
+def test_in_envelope_reasons() -> None:
+    p = points(GridSpec(contexts=((4096,),), depths=(1,)))[0]
+    assert in_envelope(p) is None
+    wl, cfg = p.workload, p.transport
+    cases = [
+        (replace(p, transport=replace(cfg, arm="resident", depth=0)), "arm resident"),
+        (replace(p, transport=replace(cfg, mutations=frozenset({"margin0"}))), "mutated"),
+        (replace(p, workload=replace(wl, pinned=False)), "pageable"),
+        (replace(p, workload=replace(wl, n_parallel=2)), "2 sequences"),
+        (replace(p, transport=replace(cfg, margin_slots=1)), "margin 1"),
+    ]
+    for q, why in cases:
+        assert why in (in_envelope(q) or ""), why
+    with pytest.raises(ValueError, match="outside the evaluator's envelope: pageable"):
+        evaluate([cases[2][0]])
