@@ -239,6 +239,8 @@ class FitPlan:
     build: str = "fork"
     pinned: bool = True
     n_layers: int = 0
+    check_n: int = 0
+    check: tuple[int, float] = (0, 0.0)  # (the evaluator's rows in the plan, the sample check's largest disagreement)
 
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model, "hardware": self.hardware, "vram_gib": self.limits.vram_bytes / GIB,
@@ -247,7 +249,8 @@ class FitPlan:
                 "weights_verdict": self.verdict,
                 "largest_host_cache_context": self.largest_host_context,
                 "largest_resident_context": self.largest_resident_context,
-                "min_tps": self.min_tps, "largest_context_at_min_tps": self.largest_at_min_tps}
+                "min_tps": self.min_tps, "largest_context_at_min_tps": self.largest_at_min_tps,
+                "evaluated_rows": self.check[0], "sample_check_max_disagreement": self.check[1]}
 
 
 def _with_context(pt: Point, context: int) -> Point:
@@ -306,8 +309,21 @@ def weights_verdict(wl: Workload, limits: Limits, reserved: int) -> tuple[str, i
 
 
 def plan_fit(req: Any) -> FitPlan:
-    """The plan under the memory cap for ``req`` (a ``kvpipe.plan.PlanRequest``). Blocks for the simulations."""
+    """The plan under the memory cap for ``req`` (a ``kvpipe.plan.PlanRequest``), its evaluated rows held to the
+    simulator once at the end (``FitPlan.check``). Blocks for the simulations. Raises EvaluatorDisagreement."""
     from kvpipe import plan as gain_plan
+
+    collected = gain_plan.Evaluated()
+    gain_plan.EVALUATED.append(collected)
+    try:
+        out = _plan_fit(req, gain_plan)
+    finally:
+        gain_plan.EVALUATED.remove(collected)
+    out.check = (len(collected.rows), collected.check(req.check_n) if collected.rows and req.check_n else 0.0)
+    return out
+
+
+def _plan_fit(req: Any, gain_plan: Any) -> FitPlan:
     from sim.memory import host_memory_bytes
 
     base = gain_plan.points(req, [req.contexts[0]], [0], 0)[0]
@@ -320,9 +336,9 @@ def plan_fit(req: Any) -> FitPlan:
 
     def run(pts: list[Point]) -> list[dict[str, Any] | None]:
         """The candidates' rows in order; None where the simulation found the point does not fit."""
-        from kvpipe.sweep import key_of_point, key_of_row, run_sweep
+        from kvpipe.sweep import key_of_point, key_of_row
 
-        res = run_sweep(pts, None, jobs=req.jobs, progress=False, exact=req.exact)
+        res = gain_plan.run_points(req, pts)
         by_key = {key_of_row(r): r for r in res.rows}
         rows = [by_key.get(key_of_point(p)) for p in pts]
         return [r if r is not None and r.get("fits", True) and r["tokens_per_s"] > 0 else None for r in rows]
@@ -334,7 +350,7 @@ def plan_fit(req: Any) -> FitPlan:
         rings = {p.context: {0: 0.0, **p.ring_mib_by_depth} for p in plans}
     fits = best_choices(req, base, list(req.contexts), limits, rings, run, auto_ngl=bool(verdict))
     out = FitPlan(req.model, req.hardware, limits, ngl, fits, plans, verdict, min_tps=req.min_tps, build=req.build,
-                  pinned=req.pinned, n_layers=base.workload.model.n_layers)
+                  pinned=req.pinned, n_layers=base.workload.model.n_layers, check_n=req.check_n)
     wl = base.workload
     out.largest_host_context = largest_context(lambda c: fits_host_cache(replace(wl, context=(c,)), limits, reserved), 1 << 24)
     out.largest_resident_context = largest_context(lambda c: fits_resident(replace(wl, context=(c,)), limits, reserved), 1 << 24)
@@ -398,6 +414,11 @@ def render_fit(fp: FitPlan, cache_type: str) -> str:
             lines.append(f"  {f.context:>7,}  {fl}")
             lines.append(f"  {'':>7}  # {build}")
     lines.append("buffer~: llama.cpp's compute buffer, estimated (sim.memory); KV dev: KV cache on the device")
+    if fp.check[0] and not fp.check_n:
+        lines.append(f"sample check: off (--check 0); {fp.check[0]:,} rows from the evaluator, none re-simulated")
+    elif fp.check[0]:
+        lines.append(f"sample check: {fp.check[0]:,} rows from the evaluator, a sample re-simulated exact, largest "
+                     f"disagreement {fp.check[1]:.2g} (tolerance 1e-9)")
     if any(f.best is not None and f.best.cpu_layers_cost == "estimate" for f in fp.fits):
         lines.append("CPU layers (-ngl) priced at an estimated host rate: the profile has none (calibrate from llama-bench "
                      "runs at several -ngl)")

@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from kvpipe.sweep import gain_rows, run_sweep
+from kvpipe.sweep import CHECK_N, gain_rows, key_of_point, key_of_row, run_sweep
 from sim.errors import InputError
 from sim.graph import decode_graph
 from sim.model_files import with_weights_type
@@ -74,6 +75,7 @@ class PlanRequest:
     min_tps: float | None = None  # also: the largest context at or above this t/s
     n_gpu_layers: int = ALL_LAYERS  # llama.cpp's -ngl (default: every layer; lowered by the plan if the weights do not fit)
     weights_type: str = ""  # the weights' type or bits per weight, for a model file that does not say (a config.json)
+    check_n: int = CHECK_N  # the evaluator's rows re-simulated exact at the plan's end, at least (0: none)
 
     def __post_init__(self) -> None:
         if not self.contexts:
@@ -88,6 +90,8 @@ class PlanRequest:
         n = len(self.contexts) * (self.max_depth + 1) * (1 + len(self.budgets_mib))
         if n > MAX_POINTS:
             raise InputError(f"the plan has {n:,} points (contexts x depths x budgets); allowed: at most {MAX_POINTS:,}")
+        if self.check_n < 0:
+            raise InputError(f"--check {self.check_n} out of range; allowed: >= 0 (0 = no check)")
         if self.build not in ("fork", "upstream"):
             raise InputError(f"--build {self.build!r} unknown; allowed: fork (GenerelSchwerz/llama.cpp), upstream")
         if self.min_tps is not None and not (math.isfinite(self.min_tps) and self.min_tps > 0):
@@ -173,8 +177,46 @@ def points(req: PlanRequest, contexts: list[int], depths: list[int], budget_mib:
     return pts
 
 
+class Evaluated:
+    """The evaluator's rows of one plan, held to the simulator once at the plan's end (``check``) rather than once
+    per sweep the plan runs: a plan runs several small sweeps, and a sample of 32 each cost more than the plan."""
+
+    def __init__(self) -> None:
+        self.points: list[Point] = []
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, pts: Sequence[Point], rows: Sequence[dict[str, Any]]) -> None:
+        """Keep the evaluated ones of ``rows`` (any order) beside their points."""
+        by_key = {key_of_point(p): p for p in pts}
+        for r in rows:
+            p = by_key.get(key_of_row(r))
+            if p is not None and r.get("engine") == "evaluator":
+                self.points.append(p)
+                self.rows.append(r)
+
+    def check(self, n: int = CHECK_N) -> float:
+        """Re-simulate at least ``n`` of the kept rows and every boundary (``sim.evaluator.check_sample``); the largest
+        relative disagreement. Raises EvaluatorDisagreement above 1e-9. Blocks for the simulations."""
+        from sim.evaluator import check_sample
+
+        return check_sample(self.points, self.rows, n=n)
+
+
+EVALUATED: list[Evaluated] = []  # while a plan runs: where its sweeps leave their evaluated rows
+
+
+def run_points(req: PlanRequest, pts: Sequence[Point]) -> Any:
+    """One sweep of the plan (``kvpipe.sweep.run_sweep``); inside a plan its evaluated rows wait for the plan's one
+    sample check. Blocks for the simulations."""
+    collecting = EVALUATED[-1] if EVALUATED else None
+    res = run_sweep(pts, None, jobs=req.jobs, progress=False, exact=req.exact, check_n=0 if collecting else CHECK_N)
+    if collecting is not None:
+        collecting.add(pts, res.rows)
+    return res
+
+
 def _run(req: PlanRequest, pts: list[Point]) -> list[dict[str, Any]]:
-    res = run_sweep(pts, None, jobs=req.jobs, progress=False, exact=req.exact)
+    res = run_points(req, pts)
     if res.failed:
         key, msg = res.failed[0]
         raise InputError(f"point {key} failed: {msg}")

@@ -51,6 +51,9 @@ def register(sub: Any) -> None:
                         "per weight")
     p.add_argument("--exact", action="store_true", help=EXACT_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object per context")
+    p.add_argument("--check", type=int, default=32, metavar="N",
+                   help="re-simulate at least N of the evaluator's rows exact at the end, and every point where the best "
+                        "depth changes (default 32; 0: no check)")
     p.add_argument("--plot", metavar="PREFIX", help="also write PREFIX.png and PREFIX.svg: t/s and the memory split per context")
     p.set_defaults(func=run)
 
@@ -82,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
                       llama_cpp=args.llama_cpp, exact=args.exact, vram_gib=args.vram, host_mem_gib=args.host_mem,
                       build=args.build, min_tps=args.min_tps,
                       n_gpu_layers=ALL_LAYERS if args.n_gpu_layers is None else args.n_gpu_layers,
-                      weights_type=args.weights_type or "")
+                      weights_type=args.weights_type or "", check_n=args.check)
     fp = plan_fit(req)
     if args.plot:
         from kvpipe.capacity_plot import memory_plan

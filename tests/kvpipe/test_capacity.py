@@ -131,3 +131,22 @@ def test_the_plot_draws_every_context_that_fits_and_the_memory_line(tmp_path: Pa
     assert (tmp_path / "plan.png").stat().st_size > 10_000
     svg = (tmp_path / "plan.svg").read_text()
     assert "16,384" in svg and "131,072" in svg and "KV on the device" in svg and "compute buffer~" in svg
+
+
+def test_the_plan_holds_its_evaluated_rows_to_the_simulator_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    req = PlanRequest(contexts=(4096, 16384), max_depth=1, tokens=2, jobs=1, host_mem_gib=64.0)
+    fp = plan_fit(req)
+    n, worst = fp.check
+    assert n > 0 and 0.0 <= worst <= 1e-9  # the evaluator answered, and a sample agreed with the simulator
+    from sim import evaluator
+    from sim.evaluator import EvaluatorDisagreement
+
+    real = evaluator.evaluate
+
+    def off_by_a_little(points, plans=None):  # type: ignore[no-untyped-def]
+        return [{**r, "tokens_per_s": r["tokens_per_s"] * (1 + 1e-6)} for r in real(points, plans)]
+
+    monkeypatch.setattr(evaluator, "evaluate", off_by_a_little)
+    with pytest.raises(EvaluatorDisagreement):
+        plan_fit(req)
+    assert plan_fit(replace(req, check_n=0)).check[1] == 0.0  # --check 0: nothing re-simulated
