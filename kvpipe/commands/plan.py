@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     if args.n_gpu_layers is not None and args.n_gpu_layers < 1:
         raise UsageError(f"-ngl {args.n_gpu_layers} out of range; allowed: a whole number >= 1 (llama.cpp's -ngl; 99: every "
                          "layer)")
-    from kvpipe.capacity import plan_fit, render_fit
+    from kvpipe.capacity import plan_fit
+    from kvpipe.capacity_report import render_fit
     from kvpipe.plan import PlanRequest, render
     from sim.workload import ALL_LAYERS
 
