@@ -7,6 +7,10 @@
 #                                                                                 under -nkvo: kvpipe's host-attention arm)
 #   run(command="bash tools/llamacpp/h200_bench.sh ngl", carry=[".lcp"])        # build, then the -ngl grid of issue 24
 #                                                                                 (layers before the last -ngl on the CPU)
+#   run(command="bash tools/llamacpp/h200_bench.sh types", carry=[".lcp"])      # build, then the cache-type grid of
+#                                                                                 issue 30 (f16, q8_0, q4_0, q8_0/q4_0)
+#   run(command="bash tools/llamacpp/h200_bench.sh batched", carry=[".lcp"])    # build, then llama-batched-bench -nkvo
+#                                                                                 at 1/2/4/8 sequences (issue 28)
 # .lcp/llama.cpp-src.tar.xz is the stripped llama.cpp tree from the llama-cpp-python 0.3.36 sdist (see its
 # KVPIPE-SOURCE.txt). Every step is idempotent: the tree, the build (ninja resumes), the GGUF and each finished bench set
 # live under $LCP (/tmp, so only while the machine stays warm: 30 s after a call) and are reused by the next call.
@@ -16,7 +20,7 @@
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 PHASE=${1:-all}
-case $PHASE in all|build|bench|fa0|ngl) ;; *) echo "h200_bench.sh: phase '$PHASE'; expected all, build, bench, fa0 or ngl" >&2; exit 2;; esac
+case $PHASE in all|build|bench|fa0|ngl|types|batched) ;; *) echo "h200_bench.sh: phase '$PHASE'; expected all, build, bench, fa0, ngl, types or batched" >&2; exit 2;; esac
 ROOT=$(pwd)
 T0=$(date +%s)
 DEADLINE=${LCP_DEADLINE:-570}             # seconds into this call: the device kills a call at 600 s
@@ -37,6 +41,7 @@ D_F16=${LCP_D_F16:-2048,8192}
 D_SCHED=${LCP_D_SCHED:-512}
 MODEL=$LCP/llama-3.1-8b-q8_0${LAYERS:+-${LAYERS}l}.gguf
 BENCH=$BUILD/bin/llama-bench
+BBENCH=$BUILD/bin/llama-batched-bench
 RUN=$LCP/out-$PHASE-$T0                  # this call's files, tarred into $OUT at the end
 OUT=${OUT:-$LCP/out}
 mkdir -p "$RUN" "$OUT" "$LCP/done"
@@ -60,7 +65,8 @@ machine_info() {
 }
 
 build() {
-  if [ -x "$BENCH" ]; then log "llama-bench already built at $BENCH (warm machine)"; return 0; fi
+  local targets=(llama-bench); case $PHASE in types|batched) targets+=(llama-batched-bench);; esac
+  if [ -x "$BENCH" ] && { [ ${#targets[@]} -eq 1 ] || [ -x "$BBENCH" ]; }; then log "${targets[*]} already built (warm machine)"; return 0; fi
   if [ ! -f "$SRC/CMakeLists.txt" ]; then
     mkdir -p "$LCP" && tar xJf "$ROOT/.lcp/llama.cpp-src.tar.xz" -C "$LCP" || { log "cannot unpack $ROOT/.lcp/llama.cpp-src.tar.xz"; exit 3; }
     log "unpacked $(cat "$SRC/KVPIPE-SOURCE.txt" | sed -n 3p)"
@@ -75,8 +81,8 @@ build() {
     log "configured"
   fi
   local budget=$(( $(left) - 15 )) b0=$(date +%s)
-  echo "cmake --build $BUILD --target llama-bench -j $JOBS   # timeout $budget s" >> "$RUN/commands.txt"
-  timeout "$budget" cmake --build "$BUILD" --target llama-bench -j "$JOBS" > "$RUN/build.log" 2>&1; local rc=$?
+  echo "cmake --build $BUILD --target ${targets[*]} -j $JOBS   # timeout $budget s" >> "$RUN/commands.txt"
+  timeout "$budget" cmake --build "$BUILD" --target "${targets[@]}" -j "$JOBS" > "$RUN/build.log" 2>&1; local rc=$?
   local dt=$(( $(date +%s) - b0 ))
   echo "$dt" >> "$LCP/build_seconds"   # summed over calls if the build spans two
   log "build rc=$rc in $dt s (this call); build seconds over calls: $(paste -sd+ "$LCP/build_seconds") = $(( $(paste -sd+ "$LCP/build_seconds") )); $(grep -o '^\[[0-9]*/[0-9]*\]' "$RUN/build.log" | tail -1) steps"
@@ -195,6 +201,46 @@ if [ "$PHASE" = ngl ]; then
     for n in ${LCP_NGL_HELD:-29 17}; do NGL=$n HIDE=1 bench ngl$n-d$d -ctk q8_0 -ctv q8_0 -nkvo 0,1 -d "$d"; done
   done
   NGL=25 sched_listing 0 -ngl25
+  exit 0
+fi
+if [ "$PHASE" = types ]; then
+  # Issue 30: each cache type at both arms. Per type, one resident depth and one ordered depth are calibration inputs;
+  # the other depths are held out (HIDE: their figures stay out of the summary), and the mixed q8_0/q4_0 cache is held
+  # out whole (the model composes it from the K and V types).
+  for t in ${LCP_TYPES:-q4_0 f16 q8_0}; do
+    bench types-res-$t-cal -ctk $t -ctv $t -nkvo 0 -d "${LCP_D_TYPES_RES_CAL:-8192}"
+    bench types-ord-$t-cal -ctk $t -ctv $t -nkvo 1 -d "${LCP_D_TYPES_ORD_CAL:-1024}"
+  done
+  for t in ${LCP_TYPES:-q4_0 f16 q8_0}; do
+    HIDE=1 bench types-res-$t-held -ctk $t -ctv $t -nkvo 0 -d "${LCP_D_TYPES_RES_HELD:-2048,32768}"
+    HIDE=1 bench types-ord-$t-held -ctk $t -ctv $t -nkvo 1 -d "${LCP_D_TYPES_ORD_HELD:-3072}"
+  done
+  HIDE=1 bench types-mixed-held -ctk q8_0 -ctv q4_0 -nkvo 0,1 -d "${LCP_D_TYPES_MIXED:-4096}"
+  exit 0
+fi
+if [ "$PHASE" = batched ]; then
+  # Issue 28: llama-batched-bench with the cache in host RAM (-nkvo), flash attention on the GPU, npl sequences each
+  # with its own PP-token prompt (not shared), TG tokens generated per sequence; unified (-kvu) and one stream per
+  # sequence. Calibration: PP 2048; held out: the other PP values (HIDE).
+  for pp in ${LCP_PP_CAL:-2048} ${LCP_PP_HELD:-1024 4096}; do
+    for kvu in split unified; do
+      name=batched-$kvu-pp$pp
+      if [ -f "$LCP/done/$name" ]; then log "$name: done in an earlier call"; continue; fi
+      [ $(left) -lt 30 ] && { log "$name: skipped, $(left) s left"; continue; }
+      ctx=$(( 8 * (pp + ${LCP_TG:-32}) + 256 ))
+      cmd=("$BBENCH" -m "$MODEL" -ngl "$NGL" -fa on -nkvo -ctk q8_0 -ctv q8_0 -c "$ctx" -b 2048 -ub 512
+           -npp "$pp" -ntg "${LCP_TG:-32}" -npl "${LCP_NPL:-1,2,4,8}" --output-format jsonl)
+      [ $kvu = unified ] && cmd+=(-kvu)
+      echo "$name: ${cmd[*]}" >> "$RUN/commands.txt"
+      b0=$(date +%s)
+      timeout $(( $(left) - 10 )) "${cmd[@]}" > "$RUN/$name.jsonl" 2> "$RUN/$name.err"; rc=$?
+      if [ "$pp" = "${LCP_PP_CAL:-2048}" ]; then
+        summ=$(python3 -c "import json,sys; print('; '.join(f\"pl={r['pl']}: {r['speed_tg']:.2f} t/s\" for r in map(json.loads, open(sys.argv[1])) if 'pl' in r))" "$RUN/$name.jsonl" 2>&1)
+      else summ="$(grep -c '"pl"' "$RUN/$name.jsonl") rows (held out: figures not shown)"; fi
+      log "$name: rc=$rc in $(( $(date +%s) - b0 )) s: $summ"
+      [ $rc -eq 0 ] && touch "$LCP/done/$name"
+    done
+  done
   exit 0
 fi
 bench resident-q8_0 -ctk q8_0 -ctv q8_0 -nkvo 0 -d "$D_RESIDENT"
