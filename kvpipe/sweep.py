@@ -134,15 +134,15 @@ def run_chunk(chunk: Chunk | Sequence[Point]) -> list[dict[str, Any] | str]:
 
 
 def _evaluated(points: Sequence[Point]) -> list[dict[str, Any] | str]:
-    """The rows of envelope points from the compiled evaluator, planned here (``sim.distinct.plan_point``); a point
-    whose graph does not fit is simulated, which reports why. Blocks for the evaluation (CPU)."""
-    from sim import evaluator
+    """The rows of envelope points from the compiled evaluator (which plans them together); a point whose graph does
+    not fit is simulated, which reports why. Blocks for the evaluation (CPU)."""
+    from sim.evaluator.evaluate import evaluations
 
-    plans = [distinct.plan_point(p) for p in points]
-    fit = [i for i, pl in enumerate(plans) if pl.fits]
-    out: list[dict[str, Any] | str | None] = [None] * len(points)
-    for i, row_i in zip(fit, evaluator.evaluate([points[i] for i in fit], [plans[i] for i in fit]), strict=True):
-        out[i] = row_i
+    t = time.perf_counter()
+    done = evaluations(points)
+    wall = (time.perf_counter() - t) / max(1, len(points))
+    out: list[dict[str, Any] | str | None] = [ev.row(i, wall) if ev.plans.fits[i] else None
+                                              for _, ev in done for i in range(len(ev.points))]
     rest = [i for i, r in enumerate(out) if r is None]
     if rest:
         for i, got in zip(rest, run_chunk([points[i] for i in rest]), strict=True):

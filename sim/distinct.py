@@ -5,10 +5,10 @@ budget, so every budget of a depth-0 point is the same run; a pipelined point wh
 token runs the ordered path too; and two budgets that let the scheduler make the same plan at every token (the
 same rings on, the same slots allocated, the same declines) are the same run. Which of these a point is follows
 from the plan the scheduler would make, not from a row flag, so this module *replays the scheduler's planning*
-per token without simulating anything: the ring's own decisions (``sim.transport.ring.Ring.decline_reason`` and
-``Ring.ensure_slots``, run against a ledger of the device's memory), the slot need of the token's staged splits
-(``sim.transport.deliveries``), the graph's memory next to the ring, the idle release. That replay is :func:`plan_point`; a
-test holds it to what the simulation decides on the 1,000-point grid.
+per token without simulating anything: the scheduler's own rules (``sim.transport.planning``: the slot need of the
+token's staged splits, the ring's decline and sizing, the graph's memory next to the ring, the idle release), run
+for many points at once against a ledger of each point's device memory. That replay is :func:`plan_points` (and
+:func:`plan_point` for one); a test holds it to what the simulation decides on the 1,000-point grid.
 
 :func:`tasks` groups the requested points by the simulation that decides them (the key of :func:`sim_key`). Each
 group is one :class:`Task`: the point to simulate (an ordered group simulates at depth 0) and its members, each of
@@ -28,17 +28,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from backends.base import Buffer, OutOfDeviceMemory, Stream
-from sim.graph import Split
+import numpy as np
+
 from sim.simulate import GRAPH_BASE_BYTES, Point, graph_at, io_bytes_for, placed_hardware
-from sim.transport.config import GraphStats
-from sim.transport.deliveries import full_need, slot_entries, span_fn
-from sim.transport.ring import Ring
+from sim.transport import planning
+from sim.transport.deliveries import span_fn
+from sim.transport.planning import PLAN_FIELDS
 from sim.workload import Workload
 
-#: The GraphStats fields the plan decides (the rest are what the simulation measures).
-PLAN_FIELDS = ("ring_slots", "slot_need_bytes", "slot_alloc_bytes", "full_slot_need_bytes", "declined", "decline_reason",
-               "staged_splits")
+__all__ = ["PLAN_FIELDS", "Member", "Plans", "PointPlan", "Task", "TokenPlan", "partitions", "plan_point", "plan_points",
+           "sim_key", "tasks", "window_rows_at"]
 
 
 @dataclass(frozen=True)
@@ -77,28 +76,6 @@ class PointPlan:
         return any(t.active for t in self.tokens)
 
 
-class _Ledger:
-    """A device-memory ledger with the three calls a ring makes (``alloc``, ``free``, ``free_bytes``), as the SimPy
-    machine keeps it: every allocation that fits is granted, nothing else is modelled. Does not block."""
-
-    def __init__(self, point: Point) -> None:
-        self.total = [d.memory_total_bytes for d in point.hardware.devices]
-        self.used = [d.memory_used_bytes for d in point.hardware.devices]
-
-    def alloc(self, device: int, nbytes: int, name: str) -> Buffer:
-        nbytes = int(nbytes)
-        if nbytes > self.free_bytes(device):
-            raise OutOfDeviceMemory(f"{name}: {nbytes} B > {self.free_bytes(device)} B free on device {device}")
-        self.used[device] += nbytes
-        return Buffer(name, nbytes, device)
-
-    def free(self, buffer: Buffer) -> None:
-        self.used[buffer.device] -= buffer.nbytes
-
-    def free_bytes(self, device: int) -> int:
-        return self.total[device] - self.used[device]
-
-
 @functools.lru_cache(maxsize=1 << 16)
 def window_rows_at(wl: Workload, step: int) -> int:
     """Rows the attention of decode step ``step`` reads: the window of the highest row any sequence writes. Pure;
@@ -129,154 +106,167 @@ def _shape(point: Point, step: int, rows: int, spans: list[Any], slot_key: Any) 
     key = (wl, tuple(d.compute for d in point.hardware.devices), point.transport.arm, rows, slot_key)
     shape = _SHAPES.get(key)
     if shape is None:
-        shape = _SHAPES[key] = _build_shape(point, step, spans)
+        graph = graph_at(point, step)
+        staged = tuple((dev, need, full, len(splits)) for dev, splits, need, _, full in planning.slot_needs(graph, spans, slot_key))
+        shape = _SHAPES[key] = _Shape(staged, tuple(sorted({s.device for s in graph.splits if s.kind == "gpu"})),
+                                      graph.host_cache_bytes - graph.host_only_kv_bytes,
+                                      tuple(sorted({s.device for s in graph.splits if s.resident})), graph.device_kv_bytes)
         while len(_SHAPES) > SHAPES_KEPT:
             _SHAPES.popitem(last=False)
     return shape
 
 
-def _build_shape(point: Point, step: int, spans: list[Any]) -> _Shape:
-    graph = graph_at(point, step)
-    by_dev: dict[int, list[Split]] = {}
-    for s in graph.staged_splits:
-        by_dev.setdefault(s.device, []).append(s)
-    staged = []
-    for dev, splits in by_dev.items():
-        need, _ = slot_entries(splits, spans[dev])
-        staged.append((dev, need, max(full_need(s, graph, spans[dev]) for s in splits), len(splits)))
-    gpus = tuple(sorted({s.device for s in graph.splits if s.kind == "gpu"}))
-    kv = tuple(sorted({s.device for s in graph.splits if s.resident}))
-    return _Shape(tuple(staged), gpus, graph.host_cache_bytes - graph.host_only_kv_bytes, kv, graph.device_kv_bytes)
+@dataclass(frozen=True)
+class _Line:
+    """What planning reads of the points that differ only in depth and budget: their devices' memory as the workload
+    places it, the slot layout, the io buffer; and each token's graph shape (built as planning asks)."""
 
+    point: Point
+    total: tuple[int, ...]
+    used: tuple[int, ...]
+    align: tuple[int, ...]
+    spans: list[Any]
+    slot_key: Any
+    io_bytes: int
 
-class _DoesNotFit(Exception):
-    """The scheduler would raise OutOfDeviceMemory at this token."""
+    @staticmethod
+    def of(point: Point) -> _Line:
+        cfg, devices = point.transport, placed_hardware(point).devices
+        align = tuple(max(d.alignment_bytes, cfg.min_alignment_bytes) for d in devices)
+        return _Line(point, tuple(d.memory_total_bytes for d in devices), tuple(d.memory_used_bytes for d in devices), align,
+                     [span_fn(cfg.pack_streams, a) for a in align], (cfg.pack_streams, align), io_bytes_for(point.workload))
 
-
-class _Replay:
-    """The scheduler's planning state for one point, over a memory ledger: rings, graph memory, what is placed once.
-    Its steps mirror ``TransportScheduler.run_graph``'s placing of the --kv-gpu-layers prefix, ``_plan``,
-    ``_reserve_graph`` and ``_account_idle``."""
-
-    def __init__(self, point: Point) -> None:
-        self.point, self.cfg = point, point.transport
-        placed = replace(point, hardware=placed_hardware(point))
-        self.ledger = _Ledger(placed)
-        self.align = [max(d.alignment_bytes, self.cfg.min_alignment_bytes) for d in placed.hardware.devices]
-        self.spans = [span_fn(self.cfg.pack_streams, a) for a in self.align]
-        self.slot_key = (self.cfg.pack_streams, tuple(self.align))
-        self.rings: dict[int, Ring] = {}
-        self.graph_mem: dict[int, Buffer] = {}
-        self.placed_once: set[tuple[str, int]] = set()
-        self.io_bytes = io_bytes_for(point.workload)
-        self.shapes: dict[int, _Shape] = {}
-
-    def token(self, step: int) -> TokenPlan:
-        """Plan decode step ``step``. Raises _DoesNotFit or OutOfDeviceMemory where the scheduler raises."""
+    def shape(self, step: int) -> _Shape:
         rows = window_rows_at(self.point.workload, step)
-        shape = self.shapes.get(rows) or self.shapes.setdefault(rows, _shape(self.point, step, rows, self.spans, self.slot_key))
-        st = GraphStats()
-        if shape.device_kv_bytes and self.cfg.arm != "resident":  # the scheduler places the prefix before any ring
-            for dev in shape.device_kv:
-                self._once("resident", dev, shape.device_kv_bytes)
-        active, needs = self._plan(shape, st)
-        self._reserve(shape, st, active, needs)
-        counts_idle = self._account_idle(active)
-        rings = tuple((d, bool(active.get(d)), r.slot_alloc_bytes, r.frozen_ordered) for d, r in self.rings.items())
-        return TokenPlan(rows, tuple(getattr(st, f) for f in PLAN_FIELDS), rings, counts_idle)
+        return _shape(self.point, step, rows, self.spans, self.slot_key)
 
-    def _plan(self, shape: _Shape, st: GraphStats) -> tuple[dict[int, bool], dict[int, int]]:
-        """Per device with staged splits: is the ring on (decline and sizing by ``sim.transport.ring``), and the slot need."""
-        cfg = self.cfg
-        active: dict[int, bool] = {}
-        needs: dict[int, int] = {}
-        for dev, need, full, n_splits in shape.staged:
-            st.staged_splits += n_splits
-            st.slot_need_bytes = max(st.slot_need_bytes, need)
-            st.full_slot_need_bytes = max(st.full_slot_need_bytes, full)
-            needs[dev], active[dev] = need, False
-            if cfg.depth == 0 or cfg.arm == "resident":
-                continue
-            ring = self.rings.get(dev)
-            if ring is None:
-                ring = self.rings[dev] = Ring(dev, Stream(f"transfer{dev}", dev), cfg.n_slots)
-                ring.slot_used = [False] * ring.n_slots
-            st.ring_slots = ring.n_slots
-            reason = ring.decline_reason(cfg, self.ledger, need, full) or ring.ensure_slots(cfg, self.ledger, self.align[dev], need, full)
-            if reason:
-                st.declined, st.decline_reason = True, reason
-                continue
-            active[dev] = True
-            st.slot_alloc_bytes = max(st.slot_alloc_bytes, ring.slot_alloc_bytes)
-        return active, needs
 
-    def _reserve(self, shape: _Shape, st: GraphStats, active: dict[int, bool], needs: dict[int, int]) -> None:
-        """Each GPU device's graph memory next to its ring (a failure frees the ring and freezes the device ordered),
-        its io buffer once, and the resident arm's cache once."""
-        cfg = self.cfg
-        for dev in shape.gpu_devices:
-            here = dev in needs and (not active[dev] or not cfg.policy.ring_staging) and cfg.arm != "resident"
-            if not self._grow(dev, GRAPH_BASE_BYTES + (needs[dev] if here else 0)):
-                ring = self.rings.get(dev)
-                if ring is None or ring.buffer is None:
-                    raise _DoesNotFit(f"the graph does not fit device {dev}")
-                ring.free(self.ledger)
-                ring.frozen_ordered = True
-                if dev in needs:
-                    active[dev] = False
-                st.declined = True
-                st.decline_reason = f"graph reservation failed next to the ring on device {dev}; retried ordered"
-                if not self._grow(dev, GRAPH_BASE_BYTES + needs.get(dev, 0)):
-                    raise _DoesNotFit(f"the graph does not fit device {dev}")
-            self._once("io", dev, self.io_bytes)
-        if cfg.arm == "resident":
-            for dev in shape.gpu_devices:
-                self._once("resident", dev, shape.host_cache_bytes)
+def line_key(point: Point) -> Any:
+    """Everything planning reads of a point but its depth and budget (the points of one line share their graphs)."""
+    return point.workload, point.hardware, replace(point.transport, depth=0, budget_mib=0.0)
 
-    def _grow(self, dev: int, need: int) -> bool:
-        cur = self.graph_mem.get(dev)
-        if cur is not None and cur.nbytes >= need:
-            return True
-        if cur is not None:
-            self.ledger.free(self.graph_mem.pop(dev))
-        try:
-            self.graph_mem[dev] = self.ledger.alloc(dev, max(need, 1), f"graph{dev}")
-        except OutOfDeviceMemory:
-            return False
-        return True
 
-    def _once(self, what: str, dev: int, nbytes: int) -> None:
-        if (what, dev) not in self.placed_once:
-            self.ledger.alloc(dev, nbytes, f"{what}{dev}")
-            self.placed_once.add((what, dev))
+@dataclass
+class Plans:
+    """Every token's plan of many points (``sim.transport.planning`` over arrays, one element per point).
 
-    def _account_idle(self, active: dict[int, bool]) -> bool:
-        """Reset or count each ring's idle graphs, releasing a ring idle too long. Returns whether an idle ring held
-        slots (its count mattered)."""
-        counted = False
-        for dev, ring in self.rings.items():
-            if active.get(dev):
-                ring.idle_graphs, ring.delivered_last_graph = 0, True
-                continue
-            counted = counted or ring.buffer is not None
-            ring.delivered_last_graph = False
-            ring.idle_graphs += 1
-            if ring.idle_graphs > self.cfg.idle_release_graphs:
-                ring.free(self.ledger)
-        return counted
+    ``graphs[k]``: token k's :class:`planning.GraphPlan`; ``rings[k][d]``: device d's ring after token k (made,
+    running, slot bytes, frozen); ``rows[k]``: each point's window rows at token k; ``fits``/``failed_at``/
+    ``reasons``: a point the scheduler refuses (OutOfDeviceMemory) at token ``failed_at``, and why.
+    """
+
+    points: Sequence[Point]
+    line_of: np.ndarray  # each point's line (the points that differ only in depth and budget), numbered from 0
+    lines: list[Point]  # the first point of each line
+    graphs: list[planning.GraphPlan]
+    rings: list[dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]]
+    rows: list[np.ndarray]
+    made_at: dict[int, np.ndarray]
+    rank: dict[int, np.ndarray]
+    fits: np.ndarray
+    failed_at: np.ndarray
+    reasons: dict[int, str]
+
+    def active(self, k: int, device: int = 0) -> np.ndarray:
+        """Where device ``device``'s ring delivers at token ``k``."""
+        return self.graphs[k].active.get(device, np.zeros(len(self.points), dtype=bool))
+
+    def point_plan(self, i: int) -> PointPlan:
+        """Point ``i``'s plan as the point planner's records (what ``sim_key`` and the fast path read). Pure."""
+        p = self.points[i]
+        cfg = p.transport
+        n = min(p.workload.tokens, int(self.failed_at[i]))
+        order = sorted((int(self.made_at[d][i]), int(self.rank[d][i]), d) for d in self.made_at if self.made_at[d][i] < n)
+        out = []
+        for k in range(n):
+            g, snap = self.graphs[k], self.rings[k]
+            rings = tuple((d, bool(snap[d][1][i]), int(snap[d][2][i]), bool(snap[d][3][i])) for at, _, d in order if at <= k)
+            out.append(TokenPlan(int(self.rows[k][i]), g.fields(i, cfg), rings, bool(g.counts_idle[i])))  # type: ignore[index]
+        return PointPlan(tuple(out), bool(self.fits[i]), self.reasons.get(i, ""))
+
+
+def plan_points(points: Sequence[Point]) -> Plans:
+    """Replay the scheduler's plan for every token of every point (``sim.transport.planning``, the scheduler's own
+    rules, over arrays of points: the points' memory on a ``planning.Ledger``), with no simulation. Pure; builds one
+    graph per window size of each line (the points that differ only in depth and budget)."""
+    n = len(points)
+    lines: dict[Any, int] = {}
+    line_of = np.fromiter((lines.setdefault(line_key(p), len(lines)) for p in points), dtype=np.intp, count=n)
+    firsts: dict[int, Point] = {}
+    for p, li in zip(points, line_of.tolist(), strict=True):
+        firsts.setdefault(li, p)
+    info = [_Line.of(firsts[li]) for li in range(len(lines))]
+    n_dev = max((len(x.total) for x in info), default=1)
+
+    def per_line(get: Any, dtype: Any = np.int64) -> np.ndarray:
+        return np.array([[get(x, d) for d in range(n_dev)] for x in info], dtype=dtype)[line_of]
+
+    fill = lambda t: lambda x, d: t(x)[d] if d < len(t(x)) else 0  # noqa: E731
+    ledger = planning.Ledger(per_line(fill(lambda x: x.total)), per_line(fill(lambda x: x.used)))
+    align = per_line(fill(lambda x: x.align))
+    align[align == 0] = 1
+    io = np.array([x.io_bytes for x in info], dtype=np.int64)[line_of]
+    pol = planning.Policy.of([p.transport for p in points])
+    tokens = np.fromiter((p.workload.tokens for p in points), dtype=np.int64, count=n)
+    rings = {d: planning.RingState.empty(n) for d in range(n_dev)}
+    made_at = {d: np.full(n, 1 << 30, dtype=np.int64) for d in range(n_dev)}
+    rank = {d: np.zeros(n, dtype=np.int64) for d in range(n_dev)}
+    failed_at = np.full(n, 1 << 30, dtype=np.int64)
+    graphs, snaps, rows = [], [], []
+    for k in range(int(tokens.max(initial=0))):
+        live_lines = [li for li, x in enumerate(info) if x.point.workload.tokens > k]
+        shapes = {li: info[li].shape(k) for li in live_lines}
+        live = (tokens > k) & ledger.fits
+        arr = _ShapeArrays(shapes, len(info), n_dev, line_of)
+        rows.append(np.array([window_rows_at(x.point.workload, k) if li in shapes else 0 for li, x in enumerate(info)],
+                             dtype=np.int64)[line_of])
+        gp = planning.GraphPlan.empty(n)
+        for d in range(n_dev):  # the --kv-gpu-layers prefix is placed before any ring is sized (not on the resident arm)
+            ledger.alloc(d, "resident", arr.kv_bytes, live & arr.kv[:, d] & ~pol.resident_arm &
+                         (ledger.held(d, "resident") < 0), must=True)
+        for d in range(n_dev):
+            here = live & ledger.fits & arr.staged[:, d]
+            planning.plan_ring(gp, rings[d], ledger, pol, d, here, arr.n_splits[:, d], arr.need[:, d], arr.full[:, d],
+                               align[:, d], arr.rank[:, d])
+            first = here & pol.ring & (made_at[d] > k)
+            made_at[d] = np.where(first, k, made_at[d])
+            rank[d] = np.where(first, arr.rank[:, d], rank[d])
+        for d in range(n_dev):
+            gpu = live & ledger.fits & arr.gpu[:, d]
+            planning.reserve_graph(gp, rings, ledger, pol, d, gpu, arr.staged[:, d], arr.need[:, d], GRAPH_BASE_BYTES, io)
+        for d in range(n_dev):
+            ledger.alloc(d, "resident", arr.host_cache, live & ledger.fits & arr.gpu[:, d] & pol.resident_arm &
+                         (ledger.held(d, "resident") < 0), must=True)
+        planning.account_idle(gp, rings, ledger, pol)
+        failed_at = np.where(live & ~ledger.fits & (failed_at > k), k, failed_at)
+        graphs.append(gp)
+        snaps.append({d: (r.made.copy(), gp.active.get(d, np.zeros(n, dtype=bool)) & r.made, r.alloc.copy(), r.frozen.copy())
+                      for d, r in rings.items()})
+    return Plans(points, line_of, [x.point for x in info], graphs, snaps, rows, made_at, rank, ledger.fits, failed_at,
+                 ledger.reasons)
+
+
+class _ShapeArrays:
+    """One token's graph shapes of every line, as arrays over the points (``line_of``: each point's line)."""
+
+    def __init__(self, shapes: dict[int, _Shape], n_lines: int, n_dev: int, line_of: np.ndarray) -> None:
+        z = np.zeros((n_lines, n_dev), dtype=np.int64)
+        staged, need, full, n_splits, rank = z.astype(bool), z.copy(), z.copy(), z.copy(), z.copy()
+        gpu, kv = z.astype(bool), z.astype(bool)
+        kv_bytes, host_cache = np.zeros(n_lines, dtype=np.int64), np.zeros(n_lines, dtype=np.int64)
+        for li, sh in shapes.items():
+            for r, (d, nd, fl, ns) in enumerate(sh.staged):
+                staged[li, d], need[li, d], full[li, d], n_splits[li, d], rank[li, d] = True, nd, fl, ns, r
+            gpu[li, list(sh.gpu_devices)] = True
+            kv[li, list(sh.device_kv)] = True
+            kv_bytes[li], host_cache[li] = sh.device_kv_bytes, sh.host_cache_bytes
+        self.staged, self.need, self.full, self.n_splits, self.rank = (a[line_of] for a in (staged, need, full, n_splits, rank))
+        self.gpu, self.kv, self.kv_bytes, self.host_cache = gpu[line_of], kv[line_of], kv_bytes[line_of], host_cache[line_of]
 
 
 def plan_point(point: Point) -> PointPlan:
-    """Replay the scheduler's plan for every token of ``point`` (as ``sim.transport.scheduler.TransportScheduler`` makes it in
-    ``_plan``, ``_reserve_graph`` and ``_account_idle``), with no simulation. Pure; builds one graph per window size."""
-    replay = _Replay(point)
-    out: list[TokenPlan] = []
-    try:
-        for step in range(point.workload.tokens):
-            out.append(replay.token(step))
-    except (_DoesNotFit, OutOfDeviceMemory) as exc:
-        return PointPlan(tuple(out), False, str(exc))
-    return PointPlan(tuple(out))
+    """Replay the scheduler's plan for every token of ``point`` (:func:`plan_points` of one point). Pure."""
+    return plan_points([point]).point_plan(0)
 
 
 UNPLANNED = PointPlan(())  # the plan of a point run exact, as asked (never read)
@@ -286,7 +276,7 @@ UNPLANNED = PointPlan(())  # the plan of a point run exact, as asked (never read
 
 def _base(point: Point) -> Any:
     """Everything a simulation depends on but depth and budget."""
-    return point.workload, point.hardware, replace(point.transport, depth=0, budget_mib=0.0)
+    return line_key(point)
 
 
 def sim_key(point: Point, plan: PointPlan, index: int = 0) -> Any:

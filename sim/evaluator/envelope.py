@@ -25,7 +25,7 @@ def in_envelope(point: Point) -> str | None:
         (wl.n_parallel != 1, f"{wl.n_parallel} sequences"),
         (getattr(wl, "kv_gpu_layers", 0) != 0, "kv_gpu_layers set (KV on the device for some layers)"),
         (getattr(wl, "gpu_layer_start", 0) != 0, "some layers on the CPU (n_gpu_layers)"),
-        (cfg.margin_slots < 2, f"ring margin {cfg.margin_slots} (the evaluator needs >= 2)"),
+        (not 2 <= cfg.margin_slots <= 32, f"ring margin {cfg.margin_slots} (the evaluator needs 2..32)"),
     )
     for bad, why in checks:
         if bad:
