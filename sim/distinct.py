@@ -23,21 +23,23 @@ Units: bytes.
 from __future__ import annotations
 
 import functools
+import operator
 from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 
 from sim.simulate import GRAPH_BASE_BYTES, Point, graph_at, io_bytes_for, placed_hardware
 from sim.transport import planning
+from sim.transport.config import TransportConfig
 from sim.transport.deliveries import span_fn
 from sim.transport.planning import PLAN_FIELDS
 from sim.workload import Workload
 
-__all__ = ["PLAN_FIELDS", "Member", "Plans", "PointPlan", "Task", "TokenPlan", "partitions", "plan_point", "plan_points",
-           "sim_key", "tasks", "window_rows_at"]
+__all__ = ["PLAN_FIELDS", "Member", "Plans", "PointPlan", "Task", "TokenPlan", "context_free", "partitions", "plan_point",
+           "plan_points", "sim_key", "tasks", "window_rows_at"]
 
 
 @dataclass(frozen=True)
@@ -99,11 +101,21 @@ _SHAPES: OrderedDict[Any, _Shape] = OrderedDict()  # the last shapes planned: th
 SHAPES_KEPT = 64
 
 
+def context_free(wl: Workload, cells: bool) -> Any:
+    """What a one-sequence workload's graph at a given window depends on, whatever its context: the workload at a
+    context of 1, one token, and (``cells``) a cache of its own size. The graphs of two such workloads with equal keys
+    differ only in the row each step writes (its window's stable prefix): the point planner's shapes and the
+    evaluator's numbers of a window are kept under this key (several sequences: the workload itself). Pure."""
+    if wl.n_parallel != 1:
+        return wl
+    return replace(wl, context=(1,), tokens=1, ctx_size=wl.cells if cells else 0)
+
+
 def _shape(point: Point, step: int, rows: int, spans: list[Any], slot_key: Any) -> _Shape:
-    """The shape of step ``step``'s graph (its window: ``rows``); kept for the next points of the same workload
+    """The shape of step ``step``'s graph (its window: ``rows``); kept for the next points whose graphs share it
     (``slot_key``: what the slot spans depend on)."""
     wl = point.workload
-    key = (wl, tuple(d.compute for d in point.hardware.devices), point.transport.arm, rows, slot_key)
+    key = (context_free(wl, cells=True), tuple(d.compute for d in point.hardware.devices), point.transport.arm, rows, slot_key)
     shape = _SHAPES.get(key)
     if shape is None:
         graph = graph_at(point, step)
@@ -143,7 +155,29 @@ class _Line:
 
 def line_key(point: Point) -> Any:
     """Everything planning reads of a point but its depth and budget (the points of one line share their graphs)."""
-    return point.workload, point.hardware, replace(point.transport, depth=0, budget_mib=0.0)
+    return point.workload, point.hardware, _rest(point.transport)
+
+
+#: A config's fields but depth and budget, as a tuple.
+_rest = operator.attrgetter(*(f.name for f in fields(TransportConfig) if f.name not in ("depth", "budget_mib")))
+
+
+def _lines(points: Sequence[Point]) -> tuple[np.ndarray, list[Point]]:
+    """Each point's line number, and each line's first point. Points that share their workload and profile objects
+    (a grid's depths and budgets) are told apart without hashing them again."""
+    by_id: dict[Any, int] = {}
+    lines: dict[Any, int] = {}
+    firsts: list[Point] = []
+    line_of = np.empty(len(points), dtype=np.intp)
+    for i, p in enumerate(points):
+        k = (id(p.workload), id(p.hardware), _rest(p.transport))
+        li = by_id.get(k)
+        if li is None:
+            li = by_id[k] = lines.setdefault(line_key(p), len(lines))
+            if li == len(firsts):
+                firsts.append(p)
+        line_of[i] = li
+    return line_of, firsts
 
 
 @dataclass
@@ -185,17 +219,19 @@ class Plans:
         return PointPlan(tuple(out), bool(self.fits[i]), self.reasons.get(i, ""))
 
 
-def plan_points(points: Sequence[Point]) -> Plans:
+def plan_points(points: Sequence[Point], each_line: Callable[[Point], Any] | None = None) -> Plans:
     """Replay the scheduler's plan for every token of every point (``sim.transport.planning``, the scheduler's own
     rules, over arrays of points: the points' memory on a ``planning.Ledger``), with no simulation. Pure; builds one
-    graph per window size of each line (the points that differ only in depth and budget)."""
+    graph per window size of each line (the points that differ only in depth and budget). ``each_line``: called with
+    each line's first point right after its graphs were built (while ``sim.simulate.graph_at`` keeps them)."""
     n = len(points)
-    lines: dict[Any, int] = {}
-    line_of = np.fromiter((lines.setdefault(line_key(p), len(lines)) for p in points), dtype=np.intp, count=n)
-    firsts: dict[int, Point] = {}
-    for p, li in zip(points, line_of.tolist(), strict=True):
-        firsts.setdefault(li, p)
-    info = [_Line.of(firsts[li]) for li in range(len(lines))]
+    line_of, firsts = _lines(points)
+    info = [_Line.of(p) for p in firsts]
+    shapes = []
+    for x in info:  # line by line, so that each_line finds the line's graphs kept
+        shapes.append([x.shape(k) for k in range(x.point.workload.tokens)])
+        if each_line is not None:
+            each_line(x.point)
     n_dev = max((len(x.total) for x in info), default=1)
 
     def per_line(get: Any, dtype: Any = np.int64) -> np.ndarray:
@@ -214,11 +250,10 @@ def plan_points(points: Sequence[Point]) -> Plans:
     failed_at = np.full(n, 1 << 30, dtype=np.int64)
     graphs, snaps, rows = [], [], []
     for k in range(int(tokens.max(initial=0))):
-        live_lines = [li for li, x in enumerate(info) if x.point.workload.tokens > k]
-        shapes = {li: info[li].shape(k) for li in live_lines}
+        here = {li: sh[k] for li, sh in enumerate(shapes) if len(sh) > k}
         live = (tokens > k) & ledger.fits
-        arr = _ShapeArrays(shapes, len(info), n_dev, line_of)
-        rows.append(np.array([window_rows_at(x.point.workload, k) if li in shapes else 0 for li, x in enumerate(info)],
+        arr = _ShapeArrays(here, len(info), n_dev, line_of)
+        rows.append(np.array([window_rows_at(x.point.workload, k) if li in here else 0 for li, x in enumerate(info)],
                              dtype=np.int64)[line_of])
         gp = planning.GraphPlan.empty(n)
         for d in range(n_dev):  # the --kv-gpu-layers prefix is placed before any ring is sized (not on the resident arm)

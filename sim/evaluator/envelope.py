@@ -10,6 +10,9 @@ simulator. Pure; builds at most the point's first graph (kept, see ``sim.simulat
 
 from __future__ import annotations
 
+from typing import Any
+
+from sim.distinct import context_free
 from sim.graph import DecodeGraph
 from sim.simulate import Point, graph_at
 
@@ -36,13 +39,18 @@ def in_envelope(point: Point) -> str | None:
     return _graph_reason(point)
 
 
+_REASONS: dict[Any, str | None] = {}
+
+
 def _graph_reason(point: Point) -> str | None:
-    """Why the point's decode graph is not the shape the evaluator's program runs (None: it is). Kept with the graph."""
-    g = graph_at(point, 0)
-    if "evaluator_reason" not in g.memo:
-        g.memo["evaluator_reason"] = _reason(g)
-    reason: str | None = g.memo["evaluator_reason"]
-    return reason
+    """Why the point's decode graph is not the shape the evaluator's program runs (None: it is). Kept for the points
+    whose graphs share their shape (``sim.distinct.context_free``: the same workload at any context)."""
+    key = (context_free(point.workload, cells=False), tuple(d.compute for d in point.hardware.devices), point.transport.arm)
+    if key not in _REASONS:
+        if len(_REASONS) > 4096:
+            _REASONS.clear()
+        _REASONS[key] = _reason(graph_at(point, 0))
+    return _REASONS[key]
 
 
 def _reason(g: DecodeGraph) -> str | None:

@@ -18,6 +18,7 @@ Units: seconds and bytes.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -28,7 +29,7 @@ import numpy as np
 from backends.base import OutOfDeviceMemory
 from sim.distinct import PLAN_FIELDS as _PLAN
 from sim.distinct import Plans, plan_points
-from sim.evaluator.costs import point_costs
+from sim.evaluator.costs import TokenCosts, point_costs
 from sim.evaluator.envelope import in_envelope
 from sim.evaluator.token import Setup, run_token
 from sim.simulate import Point, RunResult, placed_hardware, row
@@ -124,12 +125,15 @@ def evaluate_batch(points: Sequence[Point], first: int = 0) -> Evaluation:
     """Plan and evaluate ``points`` (each inside the envelope: ``in_envelope``). Points that do not fit are kept
     (``plans.fits`` False; their lanes are a placeholder). Raises ValueError for a point outside the envelope
     (``first``: the index the messages count from). Blocks for the evaluation (CPU)."""
-    plans = plan_points(points)
-    for li, p in enumerate(plans.lines):
+    costs: list[list[TokenCosts]] = []
+
+    def line(p: Point) -> None:  # each line in turn, while its graphs are kept
         reason = in_envelope(p)
         if reason:
-            at = int(np.flatnonzero(plans.line_of == li)[0])
-            raise ValueError(f"point {first + at} is outside the evaluator's envelope: {reason}")
+            raise ValueError(f"point {first + list(points).index(p)} is outside the evaluator's envelope: {reason}")
+        costs.append(point_costs(p))
+
+    plans = plan_points(points, line)
     n, n_tok = len(points), max(p.workload.tokens for p in points)
     depth = np.fromiter((p.transport.depth for p in points), dtype=np.int64, count=n)
     n_slots = np.fromiter((p.transport.n_slots for p in points), dtype=np.int64, count=n)
@@ -148,14 +152,14 @@ def evaluate_batch(points: Sequence[Point], first: int = 0) -> Evaluation:
     uniq, inverse = np.unique(keys, return_inverse=True)
     lane = inverse.reshape(n, n_tok) - (1 if uniq.size and uniq[0] < 0 else 0)
     wanted = uniq[uniq >= 0]
-    fields = _run_lanes(plans, wanted, n_tok)
+    fields = _run_lanes(plans, costs, wanted, n_tok)
     lane[keys < 0] = 0
     if not wanted.size:  # nothing fits: placeholder lanes
         fields = {f: np.zeros(1) for f in (*TIME_FIELDS, *BYTE_FIELDS, *COUNT_FIELDS)}
     return Evaluation(points, plans, lane, fields)
 
 
-def _run_lanes(plans: Plans, keys: np.ndarray, n_tok: int) -> dict[str, np.ndarray]:
+def _run_lanes(plans: Plans, costs_of: list[list[TokenCosts]], keys: np.ndarray, n_tok: int) -> dict[str, np.ndarray]:
     """Each lane's GraphStats fields: lanes of one graph shape, decision and machine run as one matrix."""
     out = {f: np.zeros(len(keys), dtype=np.float64 if f in TIME_FIELDS else np.int64)
            for f in (*TIME_FIELDS, *BYTE_FIELDS, *COUNT_FIELDS)}
@@ -165,7 +169,7 @@ def _run_lanes(plans: Plans, keys: np.ndarray, n_tok: int) -> dict[str, np.ndarr
         code, rest = key % (1 << 24), key >> 24
         li, k = divmod(rest, n_tok)
         line = plans.lines[li]
-        costs = point_costs(line)[k]
+        costs = costs_of[li][k]
         setup = _setup(code, costs.layout.staged)
         machines.setdefault(id(line.hardware), line.hardware)
         groups.setdefault((costs.layout, setup, id(line.hardware)), []).append((j, costs.values))
@@ -182,6 +186,7 @@ def _run_lanes(plans: Plans, keys: np.ndarray, n_tok: int) -> dict[str, np.ndarr
     return out
 
 
+@functools.lru_cache(maxsize=4096)
 def _setup(code: int, staged: int) -> Setup:
     """The ring decision a lane key's code names (see ``evaluate_batch``): ordered, or depth N over ``n_slots`` slots,
     fresh or already used by ``staged`` deliveries, with or without the boundary wait."""

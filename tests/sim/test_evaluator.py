@@ -94,12 +94,14 @@ def test_every_token_and_field_of_a_point_with_a_decline_midway() -> None:
 @pytest.mark.parametrize("hardware,cache_v", [("rtx4070-gen4x16", ()), ("h200-gen5x16", ("f16",)), ("rtx3060-gen3x4", ("q4_0",))])
 def test_scaled_steps_equal_their_own_graphs(hardware: str, cache_v: tuple[str, ...]) -> None:
     """A later step of a window is its first step's numbers with the deliveries scaled to its row: equal, to the bit,
-    to the numbers built from its own graph (across a window boundary too)."""
+    to the numbers built from its own graph (across a window boundary too; and from another context's first step of
+    the same window: 4,090 and 4,091 share the 4,096-row window, in caches of 4,096 and 4,352 cells)."""
     from sim.evaluator.costs import build, clear_costs, token_costs
     from sim.simulate import graph_at
 
     clear_costs()
-    for p in points(GridSpec(hardware=(hardware,), cache_types_v=cache_v, contexts=((1000,), (4093,)), depths=(1,), tokens=6)):
+    contexts = ((1000,), (4093,), (4090,), (4091,))
+    for p in points(GridSpec(hardware=(hardware,), cache_types_v=cache_v, contexts=contexts, depths=(1,), tokens=6)):
         for k in range(p.workload.tokens):
             got, want = token_costs(p, k), build(p, graph_at(p, k))
             assert got.layout is want.layout and got.values.tolist() == want.values.tolist(), (p.context, k)
