@@ -5,7 +5,8 @@
   (``run_sweep(..., exact=True)``, what ``kvpipe sweep --exact`` runs) and the declined flags equal -- 200 points
   drawn with a fixed seed in the default run, the whole grid under ``-m benchmark`` (it simulates for ~45 s);
 * random points of the envelope (every model preset, four hardware presets, contexts 1..200,000, depths 0..8,
-  budgets 0..1,024 MiB) against ``sim.checks.run_checked(point, exact=True)``;
+  budgets 0..1,024 MiB) against ``sim.checks.run_checked(point, exact=True)``; and as many of each extension of it:
+  ``--kv-gpu-layers`` or ``-ngl``, and several sequences (2-8, unified or split, one context or one each);
 * ``check_sample``: what it re-simulates, what it returns, that it raises on a disagreement;
 * ``in_envelope``: each reason.
 """
@@ -70,6 +71,12 @@ def envelope_points(draw: Any) -> Point:
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(envelope_points())
 def test_random_envelope_points_match_the_simulator(point: Point) -> None:
+    _held(point)
+
+
+def _held(point: Point) -> None:
+    """The evaluator's row of ``point`` equals the simulator's (every token simulated) within TOL; both refuse a point
+    that does not fit."""
     assert in_envelope(point) is None
     try:
         want = row(run_checked(point, exact=True))
@@ -79,7 +86,42 @@ def test_random_envelope_points_match_the_simulator(point: Point) -> None:
         return
     got = evaluate([point])[0]
     assert got["declined"] == want["declined"]
-    assert row_disagreement(got, want) <= TOL
+    assert row_disagreement(got, want) <= TOL, (point.context, point.transport, point.workload)
+
+
+@st.composite
+def placed_points(draw: Any) -> Point:
+    """--kv-gpu-layers (the first N attention layers' KV on the device) or -ngl (the first layers on the CPU)."""
+    model = draw(st.sampled_from(MODELS))
+    kv, ngl = (draw(st.integers(1, 12)), 999) if draw(st.booleans()) else (0, draw(st.integers(2, 60)))
+    spec = GridSpec(models=(model,), hardware=(draw(st.sampled_from(HARDWARE)),), contexts=((draw(st.integers(1, 150_000)),),),
+                    depths=(draw(st.integers(0, 8)),), budgets_mib=(float(draw(st.integers(0, 1024))),),
+                    tokens=draw(st.integers(1, 6)), kv_gpu_layers=(kv,), n_gpu_layers=(ngl,))
+    return points(spec)[0]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(placed_points())
+def test_random_kv_gpu_layers_and_ngl_points_match_the_simulator(point: Point) -> None:
+    _held(point)
+
+
+@st.composite
+def sequences_points(draw: Any) -> Point:
+    """Several sequences, a unified cache or one stream each, the same context or one each."""
+    n = draw(st.sampled_from([2, 3, 4, 8]))
+    each = draw(st.booleans())
+    ctx = tuple(draw(st.integers(1, 60_000)) for _ in range(n)) if each else (draw(st.integers(1, 100_000)),)
+    spec = GridSpec(models=(draw(st.sampled_from(MODELS[:3])),), hardware=(draw(st.sampled_from(HARDWARE[:3])),),
+                    contexts=(ctx,), parallels=(n,), unified=draw(st.booleans()), depths=(draw(st.integers(0, 8)),),
+                    budgets_mib=(float(draw(st.sampled_from([0, 32, 128, 512]))),), tokens=draw(st.integers(1, 5)))
+    return points(spec)[0]
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sequences_points())
+def test_random_several_sequence_points_match_the_simulator(point: Point) -> None:
+    _held(point)
 
 
 def test_every_token_and_field_of_a_point_with_a_decline_midway() -> None:
@@ -91,8 +133,11 @@ def test_every_token_and_field_of_a_point_with_a_decline_midway() -> None:
     assert {r["engine"] for r in rows} == {"evaluator"} and all("hazards" not in r for r in rows)
 
 
-@pytest.mark.parametrize("hardware,cache_v", [("rtx4070-gen4x16", ()), ("h200-gen5x16", ("f16",)), ("rtx3060-gen3x4", ("q4_0",))])
-def test_scaled_steps_equal_their_own_graphs(hardware: str, cache_v: tuple[str, ...]) -> None:
+@pytest.mark.parametrize("hardware,cache_v,placed", [("rtx4070-gen4x16", (), {}), ("h200-gen5x16", ("f16",), {}),
+                                                     ("rtx3060-gen3x4", ("q4_0",), {}),
+                                                     ("rtx4070-gen4x16", (), {"kv_gpu_layers": (4,)}),
+                                                     ("h200-gen5x16", (), {"n_gpu_layers": (40,)})])
+def test_scaled_steps_equal_their_own_graphs(hardware: str, cache_v: tuple[str, ...], placed: dict[str, Any]) -> None:
     """A later step of a window is its first step's numbers with the deliveries scaled to its row: equal, to the bit,
     to the numbers built from its own graph (across a window boundary too; and from another context's first step of
     the same window: 4,090 and 4,091 share the 4,096-row window, in caches of 4,096 and 4,352 cells)."""
@@ -101,7 +146,7 @@ def test_scaled_steps_equal_their_own_graphs(hardware: str, cache_v: tuple[str, 
 
     clear_costs()
     contexts = ((1000,), (4093,), (4090,), (4091,))
-    for p in points(GridSpec(hardware=(hardware,), cache_types_v=cache_v, contexts=contexts, depths=(1,), tokens=6)):
+    for p in points(GridSpec(hardware=(hardware,), cache_types_v=cache_v, contexts=contexts, depths=(1,), tokens=6, **placed)):
         for k in range(p.workload.tokens):
             got, want = token_costs(p, k), build(p, graph_at(p, k))
             assert got.layout is want.layout and got.values.tolist() == want.values.tolist(), (p.context, k)
@@ -136,7 +181,8 @@ def test_in_envelope_reasons() -> None:
         (replace(p, transport=replace(cfg, arm="resident", depth=0)), "arm resident"),
         (replace(p, transport=replace(cfg, mutations=frozenset({"margin0"}))), "mutated"),
         (replace(p, workload=replace(wl, pinned=False)), "pageable"),
-        (replace(p, workload=replace(wl, n_parallel=2)), "2 sequences"),
+        (points(GridSpec(hardware=("rtx4070-gen4x16+rtx3060-gen3x4",), split_mode="layer", contexts=((4096,),), depths=(1,)))[0],
+         "2 devices"),
         (replace(p, transport=replace(cfg, margin_slots=1)), "margin 1"),
     ]
     for q, why in cases:
