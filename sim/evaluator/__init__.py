@@ -5,7 +5,7 @@ A steady decode token is a fixed program once its ring decision is known: the ho
 Its timing is then a max-plus recurrence that needs no event queue. This package evaluates that recurrence for
 many points at once: every (point, token) is a lane; lanes whose graphs have the same shape and whose rings made the
 same decision run as one NumPy matrix, the copy engine's serving order decided per lane with ``np.where``. The ring
-decisions are not made here: ``sim.distinct.plan_points`` runs the scheduler's own planning rules
+decisions are not made here: ``sim.replay.plan_points`` runs the scheduler's own planning rules
 (``sim.transport.planning``) for the whole batch at once, and the points of a line (the same but for depth and budget)
 whose decision at a token is the same share that token's lane.
 

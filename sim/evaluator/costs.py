@@ -26,8 +26,8 @@ import numpy as np
 from backends.base import CopyRange, copy_calls
 from backends.profile import LinkCurve
 from backends.simpy_copy import calls_seconds
-from sim.distinct import context_free, window_rows_at
 from sim.graph import DecodeGraph
+from sim.replay import context_free, window_rows_at
 from sim.simulate import Point, graph_at
 from sim.transport.deliveries import Delivery, SpanFn, ordered_copy, plan_deliveries, slot_entries, span_fn
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.distinct import context_free
 from sim.graph import DecodeGraph
+from sim.replay import context_free
 from sim.simulate import Point, graph_at
 
 

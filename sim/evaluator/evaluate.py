@@ -1,7 +1,7 @@
 """Evaluate points with the compiled token program: lanes shared by the points that run the same token, rows as the
 simulator's.
 
-The points are planned together by the scheduler's own rules (``sim.distinct.plan_points`` over
+The points are planned together by the scheduler's own rules (``sim.replay.plan_points`` over
 ``sim.transport.planning``: per token whether the ring runs, its slots, declines). A token of a point is then a
 *lane*: its graph's numbers (``sim.evaluator.costs``, the same for every depth and budget of a line) and its ring
 decision (``token.Setup``: ordered, or depth N with the ring's slots fresh or already used, and the boundary wait
@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 
 from backends.base import OutOfDeviceMemory
-from sim.distinct import PLAN_FIELDS as _PLAN
-from sim.distinct import Plans, plan_points
 from sim.evaluator.costs import TokenCosts, point_costs
 from sim.evaluator.envelope import in_envelope
 from sim.evaluator.token import Setup, run_token
+from sim.replay import PLAN_FIELDS as _PLAN
+from sim.replay import Plans, plan_points
 from sim.simulate import Point, RunResult, placed_hardware, row
 from sim.transport.config import MIB, GraphStats
 

@@ -189,3 +189,24 @@ def test_in_envelope_reasons() -> None:
         assert why in (in_envelope(q) or ""), why
     with pytest.raises(ValueError, match="outside the evaluator's envelope: pageable"):
         evaluate([cases[2][0]])
+
+
+def test_the_summary_a_plan_reads_is_what_the_rows_say() -> None:
+    """``summarize`` (arrays, no rows: what ``kvpipe plan`` reads) gives every point the figures of its row, exactly:
+    the same lanes, summed over tokens as ``sim.simulate.row`` sums them; and a point that does not fit says so."""
+    from sim.evaluator import summarize
+
+    pts = points(GridSpec(contexts=((4096,), (30000,), (80352,)), depths=(0, 1, 3), budgets_mib=(0.0, 40.0), tokens=5))
+    pts += points(GridSpec(models=("llama-3.1-70b",), contexts=((4096,),), depths=(0, 1)))  # 70B on 12 GB: does not fit
+    s = summarize(pts)
+    for i, p in enumerate(pts):
+        if not s.fits[i]:
+            with pytest.raises(OutOfDeviceMemory):
+                evaluate([p])
+            continue
+        r = evaluate([p])[0]
+        assert (s.tokens_per_s[i], s.ms_per_token[i], s.declined[i], s.ring_mib[i], s.ring_alloc_mib[i], s.window_rows[i],
+                s.late_mib[i], s.blocked_ms[i]) == (r["tokens_per_s"], r["ms_per_token"], r["declined"], r["ring_mib"],
+                                                     r["ring_alloc_mib"], r["window_rows"], r["late_mib"],
+                                                     r["breakdown_ms"]["blocked_in_ordered_copies"]), p.transport
+    assert not s.fits[-1] and s.fits[:-2].all() and s.declined.any()
