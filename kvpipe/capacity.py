@@ -365,8 +365,10 @@ def _plan_fit(req: Any, runner: Any) -> FitPlan:
 
         hi = max(out.largest_host_context, out.largest_resident_context)
         out.largest_at_min_tps = largest_context(fast_enough, hi)
-    for p, f in zip(plans, fits, strict=bool(plans)):
-        if f.best is not None:
+    by_context = {p.context: p for p in plans}
+    for f in fits:
+        p = by_context.get(f.context)
+        if p is not None and f.best is not None:
             fl, build = flags(f.best, f.context, req.cache_type, req.cache_type)
             p.extra["llama_cpp"] = {"flags": fl, "build": build, **f.best.to_json()}
     return out

@@ -106,9 +106,9 @@ def decline_rows(ring_mib: float, window_rows: int, budget_mib: float) -> int | 
     return int(budget_mib * MIB // per_row)
 
 
-def _answered(runner: Runner, pts: list[Any], grid: bool = False) -> Figures:
-    """The figures of ``pts`` (``grid``: see ``Runner.run``); InputError naming the first that does not fit."""
-    f = runner.run(pts, grid)
+def _answered(runner: Runner, pts: list[Any]) -> Figures:
+    """The figures of ``pts``; InputError naming the first that does not fit."""
+    f = runner.run(pts)
     bad = np.flatnonzero(~f.fits)
     if bad.size:
         p = pts[int(bad[0])]
@@ -126,22 +126,29 @@ def _gains(tps: np.ndarray, declined: np.ndarray, ordered: np.ndarray) -> np.nda
 
 
 def plan(req: PlanRequest, runner: Runner | None = None) -> list[ContextPlan]:
-    """Plan every context of ``req`` (``runner``: the plan's, whose evaluated points are checked at its end). Blocks for
-    the evaluation and any simulations (about a second for a few contexts on two cores)."""
+    """Plan every context of ``req`` whose graph fits the device (``runner``: the plan's, whose evaluated points are
+    checked at its end); a context that does not fit even on the ordered path has no plan (the memory plan,
+    ``kvpipe.capacity``, says why). Blocks for the evaluation and any simulations (about a second for a few contexts
+    on two cores)."""
     runner = runner or Runner(req)
     depths = list(range(req.max_depth + 1))
     budgets = [0.0, *(b for b in req.budgets_mib if b)]  # uncapped first; the asked budgets in the same run
     pts = points(req, list(req.contexts), depths, budgets)
-    f = _answered(runner, pts, grid=True)
+    f = runner.run(pts, grid=True)
 
     def grid(a: np.ndarray) -> np.ndarray:  # (budget, context, depth), from the grid's (context, depth, budget)
         return a.reshape(len(req.contexts), len(depths), len(budgets)).transpose(2, 0, 1)
 
     tps = grid(f.tokens_per_s)
-    gain = _gains(tps, grid(f.declined), tps[0, :, 0][None, :, None])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        gain = _gains(tps, grid(f.declined), tps[0, :, 0][None, :, None])
     ring, window = grid(f.ring_mib)[0], grid(f.window_rows)[0]
     first = len(depths) * len(budgets)  # each context's depth-0, budget-0 point
-    out = [_uncapped(req, pts[c * first], gain[0, c], ring[c], window[c], tps[0, c]) for c in range(len(req.contexts))]
+    fits = np.asarray(grid(f.fits).all(axis=(0, 2)))  # a context whose graph does not fit the device even ordered is left out
+    asked = [c for c in range(len(req.contexts)) if fits[c]]  # (the memory plan says why it does not fit)
+    out = [_uncapped(req, pts[c * first], gain[0, c], ring[c], window[c], tps[0, c]) for c in asked]
+    if not out:
+        return out
     _at_budget(req, runner, out)
     peak_depth = Counter(p.best_depth for p in out if p.best_depth).most_common(1)
     apply_peak(req, runner, out, peak_depth[0][0] if peak_depth else 1)
@@ -149,7 +156,7 @@ def plan(req: PlanRequest, runner: Runner | None = None) -> list[ContextPlan]:
         _budget_for_gain(req, runner, out)
     for budget in req.budgets_mib:
         b = budgets.index(float(budget)) if budget else 0
-        for c, p in enumerate(out):
+        for c, p in zip(asked, out, strict=True):
             p.best_by_budget[budget] = _best_depth({d: float(gain[b, c, d]) for d in depths[1:]})
     return out
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpipe.plan_run import PlanRequest, Runner, points
+from sim.errors import InputError
 from sim.graph import decode_graph
 from sim.rows import with_gains
 from sim.simulate import Point
@@ -110,7 +111,13 @@ def _pad(rows: float) -> int:
 
 
 def _best(req: PlanRequest, runner: Runner, windows: list[int], depth: int) -> dict[str, Any]:
-    rows = with_gains(runner.rows(points(req, [_context_for_window(w) for w in windows], [0, depth], 0, tokens=2)))
+    """The row of the window with the largest gain at ``depth`` (of the windows whose graph fits the device; the
+    smallest if none does). Raises InputError when none fits."""
+    got = runner.rows(points(req, [_context_for_window(w) for w in windows], [0, depth], 0, tokens=2))
+    pairs = [(a, b) for a, b in zip(got[::2], got[1::2], strict=True) if a is not None and b is not None]
+    if not pairs:
+        raise InputError(f"no window of {windows[0]:,}..{windows[-1]:,} rows fits the device: no simulated peak")
+    rows = with_gains([r for pair in pairs for r in pair])
     piped = [r for r in rows if r["depth"] == depth]
     return max(piped, key=lambda r: (r["gain"] or 0.0, -r["window_rows"]))
 

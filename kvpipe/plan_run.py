@@ -162,8 +162,10 @@ class Runner:
 
     def _in_envelope(self, p: Point) -> bool:
         from sim.evaluator import in_envelope
+        from sim.replay import config_but_depth_budget
 
-        key = (id(p.workload), id(p.hardware), p.transport.arm, p.transport.mutations, p.transport.margin_slots)
+        # the envelope does not depend on depth and budget; ids of objects the runner's points keep alive
+        key = (id(p.workload), id(p.hardware), config_but_depth_budget(p.transport))
         got = self._inside.get(key)
         if got is None:
             got = self._inside[key] = in_envelope(p) is None
@@ -204,22 +206,18 @@ class Runner:
         by_key = {key_of_row(r): r for r in res.rows}
         return [by_key.get(key_of_point(p)) for p in pts]
 
-    def rows(self, pts: Sequence[Point]) -> list[dict[str, Any]]:
-        """Whole rows of a few points (the evaluator's where it answers them, kept for the check; else simulated).
-        Raises InputError for a point that fails. Blocks."""
+    def rows(self, pts: Sequence[Point]) -> list[dict[str, Any] | None]:
+        """Whole rows of a few points (the evaluator's where it answers them, kept for the check; else simulated);
+        None where a point does not fit the device. Blocks."""
         inside = [not self.req.exact and self._in_envelope(p) for p in pts]
         mine = [p for p, ok in zip(pts, inside, strict=True) if ok]
         got = iter(_evaluated_rows(mine))
         sims = iter(self._simulated([p for p, ok in zip(pts, inside, strict=True) if not ok]))
-        out = []
-        for p, ok in zip(pts, inside, strict=True):
-            r = next(got) if ok else next(sims)
-            if r is None:
-                raise InputError(f"the point at context {p.context:,}, depth {p.transport.depth} does not fit the device")
-            out.append(r)
-        if mine:
-            kept = Figures.of_rows([r for r, ok in zip(out, inside, strict=True) if ok])
-            self.evaluated.append((mine, replace(kept, evaluated=np.ones(len(mine), dtype=bool))))
+        out = [next(got) if ok else next(sims) for ok in inside]
+        kept = [(p, r) for p, r, ok in zip(pts, out, inside, strict=True) if ok and r is not None]
+        if kept:
+            figs = Figures.of_rows([r for _, r in kept])
+            self.evaluated.append(([p for p, _ in kept], replace(figs, evaluated=np.ones(len(kept), dtype=bool))))
         return out
 
     def mark(self, pts: Sequence[Point]) -> None:

@@ -104,6 +104,7 @@ def points(spec: GridSpec) -> list[Point]:
     caches_v: list[CacheType | None] = [cache(c) for c in spec.cache_types_v] or [None]
     out = []
     made: dict[tuple[int | tuple[int, ...], ...], tuple[Workload, HardwareProfile]] = {}
+    configs: dict[tuple[int, float, str], TransportConfig] = {}
     try:
         workloads = itertools.product(models, hws, caches, caches_v, spec.contexts, spec.parallels)
         placements = list(itertools.product(spec.kv_gpu_layers, spec.n_gpu_layers, spec.kv_offload, spec.depths, spec.budgets_mib))
@@ -129,8 +130,11 @@ def points(spec: GridSpec) -> list[Point]:
                 raise InputError(f"--depth {d} on {h.name}: its llama.cpp runs -nkvo attention on the CPU (upstream, no "
                                  "pipelined path); allowed: --depth 0")
             arm = ("host-attention" if host_attn else "transport") if off else "resident"
-            tc = TransportConfig(depth=d if off else 0, budget_mib=b if off else 0.0, mutations=spec.mutations if off else frozenset(),
-                                 pack_streams=spec.pack_streams, arm=arm)
+            tc = configs.get((d, b, arm))
+            if tc is None:  # one config per depth, budget and arm (frozen, shared by every workload)
+                tc = configs[d, b, arm] = TransportConfig(depth=d if off else 0, budget_mib=b if off else 0.0, arm=arm,
+                                                          mutations=spec.mutations if off else frozenset(),
+                                                          pack_streams=spec.pack_streams)
             out.append(Point(wl, profile, tc))
     except InputError:
         raise

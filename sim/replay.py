@@ -30,8 +30,8 @@ from sim.transport.deliveries import span_fn
 from sim.transport.planning import PLAN_FIELDS
 from sim.workload import Workload
 
-__all__ = ["PLAN_FIELDS", "Plans", "PointPlan", "TokenPlan", "context_free", "line_key", "plan_point", "plan_points",
-           "window_rows_at"]
+__all__ = ["PLAN_FIELDS", "Plans", "PointPlan", "TokenPlan", "config_but_depth_budget", "context_free", "line_key", "plan_point",
+           "plan_points", "window_rows_at"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +93,7 @@ _SHAPES: OrderedDict[Any, _Shape] = OrderedDict()  # the last shapes planned: th
 SHAPES_KEPT = 64
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def context_free(wl: Workload, cells: bool) -> Any:
     """What a one-sequence workload's graph at a given window depends on, whatever its context: the workload at a
     context of 1, one token, and (``cells``) a cache of its own size. The graphs of two such workloads with equal keys
@@ -147,11 +148,24 @@ class _Line:
 
 def line_key(point: Point) -> Any:
     """Everything planning reads of a point but its depth and budget (the points of one line share their graphs)."""
-    return point.workload, point.hardware, _rest(point.transport)
+    return point.workload, point.hardware, config_but_depth_budget(point.transport)
 
 
 #: A config's fields but depth and budget, as a tuple.
 _rest = operator.attrgetter(*(f.name for f in fields(TransportConfig) if f.name not in ("depth", "budget_mib")))
+
+
+def config_but_depth_budget(cfg: TransportConfig) -> tuple[Any, ...]:
+    """``cfg``'s fields but depth and budget (what a line shares), kept per config object."""
+    got = _RESTS.get(id(cfg))
+    if got is None or got[0] is not cfg:
+        if len(_RESTS) > 4096:
+            _RESTS.clear()
+        got = _RESTS[id(cfg)] = (cfg, _rest(cfg))
+    return got[1]
+
+
+_RESTS: dict[int, tuple[TransportConfig, tuple[Any, ...]]] = {}
 
 
 def _lines(points: Sequence[Point]) -> tuple[np.ndarray, list[Point]]:
@@ -162,7 +176,7 @@ def _lines(points: Sequence[Point]) -> tuple[np.ndarray, list[Point]]:
     firsts: list[Point] = []
     line_of = np.empty(len(points), dtype=np.intp)
     for i, p in enumerate(points):
-        k = (id(p.workload), id(p.hardware), _rest(p.transport))
+        k = (id(p.workload), id(p.hardware), config_but_depth_budget(p.transport))
         li = by_id.get(k)
         if li is None:
             li = by_id[k] = lines.setdefault(line_key(p), len(lines))
@@ -184,6 +198,8 @@ class Plans:
     points: Sequence[Point]
     line_of: np.ndarray  # each point's line (the points that differ only in depth and budget), numbered from 0
     lines: list[Point]  # the first point of each line
+    policy: planning.Policy  # each point's TransportConfig as planning reads it (depth, slots, budget, ...)
+    tokens: np.ndarray  # each point's decode tokens
     graphs: list[planning.GraphPlan]
     rings: list[dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]]
     rows: list[np.ndarray]
@@ -235,7 +251,7 @@ def plan_points(points: Sequence[Point], each_line: Callable[[Point], Any] | Non
     align[align == 0] = 1
     io = np.array([x.io_bytes for x in info], dtype=np.int64)[line_of]
     pol = planning.Policy.of([p.transport for p in points])
-    tokens = np.fromiter((p.workload.tokens for p in points), dtype=np.int64, count=n)
+    tokens = np.array([x.point.workload.tokens for x in info], dtype=np.int64)[line_of]
     rings = {d: planning.RingState.empty(n) for d in range(n_dev)}
     made_at = {d: np.full(n, 1 << 30, dtype=np.int64) for d in range(n_dev)}
     rank = {d: np.zeros(n, dtype=np.int64) for d in range(n_dev)}
@@ -269,8 +285,8 @@ def plan_points(points: Sequence[Point], each_line: Callable[[Point], Any] | Non
         graphs.append(gp)
         snaps.append({d: (r.made.copy(), gp.active.get(d, np.zeros(n, dtype=bool)) & r.made, r.alloc.copy(), r.frozen.copy())
                       for d, r in rings.items()})
-    return Plans(points, line_of, [x.point for x in info], graphs, snaps, rows, made_at, rank, ledger.fits, failed_at,
-                 ledger.reasons)
+    return Plans(points, line_of, [x.point for x in info], pol, tokens, graphs, snaps, rows, made_at, rank, ledger.fits,
+                 failed_at, ledger.reasons)
 
 
 class _ShapeArrays:

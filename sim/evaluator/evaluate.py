@@ -96,8 +96,8 @@ class Evaluation:
     def summary(self) -> Summary:
         """Every point's figures (:class:`Summary`), computed as ``sim.simulate.row`` computes them. Pure."""
         n, plans = len(self.points), self.plans
-        tokens = np.fromiter((p.workload.tokens for p in self.points), dtype=np.int64, count=n)
-        n_par = np.fromiter((p.workload.n_parallel for p in self.points), dtype=np.float64, count=n)
+        tokens = plans.tokens
+        n_par = np.array([p.workload.n_parallel for p in plans.lines], dtype=np.float64)[plans.line_of]
         sums = {f: np.zeros(n) for f in ("total_s", "late_bytes", "blocked_ordered_s")}
         any_declined, any_delivered = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         last_need, last_alloc = np.zeros(n), np.zeros(n)
@@ -135,9 +135,7 @@ def evaluate_batch(points: Sequence[Point], first: int = 0) -> Evaluation:
 
     plans = plan_points(points, line)
     n, n_tok = len(points), max(p.workload.tokens for p in points)
-    depth = np.fromiter((p.transport.depth for p in points), dtype=np.int64, count=n)
-    n_slots = np.fromiter((p.transport.n_slots for p in points), dtype=np.int64, count=n)
-    tokens = np.fromiter((p.workload.tokens for p in points), dtype=np.int64, count=n)
+    depth, n_slots, tokens = plans.policy.depth, plans.policy.n_slots, plans.tokens
     # each (point, token)'s lane key: its line and token, and its ring decision as one number
     keys = np.full((n, n_tok), -1, dtype=np.int64)
     used, before = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)

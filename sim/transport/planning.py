@@ -77,21 +77,30 @@ class Policy:
     idle_release: Arr  # graphs
     ring_staging: Arr  # bool: deliveries go to the ring (off: the graph allocator's input region)
     resident_arm: Arr  # bool
+    depth: Arr  # N
 
     @staticmethod
     def of(cfgs: Sequence[TransportConfig]) -> Policy:
         """The policy of each config (one array element per config). Pure."""
         index: dict[TransportConfig, int] = {}
-        which = np.fromiter((index.setdefault(c, len(index)) for c in cfgs), dtype=np.intp, count=len(cfgs))
+        by_id: dict[int, int] = {}  # configs are often shared objects: each hashed once
+
+        def at(c: TransportConfig) -> int:
+            got = by_id.get(id(c))
+            if got is None:
+                got = by_id[id(c)] = index.setdefault(c, len(index))
+            return got
+
+        which = np.fromiter((at(c) for c in cfgs), dtype=np.intp, count=len(cfgs))
         one = [_policy_row(c) for c in index]
-        cols = [np.array(col)[which] for col in zip(*one, strict=True)] if one else [np.zeros(0)] * 7
+        cols = [np.array(col)[which] for col in zip(*one, strict=True)] if one else [np.zeros(0)] * 8
         return Policy(*cols)
 
 
 @functools.lru_cache(maxsize=256)
-def _policy_row(cfg: TransportConfig) -> tuple[bool, int, int, int, int, bool, bool]:
+def _policy_row(cfg: TransportConfig) -> tuple[bool, int, int, int, int, bool, bool, int]:
     return (cfg.depth > 0 and cfg.arm != "resident", cfg.n_slots, cfg.budget_bytes, int(cfg.headroom_mib * MIB),
-            cfg.idle_release_graphs, cfg.policy.ring_staging, cfg.arm == "resident")
+            cfg.idle_release_graphs, cfg.policy.ring_staging, cfg.arm == "resident", cfg.depth)
 
 
 @functools.lru_cache(maxsize=256)
