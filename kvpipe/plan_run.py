@@ -16,6 +16,7 @@ Units: the figures' own (t/s, MiB, ms, rows).
 from __future__ import annotations
 
 import math
+import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
@@ -33,6 +34,7 @@ from sim.workload import ALL_LAYERS, layers_of_ngl
 
 DEFAULT_BUDGET_MIB = TransportConfig().budget_mib
 CHECK_N = 32  # the evaluator's points the plan re-simulates exact at its end, at least
+PARALLEL_POINTS = 20_000  # the fewest points per worker worth evaluating in a process of its own (pickling them: ~6 us each)
 
 
 @dataclass(frozen=True)
@@ -175,15 +177,13 @@ class Runner:
         """Every point's figures: evaluated in this process where the envelope allows (unless ``--exact``), else
         simulated (``--jobs`` workers). ``grid``: the points are a grid along contexts, whose boundaries (where the
         best depth or a decline changes) the check re-simulates. Blocks for the evaluation and the simulations."""
-        from sim.evaluator import summarize
-
         inside = np.zeros(len(pts), dtype=bool) if self.req.exact else np.fromiter(
             (self._in_envelope(p) for p in pts), dtype=bool, count=len(pts))
         parts: list[tuple[np.ndarray, Figures]] = []
         idx = np.flatnonzero(inside)
         if idx.size:
             mine = [pts[i] for i in idx.tolist()]
-            s = summarize(mine)
+            s = self._summarize(mine)
             figures = Figures(s.tokens_per_s, s.declined, s.ring_mib, s.ring_alloc_mib, s.window_rows, s.late_mib, s.blocked_ms,
                               s.fits & (s.tokens_per_s > 0), np.ones(len(mine), dtype=bool))
             parts.append((idx, figures))
@@ -194,6 +194,20 @@ class Runner:
         if rest.size:
             parts.append((rest, Figures.of_rows(self._simulated([pts[i] for i in rest.tolist()]))))
         return Figures.merge(len(pts), parts)
+
+    def _summarize(self, pts: list[Point]) -> Any:
+        """``sim.evaluator.summarize`` of ``pts``: in this process, or split in contiguous pieces over ``--jobs``
+        local workers when there are at least ``PARALLEL_POINTS`` (the pieces' figures joined in order)."""
+        from kvpipe.executors import executor_for
+        from sim.evaluator import Summary, summarize
+
+        workers = min(self.req.jobs or os.cpu_count() or 1, max(1, len(pts) // PARALLEL_POINTS))
+        if workers < 2:
+            return summarize(pts)
+        cuts = [len(pts) * k // workers for k in range(workers + 1)]
+        with executor_for(workers) as ex:
+            futures = [ex.submit(summarize, pts[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]
+            return Summary.concat([f.result() for f in futures])
 
     def _simulated(self, pts: list[Point]) -> list[dict[str, Any] | None]:
         """The simulator's rows of ``pts`` in order (None where a point failed: it does not fit)."""

@@ -121,11 +121,12 @@ def _evaluated(points: Sequence[Point]) -> list[dict[str, Any] | str]:
     not fit is simulated, which reports why. Blocks for the evaluation (CPU)."""
     from sim.evaluator.evaluate import evaluations
 
+    out: list[dict[str, Any] | str | None] = []
     t = time.perf_counter()
-    done = evaluations(points)
-    wall = (time.perf_counter() - t) / max(1, len(points))
-    out: list[dict[str, Any] | str | None] = [ev.row(i, wall) if ev.plans.fits[i] else None
-                                              for _, ev in done for i in range(len(ev.points))]
+    for _, ev in evaluations(points):
+        wall = (time.perf_counter() - t) / len(ev.points)
+        out += [ev.row(i, wall) if ev.plans.fits[i] else None for i in range(len(ev.points))]
+        t = time.perf_counter()
     rest = [i for i, r in enumerate(out) if r is None]
     if rest:
         for i, got in zip(rest, run_chunk([points[i] for i in rest]), strict=True):

@@ -90,7 +90,7 @@ class _Shape:
 
 
 _SHAPES: OrderedDict[Any, _Shape] = OrderedDict()  # the last shapes planned: the depths and budgets of a grid share them
-SHAPES_KEPT = 64
+SHAPES_KEPT = 1 << 14  # small records: every context of a workload, and the sample check's points, find theirs
 
 
 @functools.lru_cache(maxsize=1 << 14)

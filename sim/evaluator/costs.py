@@ -185,7 +185,8 @@ def _scaled(block: _Block, row: int) -> TokenCosts:
 
 _KEPT: OrderedDict[Any, dict[int, TokenCosts]] = OrderedDict()  # per workload and machine: step -> numbers
 _BLOCKS: OrderedDict[Any, _Block] = OrderedDict()
-KEPT_POINTS = 1 << 12
+KEPT_POINTS = 1 << 9  # lines whose step numbers are kept (a batch reads each line once, in order)
+KEPT_BLOCKS = 1 << 14  # windows whose first step's numbers are kept (every context of a workload shares them)
 
 
 def token_costs(point: Point, step: int) -> TokenCosts:
@@ -220,7 +221,7 @@ def point_costs(point: Point) -> list[TokenCosts]:
                 deliveries = _deliveries(graph, span)
                 got = _build(graph, h2d, d2h, span, deliveries)
                 if block is None:
-                    _keep(_BLOCKS, (family, rows), _block(graph, got, h2d, deliveries))
+                    _keep(_BLOCKS, (family, rows), _block(graph, got, h2d, deliveries), KEPT_BLOCKS)
             else:
                 got = _scaled(block, wl.writes(step)[0][1])
             kept[step] = got
@@ -234,7 +235,7 @@ def clear_costs() -> None:
     _BLOCKS.clear()
 
 
-def _keep(cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+def _keep(cache: OrderedDict[Any, Any], key: Any, value: Any, most: int = KEPT_POINTS) -> None:
     cache[key] = value
-    while len(cache) > KEPT_POINTS:
+    while len(cache) > most:
         cache.popitem(last=False)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -197,9 +197,11 @@ def _setup(code: int, staged: int) -> Setup:
     return Setup(depth, n_slots, tuple(bool(used) and o < min(staged, n_slots) for o in range(n_slots)), bool(before))
 
 
-def evaluations(points: Sequence[Point]) -> list[tuple[int, Evaluation]]:
-    """``points`` evaluated in batches of ``BATCH_POINTS``: (the batch's first index, its Evaluation). Blocks (CPU)."""
-    return [(lo, evaluate_batch(points[lo : lo + BATCH_POINTS], lo)) for lo in range(0, len(points), BATCH_POINTS)]
+def evaluations(points: Sequence[Point]) -> Iterator[tuple[int, Evaluation]]:
+    """``points`` evaluated in batches of ``BATCH_POINTS``, one batch at a time (a batch's plans are dropped once the
+    caller moves on): (the batch's first index, its Evaluation). Blocks (CPU)."""
+    for lo in range(0, len(points), BATCH_POINTS):
+        yield lo, evaluate_batch(points[lo : lo + BATCH_POINTS], lo)
 
 
 def evaluate_stats(points: Sequence[Point]) -> list[list[GraphStats]]:
@@ -210,12 +212,15 @@ def evaluate_stats(points: Sequence[Point]) -> list[list[GraphStats]]:
 
 
 def evaluate(points: Sequence[Point]) -> list[dict[str, Any]]:
-    """The row of every point (:meth:`Evaluation.row`). See :func:`evaluate_stats` for what it raises. Blocks for the
-    evaluation (CPU)."""
-    t = time.perf_counter()
-    done = evaluations(points)
-    wall = (time.perf_counter() - t) / max(1, len(points))
-    return [ev.row(i, wall) for _, ev in done for i in range(len(ev.points))]
+    """The row of every point (:meth:`Evaluation.row`; ``wall_s``: its batch's wall time per point). See
+    :func:`evaluate_stats` for what it raises. Blocks for the evaluation (CPU)."""
+    out: list[dict[str, Any]] = []
+    for lo in range(0, len(points), BATCH_POINTS):
+        t = time.perf_counter()
+        ev = evaluate_batch(points[lo : lo + BATCH_POINTS], lo)
+        wall = (time.perf_counter() - t) / len(ev.points)
+        out += [ev.row(i, wall) for i in range(len(ev.points))]
+    return out
 
 
 def summarize(points: Sequence[Point]) -> Summary:
