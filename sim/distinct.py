@@ -95,7 +95,7 @@ def tasks(points: list[Point], todo: list[bool] | None = None, exact: bool = Fal
     todo = todo if todo is not None else [True] * len(points)
     if exact:  # every point as asked: nothing to plan
         return [Task(p, None, (Member(p, UNPLANNED, _label(p), 1, i),), True) for i, p in enumerate(points) if todo[i]]
-    plans = [_plan_or_alone(p) for p in points]
+    plans = _plans(points)
     if not share:
         keys: list[Any] = [("alone", i) for i in range(len(points))]
     else:
@@ -118,6 +118,15 @@ def tasks(points: list[Point], todo: list[bool] | None = None, exact: bool = Fal
 def _label(sim: Point) -> dict[str, Any]:
     """``simulated_as``: the depth and budget of the run (its other coordinates are every member's own)."""
     return {"depth": sim.transport.depth, "budget_mib": sim.transport.budget_mib}
+
+
+def _plans(points: list[Point]) -> list[PointPlan]:
+    """Every point's plan, planned together; if that raises, each alone (:func:`_plan_or_alone`)."""
+    try:
+        together = plan_points(points)
+    except Exception:  # noqa: BLE001 - some point cannot be planned: find which, point by point
+        return [_plan_or_alone(p) for p in points]
+    return [together.point_plan(i) for i in range(len(points))]
 
 
 def _plan_or_alone(point: Point) -> PointPlan:

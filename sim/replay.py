@@ -93,6 +93,13 @@ _SHAPES: OrderedDict[Any, _Shape] = OrderedDict()  # the last shapes planned: th
 SHAPES_KEPT = 1 << 14  # small records: every context of a workload, and the sample check's points, find theirs
 
 
+def clear_shapes() -> None:
+    """Forget the shapes and keys kept (a timing that must build them)."""
+    _SHAPES.clear()
+    context_free.cache_clear()
+    window_rows_at.cache_clear()
+
+
 @functools.lru_cache(maxsize=1 << 14)
 def context_free(wl: Workload, cells: bool) -> Any:
     """What a one-sequence workload's graph at a given window depends on, whatever its context: the workload at a

@@ -48,5 +48,16 @@ from sim.evaluator.check import EvaluatorDisagreement, check_sample, row_disagre
 from sim.evaluator.envelope import in_envelope
 from sim.evaluator.evaluate import Summary, evaluate, evaluate_stats, summarize
 
-__all__ = ["EvaluatorDisagreement", "Summary", "check_sample", "evaluate", "evaluate_stats", "in_envelope", "row_disagreement",
-           "summarize"]
+
+def clear_caches() -> None:
+    """Forget every kept number, shape and envelope verdict (a timing that must build them, as ``kvpipe bench`` does)."""
+    from sim.evaluator import costs, envelope
+    from sim.replay import clear_shapes
+
+    costs.clear_costs()
+    envelope.clear_reasons()
+    clear_shapes()
+
+
+__all__ = ["EvaluatorDisagreement", "Summary", "check_sample", "clear_caches", "evaluate", "evaluate_stats", "in_envelope",
+           "row_disagreement", "summarize"]

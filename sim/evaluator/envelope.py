@@ -41,6 +41,11 @@ def in_envelope(point: Point) -> str | None:
 _REASONS: dict[Any, str | None] = {}
 
 
+def clear_reasons() -> None:
+    """Forget the graph verdicts kept (a timing that must build them)."""
+    _REASONS.clear()
+
+
 def _graph_reason(point: Point) -> str | None:
     """Why the point's decode graph is not the shape the evaluator's program runs (None: it is). Kept for the points
     whose graphs share their shape (``sim.distinct.context_free``: the same workload at any context)."""

@@ -210,3 +210,24 @@ def test_the_summary_a_plan_reads_is_what_the_rows_say() -> None:
                                                      r["ring_alloc_mib"], r["window_rows"], r["late_mib"],
                                                      r["breakdown_ms"]["blocked_in_ordered_copies"]), p.transport
     assert not s.fits[-1] and s.fits[:-2].all() and s.declined.any()
+
+
+def test_boundaries_are_changes_of_best_depth_or_decline_not_float_noise() -> None:
+    """The sample check's boundaries (over arrays, as a plan of half a million points finds them): a decline that
+    flips between neighbouring contexts, and a best depth that changes -- but not two depths within 1e-9 of each
+    other trading places, which is float noise between depths that run the same schedule."""
+    import numpy as np
+
+    from sim.evaluator.check import boundaries
+
+    # one line, one budget, contexts 1..4, depths 0..2 (index = 3 * context + depth)
+    ctx = np.repeat(np.arange(4), 3)
+    depth = np.tile(np.arange(3), 4)
+    tps = np.array([10, 20, 20 * (1 + 1e-12),  # depth 1 and 2 tie: best is 1
+                    10, 20 * (1 + 1e-12), 20,  # tie again, the other way round: still 1
+                    10, 20, 30,  # depth 2 is better: a change
+                    10, 20, 30], dtype=float)
+    declined = np.zeros(12, dtype=bool)
+    declined[[2, 5]] = True  # depth 2 declined at contexts 0 and 1, not after: a flip between contexts 1 and 2
+    got = boundaries(np.zeros(12, dtype=np.int64), ctx, depth, np.zeros(12), tps, declined)
+    assert got == {4, 8} | {5, 8}  # best 1 -> 2 between contexts 1 and 2 (points 4 and 8); the decline flip (5, 8)
