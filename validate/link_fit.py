@@ -17,12 +17,16 @@ the simulations it runs.
 from __future__ import annotations
 
 import copy
-import math
-from collections.abc import Sequence
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from sim.workload import CacheType, ModelShape
-from validate.token_sim import TokenRun, simulated_s, workload_of
+import numpy as np
+
+from sim.errors import InputError
+from sim.workload import CacheType, ModelShape, Workload
+from validate.token_sim import TokenRun, gauss_newton, golden_log, simulated_s, workload_of
 
 
 def with_h2d(profile: dict[str, Any], h2d_GBps: float, key: str = "h2d_pinned") -> dict[str, Any]:
@@ -41,29 +45,107 @@ def fit_h2d(profile: dict[str, Any], model: ModelShape, cache_k: CacheType, cach
     was pageable (the driver's staging rate). One number, which two ordered
     depths determine and more over-determine. (Scaling the base curve's shape
     instead was tried on the H200 llama-bench runs: the shape the probe measured
-    on that host did not carry over, docs/validation.md.)
+    on that host did not carry over, docs/validation.md.) Blocks (simulations).
     """
-    wls = [workload_of(model, cache_k, cache_v, r) for r in runs]
-    key = h2d_key(runs)
+    items = [OrderedRun(profile, workload_of(model, cache_k, cache_v, r), r) for r in runs]
+    return flat_rate(items, h2d_key(runs), lo_GBps, hi_GBps, iterations)
 
-    def cost(log_bw: float) -> float:
-        d = with_h2d(profile, math.exp(log_bw), key)
-        return sum((simulated_s(d, wl, "ordered") / r.seconds_per_token - 1.0) ** 2 for wl, r in zip(wls, runs, strict=True))
 
-    a, b = math.log(lo_GBps), math.log(hi_GBps)
-    g = (math.sqrt(5) - 1) / 2
-    c, d = b - g * (b - a), a + g * (b - a)
-    fc, fd = cost(c), cost(d)
-    for _ in range(iterations):
-        if fc < fd:
-            b, d, fd = d, c, fc
-            c = b - g * (b - a)
-            fc = cost(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + g * (b - a)
-            fd = cost(d)
-    return math.exp((a + b) / 2)
+@dataclass(frozen=True)
+class OrderedRun:
+    """An ordered run with the profile dict of its own cache type's compute (several types share one link)."""
+
+    profile: dict[str, Any]
+    workload: Workload
+    run: TokenRun
+
+    def error(self, d: dict[str, Any] | None = None) -> float:
+        """Measured over simulated seconds, less 1, under ``d`` (default: its own profile). Blocks (simulation)."""
+        return self.run.seconds_per_token / simulated_s(self.profile if d is None else d, self.workload, "ordered") - 1.0
+
+    def copy_bytes(self) -> int:
+        """Bytes of its largest window copy: one attention layer's K or V window (the size the link curve is read at)."""
+        rows = self.workload.window_rows(max(self.workload.contexts))
+        return rows * max(self.workload.k_row_bytes, self.workload.v_row_bytes)
+
+
+def _relative(items: Sequence[OrderedRun], make: Callable[[dict[str, Any]], dict[str, Any]]) -> list[float]:
+    return [simulated_s(make(i.profile), i.workload, "ordered") / i.run.seconds_per_token - 1.0 for i in items]
+
+
+def flat_rate(items: Sequence[OrderedRun], key: str, lo_GBps: float = 0.05, hi_GBps: float = 2000.0,
+              iterations: int = 48, latency_us: float | None = None) -> float:
+    """The flat rate (GB/s) of link ``key`` whose simulated ordered times best fit ``items`` (least squares,
+    relative), each under its own profile; ``latency_us`` replaces the curve's latency when given. Blocks."""
+    def cost(bw: float) -> float:
+        return sum(e * e for e in _relative(items, lambda p: with_link(p, key, bw, latency_us)))
+
+    return golden_log(cost, lo_GBps, hi_GBps, iterations)
+
+
+def with_link(profile: dict[str, Any], key: str, GBps: float, latency_us: float | None = None) -> dict[str, Any]:
+    """A copy of the profile dict whose link ``key`` is flat at ``GBps`` (its latency ``latency_us``, else kept)."""
+    d = with_h2d(profile, GBps, key)
+    if latency_us is not None:
+        for dev in d["devices"]:
+            dev["links"][key]["latency_us"] = latency_us
+    return d
+
+
+#: The copy sizes of the ordered runs must span this ratio before a fixed cost per copy is told from the rate.
+SIZE_SPAN = 1.5
+
+
+def fit_pageable(items: Sequence[OrderedRun]) -> dict[str, Any]:
+    """The pageable staging of a user's host from its ordered runs (``-nkvo 1``, upstream's pageable cache): a record
+    with ``latency_us`` (a fixed cost per copy), ``GBps`` (the staging rate), ``curve`` ("latency + rate", or "flat"
+    where the copies span less than SIZE_SPAN in size, or fewer than three runs: the latency is then the profile's),
+    each run's residual, and the spread: the rate each run alone implies beside the fitted latency. Blocks.
+
+    A pageable copy's time is ``latency + bytes / rate`` (``backends.profile_types.LinkCurve``): the simulator
+    stages it in chunks on the host thread at that time, less one chunk's pinned DMA. Raises InputError with no run.
+    """
+    if not items:
+        raise InputError("no -nkvo 1 run to fit the pageable staging to; allowed: llama-bench -nkvo 1 at one depth or more")
+    key = "h2d_pageable"
+    base_latency = float(items[0].profile["devices"][0]["links"][key].get("latency_us", 0.0))
+    sizes = [i.copy_bytes() for i in items]
+    span = max(sizes) / min(sizes)
+    flat = flat_rate(items, key)
+    latency, rate, curve = base_latency, flat, "flat"
+    if span >= SIZE_SPAN and len(items) >= 3:
+        def residuals(p: Sequence[float]) -> np.ndarray:
+            return np.array(_relative(items, lambda d: with_link(d, key, p[1], p[0])))
+
+        latency, rate = gauss_newton(residuals, [max(base_latency, 1.0), flat])
+        curve = "latency + rate"
+        if latency < 0.05:  # no fixed cost to speak of: the flat rate is the curve
+            latency, rate, curve = base_latency, flat, "flat"
+    each = [flat_rate([i], key, iterations=30, latency_us=latency) for i in items]
+    return {
+        "curve": curve, "latency_us": latency, "GBps": rate, "copy_bytes": sizes, "size_span": span,
+        "runs": [{"label": i.run.label, "context": i.run.context, "cache": f"{i.workload.cache_k.name}/{i.workload.cache_v.name}",
+                  "copy_mib": s / 2**20, "implied_GBps": g,
+                  "error": i.error(with_link(i.profile, key, rate, latency))} for i, s, g in zip(items, sizes, each, strict=True)],
+        "spread_GBps": {"min": min(each), "median": statistics.median(each), "max": max(each)},
+    }
+
+
+def pageable_held_out(items: Sequence[OrderedRun]) -> list[dict[str, Any]]:
+    """Each ordered run predicted by :func:`fit_pageable` on the others (the band of the link), as token_fit's
+    held-out records. Blocks (simulations)."""
+    out = []
+    for k, left in enumerate(items):
+        rest = [i for j, i in enumerate(items) if j != k]
+        if not rest:
+            continue
+        fit = fit_pageable(rest)
+        err = left.error(with_link(left.profile, "h2d_pageable", fit["GBps"], fit["latency_us"]))
+        out.append({"context": left.run.context, "arm": "ordered", "label": left.run.label,
+                    "cache": f"{left.workload.cache_k.name}/{left.workload.cache_v.name}",
+                    "measured_tps": 1.0 / left.run.seconds_per_token,
+                    "fitted_tps": (1.0 + err) / left.run.seconds_per_token, "error": err})
+    return out
 
 
 def h2d_key(runs: Sequence[TokenRun]) -> str:

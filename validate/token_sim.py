@@ -164,29 +164,41 @@ def refine(make: Callable[[Sequence[float]], dict[str, Any]], start: Sequence[fl
     The straight-line fits assume a token is the sum of its parts, which holds
     while the host waits on every copy (the ordered path). Where the host's
     launches overlap the GPU (a resident run on a launch-heavy profile) the
-    simulated time is not additive and the line misses; Gauss-Newton on the
-    logarithms of the parameters, with a numerical Jacobian and a halving line
-    search, finishes the fit from the line's values. Blocks (simulations).
+    simulated time is not additive and the line misses; :func:`gauss_newton`
+    finishes the fit from the line's values. Blocks (simulations).
     """
     wls = [workload_of(model, cache_k, cache_v, r) for r in runs]
 
-    def residuals(logp: np.ndarray) -> np.ndarray:
-        prof = make([float(math.exp(v)) for v in logp])
+    def residuals(p: Sequence[float]) -> np.ndarray:
+        prof = make(p)
         return np.array([simulated_s(prof, wl, r.arm) / r.seconds_per_token - 1.0 for wl, r in zip(wls, runs, strict=True)])
 
+    return gauss_newton(residuals, start, iterations)
+
+
+def gauss_newton(residuals: Callable[[Sequence[float]], np.ndarray], start: Sequence[float], iterations: int = 12) -> list[float]:
+    """Positive parameters minimising the sum of squared ``residuals(params)``, from ``start`` (> 0).
+
+    Gauss-Newton on the logarithms of the parameters, with a numerical
+    Jacobian and a halving line search. Blocks for the calls it makes.
+    """
+
+    def at(logp: np.ndarray) -> np.ndarray:
+        return np.asarray(residuals([float(math.exp(v)) for v in logp]), dtype=float)
+
     x = np.log(np.maximum(np.asarray(start, dtype=float), 1e-12))
-    res = residuals(x)
+    res = at(x)
     for _ in range(iterations):
-        jac = np.empty((len(runs), len(x)))
+        jac = np.empty((len(res), len(x)))
         for k in range(len(x)):
             step = np.zeros_like(x)
             step[k] = 1e-3
-            jac[:, k] = (residuals(x + step) - res) / 1e-3
+            jac[:, k] = (at(x + step) - res) / 1e-3
         delta, *_ = np.linalg.lstsq(jac, -res, rcond=None)
         cost, t = float(res @ res), 1.0
         while t > 1e-3:
             trial = x + t * np.clip(delta, -3.0, 3.0)
-            rt = residuals(trial)
+            rt = at(trial)
             if float(rt @ rt) < cost:
                 x, res = trial, rt
                 break
@@ -196,3 +208,22 @@ def refine(make: Callable[[Sequence[float]], dict[str, Any]], start: Sequence[fl
         if float(np.max(np.abs(t * delta))) < 1e-6:
             break
     return [float(math.exp(v)) for v in x]
+
+
+def golden_log(cost: Callable[[float], float], lo: float, hi: float, iterations: int = 48) -> float:
+    """The value in ``lo..hi`` (> 0) minimising ``cost``, by golden-section search on its logarithm (``cost`` unimodal
+    there). Blocks for the calls it makes."""
+    a, b = math.log(lo), math.log(hi)
+    g = (math.sqrt(5) - 1) / 2
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = cost(math.exp(c)), cost(math.exp(d))
+    for _ in range(iterations):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = cost(math.exp(c))
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = cost(math.exp(d))
+    return math.exp((a + b) / 2)
