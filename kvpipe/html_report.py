@@ -207,7 +207,9 @@ def _validate_section(inp: Input, figs: Figures) -> str:
 
 def trace_timelines(doc: dict[str, Any]) -> dict[str, list[Any]]:
     """A Chrome trace's timelines: process label -> spans (``backends.base.Span``, seconds). Does not block."""
-    from backends.base import Span
+    from backends.base import Span, SpanKind
+
+    KINDS_OF_SPANS = {k.value for k in SpanKind}  # noqa: N806
 
     events = doc["traceEvents"]
     procs = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
@@ -217,7 +219,8 @@ def trace_timelines(doc: dict[str, Any]) -> dict[str, list[Any]]:
         if e.get("ph") == "X":
             track = threads.get((e["pid"], e.get("tid")), str(e.get("tid")))
             out.setdefault(procs.get(e["pid"], str(e["pid"])), []).append(
-                Span(track, e["name"], e["ts"] / 1e6, (e["ts"] + e.get("dur", 0)) / 1e6, e.get("args") or {}))
+                Span(track, e["name"], e["ts"] / 1e6, (e["ts"] + e.get("dur", 0)) / 1e6, e.get("args") or {},
+                     SpanKind(e["cat"]) if e.get("cat") in KINDS_OF_SPANS else SpanKind.OTHER))
     return out
 
 
