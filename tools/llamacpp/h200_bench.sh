@@ -235,7 +235,7 @@ if [ "$PHASE" = batched ]; then
       b0=$(date +%s)
       timeout $(( $(left) - 10 )) "${cmd[@]}" > "$RUN/$name.jsonl" 2> "$RUN/$name.err"; rc=$?
       if [ "$pp" = "${LCP_PP_CAL:-2048}" ]; then
-        summ=$(python3 -c "import json,sys; print('; '.join(f\"pl={r['pl']}: {r['speed_tg']:.2f} t/s\" for r in map(json.loads, open(sys.argv[1])) if 'pl' in r))" "$RUN/$name.jsonl" 2>&1)
+        summ=$(python3 -c "import json,sys; print('; '.join(f\"pl={r['pl']}: {r['speed_tg']:.2f} t/s\" for r in (json.loads(l) for l in open(sys.argv[1]) if l.strip()) if 'pl' in r))" "$RUN/$name.jsonl" 2>&1)
       else summ="$(grep -c '"pl"' "$RUN/$name.jsonl") rows (held out: figures not shown)"; fi
       log "$name: rc=$rc in $(( $(date +%s) - b0 )) s: $summ"
       [ $rc -eq 0 ] && touch "$LCP/done/$name"
