@@ -57,7 +57,7 @@ import simpy
 from backends.base import Buffer, CopyPlan, Event, HostOp, OutOfDeviceMemory, Span, SpanKind, Stream, Work, WorkKind
 from backends.machine import Machine
 from backends.profile import HardwareProfile
-from backends.simpy_copy import _Engine, _Lane, calls_seconds, copy_seconds
+from backends.simpy_copy import _Engine, _Lane, calls_seconds, copy_seconds, dram_stretch, next_copy_on
 
 __all__ = ["SimMachine", "copy_seconds"]
 
@@ -359,7 +359,7 @@ class SimMachine(Machine):
                         self._span(lane.track, name, t, SpanKind.COPY, bytes=nbytes, stream=stream.name)
                         self._span(stream.name, name, t, SpanKind.COPY, bytes=nbytes)
                 finally:
-                    if lane.drains and self._next_copy_on(stream, lane.to_device, lane.device):
+                    if lane.drains and next_copy_on(stream.handle.queue, lane.to_device, lane.device):
                         st.held = (engine, req)
                     else:
                         engine.release(req)
@@ -367,7 +367,7 @@ class SimMachine(Machine):
                 t = env.now
                 yield self._timeout(payload.duration_s)
                 if self._dram[stream.device]:
-                    yield from self._contended(stream.device, t)
+                    yield from dram_stretch(env, self._copies[stream.device], self._dram[stream.device], t)
                 if self.functional and payload.run is not None:
                     payload.run(_numpy())
                 if self.tracing:
@@ -382,40 +382,3 @@ class SimMachine(Machine):
             st.completed += 1
             while waiters and waiters[0][0] <= st.completed:
                 waiters.popleft()[1].succeed()
-
-    def _contended(self, device: int, start: float) -> Any:
-        """Stretch the kernel that ran from ``start`` to now by the DRAM time of the copies it overlapped.
-
-        Every byte a copy engine moves through the device's memory while the
-        kernel runs costs the (memory-bound) kernel ``1 / dram_bytes_per_s``
-        seconds; a copy that overlaps part of the kernel counts pro rata. The
-        stretch may overlap further copies: up to three rounds, each charging
-        the bytes of the time just added.
-        """
-        copies, dram = self._copies[device], self._dram[device]
-        while copies and copies[0][1] <= start:  # one kernel stream per device: older copies can no longer overlap
-            copies.popleft()
-        t0 = start
-        for _ in range(3):
-            t1 = self.env.now
-            moved = 0.0
-            for s, e, n in copies:
-                if s < t1 and e > t0 and e > s:
-                    moved += n * (min(e, t1) - max(s, t0)) / (e - s)
-            extra = moved / dram
-            if extra <= 1e-12:
-                return
-            yield self._timeout(extra)
-            t0 = t1
-
-    @staticmethod
-    def _next_copy_on(stream: Stream, to_device: bool, device: int) -> bool:
-        """Whether the stream's next item past records and fired waits is a copy on the same engine."""
-        for kind, _, payload in stream.handle.queue:
-            if kind == "record" or (kind == "wait" and payload.triggered):
-                continue
-            if kind != "copy":
-                return False
-            dst, src = payload[0], payload[1]
-            return bool(src.on_host == to_device and (dst if to_device else src).device == device)
-        return False
