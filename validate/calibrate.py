@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.base import Backend
+from backends.base import Backend, SpanKind
 from backends.profile import MIB, ComputeModel, HardwareProfile, compute_model_of, for_workload, profile_from_dict, workload_key
 from sim.graph import decode_graph
 from sim.program import WeightStore, gpu_program
@@ -121,7 +121,7 @@ def split_samples(workload: Workload, hardware: HardwareProfile, spans: Sequence
         last = gpu[-1].index
         for s in gpu:
             found = [sp for sp in spans if sp.track == f"consumer{s.device}" and sp.name == s.name]
-            host = [sp for sp in spans if sp.track == "host" and sp.name == f"launch {s.name}"]
+            host = [sp for sp in spans if sp.kind is SpanKind.LAUNCH and sp.name == f"launch {s.name}"]
             if len(found) < tokens:
                 continue
             sp = found[len(found) - tokens + i]
