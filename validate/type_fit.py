@@ -208,9 +208,9 @@ def fit_types(base: dict[str, Any], model: ModelShape, groups: dict[Pair, list[T
                      for r in groups.get(p, ())] for p in terms}
     held = _held_out(base, model, groups, ref, items, link)
     bands = _bands(base, model, groups, ref, fitted, w, terms, held)
-    standin = TypeTerms(sum(t.attn_us for t in terms.values()) / len(terms),
-                        math.exp(sum(math.log(t.attn_GBps) for p, t in terms.items() if p[0] == p[1]) /
-                                 sum(1 for p in terms if p[0] == p[1])), "stand-in")
+    singles = [t for p, t in terms.items() if p[0] == p[1]]
+    standin = TypeTerms(sum(t.attn_us for t in singles) / len(singles),
+                        math.exp(sum(math.log(t.attn_GBps) for t in singles) / len(singles)), "stand-in")
     profile = _linked(with_terms(base, w, standin), link)
     misses = [abs(r.seconds_per_token / simulated_s(profile, workload_of(model, cache_type(p[0]), cache_type(p[1]), r), r.arm) - 1)
               for p in fitted for r in groups[p] if r.arm == "resident"]
@@ -261,7 +261,8 @@ def _bands(base: dict[str, Any], model: ModelShape, groups: dict[Pair, list[Toke
 def _rotation_moves(base: dict[str, Any], model: ModelShape, groups: dict[Pair, list[TokenRun]], ref: Pair,
                     fitted: list[Pair], weight_GBps: float, terms: dict[Pair, TypeTerms]) -> dict[Pair, float]:
     """For each pair whose rule rotation differs from the reference's: the largest relative change of its resident
-    t/s, at 1/8 and 4x its calibration context, when the rule's kernel time is +-ROTATION_SPREAD (refitted). Blocks."""
+    t/s, at the shortest and the longest context of the file's resident runs, when the rule's kernel time is
+    +-ROTATION_SPREAD (refitted). Blocks."""
     rk, rv = cache_type(ref[0]), cache_type(ref[1])
     apart = [p for p in terms if rotation_us(cache_type(p[0]), cache_type(p[1])) != rotation_us(rk, rv)]
     if not apart:
@@ -271,11 +272,11 @@ def _rotation_moves(base: dict[str, Any], model: ModelShape, groups: dict[Pair, 
         w, t = _attention(base, model, groups, ref, fitted, SMALL_KERNEL_US * f)
         t.update(_composed(model, t))
         variants.append((w, t))
+    span = [r.context for runs in groups.values() for r in runs if r.arm == "resident"]
     out = {}
     for p in apart:
         ck, cv = cache_type(p[0]), cache_type(p[1])
-        at = [r.context for r in groups.get(p, ()) if r.arm == "resident"] or [r.context for r in groups[ref] if r.arm == "resident"]
-        contexts = sorted({max(256, min(at) // 8), max(at) * 4})
+        contexts = sorted({min(span), max(span)})
         worst = 0.0
         for ctx in contexts:
             wl = workload_of(model, ck, cv, TokenRun(ctx, 1.0, "resident"))
