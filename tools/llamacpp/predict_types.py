@@ -11,6 +11,8 @@
   and the mixed ``-ctk q8_0 -ctv q4_0`` at both arms at 4,096 (no run of that pair was fitted: it is composed).
   ``--blind`` predicts them from the bench design alone (``DESIGN``, as ``h200_bench.sh types`` runs them) and
   writes ``blind.json`` without opening a held-out file; without it, the held-out files are read and compared.
+* **before**: the held-out runs predicted by issue 19's profile too (``prediction/profile.json``: q8_0's compute for
+  every type, run 1's flat pageable rate), as ``issue19_error``.
 * **a second machine**: files under ``run4/fresh/`` (the same benches on another lease), predicted with the same
   profile, if there are any.
 
@@ -103,6 +105,19 @@ def fit(gguf: str, hardware: str, out: Path) -> tuple[dict[str, Any], str, str]:
     return json.loads((out / "profile.json").read_text()), "kvpipe " + " ".join(cmd), log.getvalue()
 
 
+#: Issue 19's profile (prediction/profile.json: q8_0's compute for every cache type, one flat pageable rate from run 1's
+#: ordered runs): what the same held-out runs would have been predicted to before this issue.
+BEFORE = RESULTS / "prediction" / "profile.json"
+
+
+def before_tps(gguf: str, r: dict[str, Any]) -> float:
+    """A record predicted by issue 19's profile, as it predicted a cache type it did not fit (the device compute). Blocks."""
+    old = {k: v for k, v in json.loads(BEFORE.read_text()).items() if k != "workloads"}
+    nkvo = int(r["no_kv_offload"])
+    wl = workload_at(model_of(gguf), cache_type(r["type_k"]), cache_type(r["type_v"]), r["n_depth"] + r["n_gen"] // 2, pinned=not nkvo)
+    return 1 / simulated_s(old, wl, "ordered" if nkvo else "resident")
+
+
 def measured_rows(profile: dict[str, Any], gguf: str, folder: Path, names: tuple[str, ...], role: str) -> list[dict[str, Any]]:
     """Every decode record of ``names`` under ``folder``, predicted and compared (error = predicted / measured - 1, in
     t/s: measured is avg_ns / n_gen), each with what differs of its machine from the profile's. Blocks."""
@@ -116,6 +131,8 @@ def measured_rows(profile: dict[str, Any], gguf: str, folder: Path, names: tuple
             rows.append(p | {"role": role, "file": f"{folder.relative_to(RESULTS)}/{name}", "measured_tps": tps,
                              "stddev_tps": r["stddev_ts"], "samples_tps": r["samples_ts"], "error": p["predicted_tps"] / tps - 1,
                              "machine": machine_differs(profile, {"cpu_info": r.get("cpu_info", ""), "gpu_info": r.get("gpu_info", "")})})
+            if role == "held out":
+                rows[-1]["issue19_error"] = before_tps(gguf, r) / tps - 1
     return rows
 
 
@@ -169,12 +186,15 @@ def run(gguf: str, hardware: str, out: Path, blind: bool) -> int:
     fresh = measured_rows(profile, gguf, fresh_dir, tuple(sorted(p.name for p in fresh_dir.glob("types-*.json"))),
                           "second machine") if fresh_dir.is_dir() else []
     summ = summary(held)
+    summ_before = summary([dict(r, error=r["issue19_error"]) for r in held])
+    second: dict[str, Any] | str = summary(fresh) if fresh else "not run"
     report = {"command": f"python tools/llamacpp/predict.py --set types --gguf {gguf}", "fit_command": cmd, "fit_output": log,
               "calibration": [f"{r}/{n}" + (f" -d {','.join(map(str, d))}" if d else "") for r, n, d in CALIBRATION],
-              "rows": cal + held + fresh, "summary": summ, "summary_second_machine": summary(fresh) if fresh else "not run"}
+              "rows": cal + held + fresh, "summary": summ, "summary_issue19_profile": summ_before, "summary_second_machine": second}
     (out / "prediction.json").write_text(json.dumps(report, indent=1) + "\n")
-    md = table(cal + held + fresh, summ) + (summary_table("second machine (run4/fresh, nothing fitted)", report["summary_second_machine"])
-                                             if fresh else ["", "Second machine: not run."])
+    md = table(cal + held + fresh, summ) + summary_table("held out, issue 19's profile (before)", summ_before)
+    fresh_title = "second machine (run4/fresh, nothing fitted)"
+    md += summary_table(fresh_title, second) if isinstance(second, dict) else ["", "Second machine: not run."]
     (out / "prediction.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     print(log)
