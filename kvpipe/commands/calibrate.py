@@ -104,7 +104,7 @@ def run_batch(args: argparse.Namespace) -> int:
     from sim.safe_write import write_output
     from sim.workload import CACHE_TYPES
     from validate import driver
-    from validate.calibrate import add_batch_terms
+    from validate.batch_program import add_batch_terms
 
     batches = parse_list(args.batch, _int, "--batch", "batch sizes 1..8 (comma list)")
     if any(not 1 <= b <= 8 for b in batches) or len(set(batches)) < 2:
