@@ -1,4 +1,4 @@
-"""``validate.batch_fit``: the per-sequence term from whole steps, each point with its own constant."""
+"""``validate.batch_fit``: the per-sequence term from whole steps, each point with its own constant; the reference's term."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 from backends.profile import read_profile_dict
 from sim.errors import InputError
 from sim.workload import cache_type, load_model
+from tests.conftest import tool
 from validate.batch_fit import TERMS, fit_per_sequence, with_term
 from validate.token_fit import TokenRun, simulated_s, workload_at
 
@@ -49,3 +50,13 @@ def test_rows_at_one_sequence_count_per_point_are_refused() -> None:
     with pytest.raises(InputError, match="per-sequence term 'gpu'"):
         fit_per_sequence(base, M, Q, Q, runs, "gpu")
 
+
+def test_the_reference_term_follows_its_published_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    batch = tool("reference_batch")
+    derived = tool("reference_derivation").derive()
+    base = {k: v for k, v in derived.items() if k != "derivation"}
+    got = batch.with_batch_terms(base)["devices"][0]["compute"]["layer_seq_us"]
+    assert got == derived["devices"][0]["compute"]["layer_seq_us"] > 0
+    slower = tuple((n, u * 0.9, s * 0.9) if n == 8 else (n, u, s) for n, u, s in batch.PARALLEL_ORDERED)
+    monkeypatch.setattr(batch, "PARALLEL_ORDERED", slower)
+    assert batch.with_batch_terms(base)["devices"][0]["compute"]["layer_seq_us"] > got  # slower 8-sequence rows: a dearer term
