@@ -159,3 +159,12 @@ def _edit_all(path: Path, **changes: Any) -> Path:
     recs = [dict(json.loads(x), **changes) for x in path.read_text().splitlines() if x.strip()]
     path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
     return path
+
+
+def test_the_fit_never_writes_over_the_file_it_reads(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    src = _good(tmp_path / "bench.jsonl")
+    before = src.read_bytes()
+    assert main(["calibrate", "--from-batched-bench", str(src), "--nkvo", "1", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b",
+                 "--out", str(src)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bench.jsonl" in err and src.read_bytes() == before
