@@ -47,6 +47,7 @@ from sim.memory import compute_buffer_bytes
 from sim.simulate import GRAPH_BASE_BYTES
 from sim.transport.scheduler import TransportConfig
 from sim.workload import Workload, cache_type, load_model, pad_rows
+from validate.batch_fit import rounded as _rounded
 from validate.token_fit import TokenRun, fit_compute, fit_runs
 
 MIB = 1024 * 1024
@@ -388,17 +389,6 @@ def calibration_band(seed: dict[str, Any]) -> dict[str, Any]:
         "band_source": f"largest held-out error of the compute fit to the published ordered table ({len(held)} rows, each left out once)",
         "held_out": held,
     })
-
-
-def _rounded(value: Any) -> Any:
-    """Floats to 6 significant digits, recursively (the record stays stable across platforms)."""
-    if isinstance(value, float):
-        return float(f"{value:.6g}")
-    if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_rounded(v) for v in value]
-    return value
 
 
 def preset_json(preset: dict[str, Any]) -> str:

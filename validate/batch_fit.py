@@ -143,17 +143,18 @@ def _row(r: TokenRun, fitted_s: float, **extra: float) -> dict[str, Any]:
 
 def record(fit: BatchFit, source: str) -> dict[str, Any]:
     """The fit as a profile's ``batch`` record (file units, rounded to 6 significant digits)."""
-    return _rounded({"from": source, "term": fit.term, "value_us": fit.value_us, "clamped": fit.clamped,
-                     "residuals": list(fit.residuals), "held_out": list(fit.held_out), "offsets": list(fit.offsets)})
+    return rounded({"from": source, "term": fit.term, "value_us": fit.value_us, "clamped": fit.clamped,
+                    "residuals": list(fit.residuals), "held_out": list(fit.held_out), "offsets": list(fit.offsets)})
 
 
-def _rounded(value: Any) -> Any:
+def rounded(value: Any) -> Any:
+    """Floats to 6 significant digits, recursively (a committed record stays stable across platforms). Pure."""
     if isinstance(value, float):
         return float(f"{value:.6g}")
     if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
+        return {k: rounded(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_rounded(v) for v in value]
+        return [rounded(v) for v in value]
     return value
 
 
