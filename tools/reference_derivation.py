@@ -13,6 +13,7 @@ number of ``backends/presets/rtx4070-gen4x16.json`` from:
   alternative compute source, ``derive("device")``),
 * the host split at 4,096 (consumer wait, the 32 device-to-host row copies),
 * the ordered column of the 19,246-token breakdown,
+* the ordered rows at 1, 2, 4 and 8 sequences (the per-sequence term, ``tools/reference_batch.py``),
 * physical facts: PCIe gen4 x16, 11,902 MiB usable, 9.60 GiB of weights, the
   layer structure and byte sizes of the model preset, the CUDA buffer
   alignment, the headroom rule of the scheduler,
@@ -50,6 +51,7 @@ from sim.memory import compute_buffer_bytes
 from sim.simulate import GRAPH_BASE_BYTES
 from sim.transport.scheduler import TransportConfig
 from sim.workload import Workload, cache_type, load_model, pad_rows
+from validate.batch_fit import rounded as _rounded
 from validate.token_fit import TokenRun, fit_compute, fit_runs
 from validate.token_sim import line
 
@@ -341,7 +343,9 @@ def derive(compute_source: str = "ordered") -> dict[str, Any]:
         preset["name"] = f"rtx4070-gen4x16-{compute_source}-compute"
     preset["derivation"] = _rounded({"link": link, "host": host, "memory": mem, "compute": compute, "inputs_source": SOURCE,
                                      "pageable": {k: v for k, v in pageable.items() if k != "link"}})
-    return preset
+    from reference_batch import with_batch_terms  # layer_seq_us: the published ordered rows at 1..8 sequences
+
+    return with_batch_terms(preset)
 
 
 #: Where each group of the preset's fields comes from (``kvpipe.profile/1`` provenance).
@@ -352,8 +356,8 @@ PROVENANCE = {
     "devices.links.h2d_pinned": "fitted from published numbers: blocking H2D ms against H2D bytes per token",
     "devices.links (pageable)": "borrowed from the H200 probe (measured on another device): an estimate",
     "devices.compute": "fitted from published numbers: the ordered table, a line over the window bytes; cpu_row_us "
-                       "(each further sequence's row store) = cpu_split_us, a rule, no batched figure; layer_seq_us and "
-                       "attn_seq_us 0: no input measures them",
+                       "(each further sequence's row store) = cpu_split_us, a rule; layer_seq_us: the published ordered "
+                       "rows at 1-8 sequences, one cost a further sequence, on every layer (tools/reference_batch.py)",
     "devices.memory": "fitted from published numbers: 11,902 MiB usable, the 32,768 ring ran, the 262,144 ring did not; "
                       "memory_reserved (what the driver and runtime keep) is that use less the reference model's weights "
                       "and sim.memory's compute-buffer estimate at 32,768: the card's, not the model's",
@@ -381,17 +385,6 @@ def calibration_band(seed: dict[str, Any]) -> dict[str, Any]:
         "band_source": f"largest held-out error of the compute fit to the published ordered table ({len(held)} rows, each left out once)",
         "held_out": held,
     })
-
-
-def _rounded(value: Any) -> Any:
-    """Floats to 6 significant digits, recursively (the record stays stable across platforms)."""
-    if isinstance(value, float):
-        return float(f"{value:.6g}")
-    if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_rounded(v) for v in value]
-    return value
 
 
 def preset_json(preset: dict[str, Any]) -> str:

@@ -46,8 +46,12 @@ class TokenRun:
     label: str = ""
     pinned: bool = True  # the host cache in pinned memory (the fork's --kv-cpu-pinned); upstream's -nkvo cache is pageable
     n_gpu_layers: int = ALL_LAYERS  # Workload.n_gpu_layers: the last n repeating layers on the GPU, the rest on the CPU
+    sequences: int = 1  # sequences decoding together, ``context`` cached each (seconds_per_token: one step of all of them)
+    unified: bool = True  # several sequences: one cache stream (llama.cpp -kvu) or one stream each
 
     def __post_init__(self) -> None:
+        if self.sequences < 1:
+            raise ValueError(f"sequences {self.sequences!r}; allowed: >= 1")
         if self.arm not in ("ordered", "resident"):
             raise ValueError(f"arm {self.arm!r}; allowed: ordered, resident")
         if not self.seconds_per_token > 0 or not math.isfinite(self.seconds_per_token):
@@ -55,15 +59,16 @@ class TokenRun:
 
 
 def workload_at(model: ModelShape, cache_k: CacheType, cache_v: CacheType, context: int, tokens: int = FIT_TOKENS,
-                pinned: bool = True, n_gpu_layers: int = ALL_LAYERS) -> Workload:
-    """One sequence of ``model`` decoding ``tokens`` tokens behind ``context`` cached ones (the last ``n_gpu_layers``
-    layers on the GPU)."""
-    return Workload(model, cache_k, cache_v, (context,), tokens=tokens, pinned=pinned, n_gpu_layers=n_gpu_layers)
+                pinned: bool = True, n_gpu_layers: int = ALL_LAYERS, sequences: int = 1, unified: bool = True) -> Workload:
+    """``sequences`` sequences of ``model`` decoding ``tokens`` tokens behind ``context`` cached ones each (the last
+    ``n_gpu_layers`` layers on the GPU)."""
+    return Workload(model, cache_k, cache_v, (context,), tokens=tokens, pinned=pinned, n_gpu_layers=n_gpu_layers,
+                    n_parallel=sequences, unified=unified)
 
 
 def workload_of(model: ModelShape, cache_k: CacheType, cache_v: CacheType, run: TokenRun, tokens: int = FIT_TOKENS) -> Workload:
     """The workload a measured run decoded."""
-    return workload_at(model, cache_k, cache_v, run.context, tokens, run.pinned, run.n_gpu_layers)
+    return workload_at(model, cache_k, cache_v, run.context, tokens, run.pinned, run.n_gpu_layers, run.sequences, run.unified)
 
 
 def window_bytes(wl: Workload) -> int:
