@@ -193,6 +193,11 @@ def run(gguf: str, hardware: str, out: Path, blind: bool) -> int:
               "rows": cal + held + fresh, "summary": summ, "summary_issue19_profile": summ_before, "summary_second_machine": second}
     (out / "prediction.json").write_text(json.dumps(report, indent=1) + "\n")
     md = table(cal + held + fresh, summ) + summary_table("held out, issue 19's profile (before)", summ_before)
+    notes = sorted({r["machine"] for r in cal + held + fresh if r["machine"]})
+    machine = (profile.get("calibration") or {}).get("machine", {})
+    md += ["", *(f"Warning: {n}" for n in notes)] if notes else \
+        ["", f"Machine: every row's llama-bench cpu_info and gpu_info are the profile's ({machine.get('cpu_info')!r}, "
+             f"{machine.get('gpu_info')!r}); llama-bench's fields cannot tell two leases of one kind apart."]
     fresh_title = "second machine (run4/fresh, nothing fitted)"
     md += summary_table(fresh_title, second) if isinstance(second, dict) else ["", "Second machine: not run."]
     (out / "prediction.md").write_text("\n".join(md) + "\n")
