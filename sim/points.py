@@ -125,7 +125,7 @@ def points(spec: GridSpec) -> list[Point]:
             arm = ("host-attention" if host_attn else "transport") if off else "resident"
             tc = TransportConfig(depth=d if off else 0, budget_mib=b if off else 0.0, mutations=spec.mutations if off else frozenset(),
                                  pack_streams=spec.pack_streams, arm=arm)
-            out.append(Point(wl, for_workload(h, m.name, c.name), tc))  # a calibrated file's entry for this program
+            out.append(Point(wl, for_workload(h, m.name, c.name, (cv or c).name), tc))  # a calibrated file's entry for this program
     except InputError:
         raise
     except ValueError as exc:

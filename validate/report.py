@@ -63,7 +63,7 @@ def predict(group: GroupResult, transport: TransportConfig, profile: HardwarePro
 def predict_arm(wl: Workload, warmup: int, transport: TransportConfig, profile: HardwareProfile) -> dict[str, Any]:
     """The row of ``wl``'s measured tokens (``wl.tokens``) after ``warmup`` unmeasured graphs, simulated on
     ``profile``'s entry for the workload's program. Blocks for the simulation."""
-    hw = for_workload(profile, wl.model.name, wl.cache_k.name)
+    hw = for_workload(profile, wl.model.name, wl.cache_k.name, wl.cache_v.name)
     res = simulate(Point(replace(wl, tokens=wl.tokens + warmup), hw, transport))
     res.graphs = res.graphs[warmup:]
     return row(res)

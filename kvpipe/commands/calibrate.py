@@ -232,6 +232,8 @@ def run_from_llama_bench(args: argparse.Namespace) -> int:
             by = ", ".join(sorted({str(r["by"]) for r in fit.residuals if "by" in r}))
             print(f"CPU layers ({key.split('@', 1)[1]}): host_weight_GBps {cpu['host_weight_GBps']:.2f} over "
                   f"{cpu['layer_weight_bytes'] / 2**20:.1f} MiB a layer, host_layer_us 0{attn}; -ngl runs checked by {by}")
+    for line in from_llama_bench.type_lines(fitted.profile):
+        print(line)
     if not any(f.cpu_layers for f in fitted.fits.values()):
         print("CPU layers: not calibrated (no run with -ngl below the layer count)")
     return 0
