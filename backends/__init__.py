@@ -9,8 +9,9 @@ and the one copy check and 2D rule), ``machine`` (the concrete base class both
 machines derive from: ``copy`` and ``alloc`` keep the invariants, a machine
 implements ``_copy`` and ``_alloc``), ``simpy_machine`` with ``simpy_copy``
 (its copy engines and copy times), ``cupy_gpu``, ``checked`` with ``hazards``
-(the race checker, a wrapper around any of them) and ``profile`` (hardware
-profiles and their files).
+(the race checker, a wrapper around any of them), ``profile_types`` (what a
+machine is, as numbers) and ``profile`` (hardware profiles as files, and the
+calibrated entry of a workload).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ the CUDA call, which blocks for real where it should, and yields nothing.
 ``Backend.run`` runs a whole host program: a real machine exhausts the
 generator (:func:`drive`), the SimPy machine runs it as a process.
 
-A copy is checked and shaped here, once, for every machine: :func:`plan_copy`
+A copy is checked and shaped once, for every machine (``backends.copies``): :func:`plan_copy`
 refuses a copy unless one side is host memory and every source row (``rows``
 x ``src_pitch``) and destination range lies inside its buffer, and
 :func:`copy_calls` is the one rule for which ranges go as one 2D copy. Both
@@ -31,176 +31,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+from backends.copies import CopyCall, CopyPlan, CopyRange, KeptRanges, copy_calls, ranges_2d
+from backends.errors import BackendError, BackendUnavailable, OutOfDeviceMemory
+
+__all__ = ["Access", "Backend", "BackendError", "BackendUnavailable", "Buffer", "CopyCall", "CopyPlan", "CopyRange",
+           "Event", "HostOp", "KeptRanges", "OutOfDeviceMemory", "Span", "SpanKind", "Stream", "Work", "WorkKind",
+           "copy_calls", "drive", "is_split_launch", "plan_copy", "ranges_2d"]
 
 #: A host-thread operation: call it with ``yield from``.
 HostOp = Generator[Any, Any, Any]
-
-
-class BackendError(RuntimeError):
-    """A backend refused an operation (bad arguments, no device, ...)."""
-
-
-class OutOfDeviceMemory(BackendError):
-    """A device allocation did not fit the device's free memory."""
-
-
-class BackendUnavailable(BackendError):
-    """The backend cannot run here (no CUDA device, CuPy missing, ...)."""
-
-
-class _CopyRangeFields(NamedTuple):
-    src_offset: int
-    dst_offset: int
-    nbytes: int
-    rows: int = 1
-    src_pitch: int = 0
-
-
-class CopyRange(_CopyRangeFields):
-    """One piece of a copy: ``nbytes`` from ``src_offset`` to ``dst_offset``.
-
-    With ``rows`` > 1 the piece is 2D: ``rows`` rows of ``nbytes // rows``
-    bytes, ``src_pitch`` apart in the source, packed in the destination (a
-    head slice of a window, one ``cudaMemcpy2DAsync``). Immutable (a tuple: the
-    scheduler builds thousands a token, and a frozen dataclass costs 1.5 us each
-    to construct). Raises ValueError for a negative offset or size, or rows that do not split it.
-    """
-
-    __slots__ = ()
-
-    def __new__(cls, src_offset: int, dst_offset: int, nbytes: int, rows: int = 1, src_pitch: int = 0) -> CopyRange:
-        if src_offset < 0 or dst_offset < 0 or nbytes < 0:
-            raise ValueError(f"CopyRange offsets and nbytes must be >= 0, got {(src_offset, dst_offset, nbytes)}")
-        if rows != 1 and (rows < 1 or nbytes % rows or src_pitch < nbytes // rows):
-            raise ValueError(f"CopyRange rows must split nbytes evenly with src_pitch >= row width, got "
-                             f"{nbytes} B in {rows} rows {src_pitch} apart")
-        return tuple.__new__(cls, (src_offset, dst_offset, nbytes, rows, src_pitch))
-
-    def __repr__(self) -> str:
-        return (f"CopyRange(src_offset={self[0]}, dst_offset={self[1]}, nbytes={self[2]}, rows={self[3]}, "
-                f"src_pitch={self[4]})")
-
-    @property
-    def width(self) -> int:
-        return self.nbytes // self.rows
-
-    @property
-    def src_span(self) -> int:
-        """Bytes of the source the piece reaches over (from ``src_offset``)."""
-        return self.nbytes if self.rows == 1 else (self.rows - 1) * self.src_pitch + self.width
-
-    def src_rows(self) -> list[tuple[int, int]]:
-        """(offset, bytes) of each source row."""
-        if self.rows == 1:
-            return [(self.src_offset, self.nbytes)]
-        return [(self.src_offset + i * self.src_pitch, self.width) for i in range(self.rows)]
-
-
-class CopyCall(NamedTuple):
-    """One copy a machine issues: ``height`` rows of ``width`` bytes, ``src_pitch`` / ``dst_pitch`` apart.
-
-    ``height`` 1 is a 1D copy (``cudaMemcpyAsync``), more a 2D one (``cudaMemcpy2DAsync``).
-    """
-
-    src_offset: int
-    dst_offset: int
-    width: int
-    height: int = 1
-    src_pitch: int = 0
-    dst_pitch: int = 0
-
-    @property
-    def nbytes(self) -> int:
-        return self.width * self.height
-
-    def pieces(self) -> list[tuple[int, int, int]]:
-        """(source offset, destination offset, bytes) of each row."""
-        return [(self.src_offset + i * self.src_pitch, self.dst_offset + i * self.dst_pitch, self.width) for i in range(self.height)]
-
-
-class KeptRanges(tuple):  # type: ignore[type-arg]
-    """A tuple of ``CopyRange``s its maker keeps and copies again and again (the scheduler's ordered window of one
-    window size, ``sim.transport.deliveries.ordered_copy``): a machine may plan a copy of it once per pair of buffers."""
-
-    __slots__ = ()
-
-
-class CopyPlan(NamedTuple):
-    """A copy checked and shaped once (:func:`plan_copy`): its direction, the calls to issue, its bytes."""
-
-    to_device: bool
-    calls: tuple[CopyCall, ...]
-    nbytes: int
-
-    def pieces(self) -> list[tuple[int, int, int]]:
-        """(source offset, destination offset, bytes) of every row of every call, in order."""
-        return [p for c in self.calls for p in c.pieces()]
-
-
-def ranges_2d(ranges: Sequence[CopyRange]) -> tuple[int, int, int, int] | None:
-    """``(width, height, src_pitch, dst_pitch)`` when several ranges form one 2D copy, else None.
-
-    Two or more contiguous ranges (``rows`` 1) of one length > 0 whose source
-    and destination offsets each advance by a constant stride no smaller than
-    that length (the pitches a ``cudaMemcpy2DAsync`` accepts).
-    """
-    if len(ranges) < 2:
-        return None
-    first = ranges[0]
-    width = first.nbytes
-    sp = ranges[1].src_offset - first.src_offset
-    dp = ranges[1].dst_offset - first.dst_offset
-    if width <= 0 or sp < width or dp < width or first.rows != 1:
-        return None
-    a = first
-    for b in ranges[1:]:
-        if b.nbytes != width or b.rows != 1 or b.src_offset - a.src_offset != sp or b.dst_offset - a.dst_offset != dp:
-            return None
-        a = b
-    return width, len(ranges), sp, dp
-
-
-def copy_calls(ranges: Sequence[CopyRange]) -> tuple[CopyCall, ...]:
-    """The calls a copy of ``ranges`` is made of: the one rule every machine shapes its copies by.
-
-    Ranges that form one 2D copy (:func:`ranges_2d`) are one call; otherwise
-    each non-empty range is one call: 1D, or 2D for a strided range (its rows
-    packed in the destination).
-    """
-    if len(ranges) == 1:  # the common case: one range, no 2D rule to test
-        r = ranges[0]
-        if not r.nbytes:
-            return ()
-        return (CopyCall(r.src_offset, r.dst_offset, r.nbytes) if r.rows == 1
-                else CopyCall(r.src_offset, r.dst_offset, r.width, r.rows, r.src_pitch, r.width),)
-    shape = ranges_2d(ranges)
-    if shape is not None:
-        return (CopyCall(ranges[0].src_offset, ranges[0].dst_offset, *shape),)
-    return tuple(
-        CopyCall(r.src_offset, r.dst_offset, r.nbytes) if r.rows == 1
-        else CopyCall(r.src_offset, r.dst_offset, r.width, r.rows, r.src_pitch, r.width)
-        for r in ranges
-        if r.nbytes
-    )
-
-
-def plan_copy(dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], tag: str = "") -> CopyPlan:
-    """Check a copy of ``ranges`` from ``src`` to ``dst`` and shape it. Raises BackendError; does not block.
-
-    One side must be host memory and the other a device; every source row and
-    every destination range must lie inside its buffer.
-    """
-    to_device = src.device < 0
-    if to_device == (dst.device < 0):
-        raise BackendError(f"copy {src.name}->{dst.name}: one side must be host memory, the other a device")
-    nbytes = 0
-    for r in ranges:
-        n = r.nbytes
-        if r.src_offset + (n if r.rows == 1 else r.src_span) > src.nbytes or r.dst_offset + n > dst.nbytes:
-            raise BackendError(f"copy {tag or src.name}: range {r} outside {src.name} ({src.nbytes} B) or {dst.name} ({dst.nbytes} B)")
-        nbytes += n
-    return CopyPlan(to_device, copy_calls(ranges), nbytes)
 
 
 class Access(NamedTuple):
@@ -216,6 +58,16 @@ class Access(NamedTuple):
     write: bool
     repeat: int = 1
     pitch: int = 0
+
+
+class WorkKind(str, Enum):
+    """What a :class:`Work` is, where a machine charges by it: a graph's GPU split (a simulated machine charges the
+    launch of its other kernels while the first runs), a graph's CPU split, or anything else (a calibration kernel,
+    the host cache's update)."""
+
+    GPU_SPLIT = "gpu split"
+    CPU_SPLIT = "cpu split"
+    OTHER = "other"
 
 
 class Work(NamedTuple):
@@ -235,7 +87,7 @@ class Work(NamedTuple):
     n_launches: int = 1
     run: Callable[[Any], None] | None = None
     accesses: tuple[Access, ...] = ()
-    tag: str = ""
+    kind: WorkKind = WorkKind.OTHER
 
 
 @dataclass(eq=False)
@@ -278,15 +130,61 @@ class Event:
     recorded: bool = False
 
 
+class SpanKind(str, Enum):
+    """What a timeline span is, so readers select spans by kind, never by parsing names. Host-thread spans: a kernel
+    ``LAUNCH`` (``args["work"]`` is the :class:`WorkKind` value), ``LAUNCHING`` (a split's other kernels), a copy's
+    ``ISSUE``, a pageable chunk's ``STAGE``, an event ``RECORD`` or ``WAIT``, a stream ``SYNC``, the ``WAKE`` after a
+    block, ``HOST_WORK`` (a CPU split). Stream and engine spans: ``COPY``, ``KERNEL``, ``STREAM_WAIT``."""
+
+    LAUNCH = "launch"
+    LAUNCHING = "launching"
+    ISSUE = "issue"
+    STAGE = "stage"
+    RECORD = "record"
+    WAIT = "wait"
+    SYNC = "sync"
+    WAKE = "wake"
+    HOST_WORK = "host work"
+    COPY = "copy"
+    KERNEL = "kernel"
+    STREAM_WAIT = "stream wait"
+    OTHER = "other"
+
+
 @dataclass(frozen=True)
 class Span:
-    """One interval of a timeline: ``track`` did ``name`` from ``start_s`` to ``end_s``."""
+    """One interval of a timeline: ``track`` did ``name`` (a ``kind`` of thing) from ``start_s`` to ``end_s``."""
 
     track: str
     name: str
     start_s: float
     end_s: float
     args: dict[str, Any] = field(default_factory=dict, compare=False)
+    kind: SpanKind = SpanKind.OTHER
+
+
+def plan_copy(dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], tag: str = "") -> CopyPlan:
+    """Check a copy of ``ranges`` from ``src`` to ``dst`` and shape it. Raises BackendError; does not block.
+
+    One side must be host memory and the other a device; every source row and
+    every destination range must lie inside its buffer.
+    """
+    to_device = src.device < 0
+    if to_device == (dst.device < 0):
+        raise BackendError(f"copy {src.name}->{dst.name}: one side must be host memory, the other a device")
+    nbytes = 0
+    for r in ranges:
+        n = r.nbytes
+        if r.src_offset + (n if r.rows == 1 else r.src_span) > src.nbytes or r.dst_offset + n > dst.nbytes:
+            raise BackendError(f"copy {tag or src.name}: range {r} outside {src.name} ({src.nbytes} B) or {dst.name} ({dst.nbytes} B)")
+        nbytes += n
+    return CopyPlan(to_device, copy_calls(ranges), nbytes)
+
+
+def is_split_launch(kind: SpanKind | str, args: dict[str, Any]) -> bool:
+    """Whether a span (its kind, or a Chrome trace event's ``cat``, and its args) is the host launching a graph's GPU
+    split. Pure."""
+    return kind == SpanKind.LAUNCH and args.get("work") == WorkKind.GPU_SPLIT.value
 
 
 @runtime_checkable

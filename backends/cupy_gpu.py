@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.base import BackendError, BackendUnavailable, Buffer, CopyPlan, Event, HostOp, OutOfDeviceMemory, Span, Stream, Work
+from backends.base import BackendError, BackendUnavailable, Buffer, CopyPlan, Event, HostOp, OutOfDeviceMemory, Span, SpanKind, Stream, Work
 from backends.machine import Machine
 
 H2D, D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
@@ -81,7 +81,7 @@ class CupyGPU(Machine):
         self.rt = cp.cuda.runtime
         self.tracing = trace
         self._n = self.rt.getDeviceCount()
-        self._pending: list[tuple[tuple[str, ...], str, Any, Any, dict[str, Any]]] = []
+        self._pending: list[tuple[tuple[str, ...], str, SpanKind, Any, Any, dict[str, Any]]] = []
         self._free_events: list[Any] = []
         self._host_spans: list[Span] = []
         self._resolved: list[Span] = []
@@ -166,7 +166,8 @@ class CupyGPU(Machine):
             else:
                 self.rt.memcpyAsync(dp + c.dst_offset, sptr + c.src_offset, c.width, kind, sp)
         engine = f"{'h2d' if to_device else 'd2h'}{dev}"
-        self._done(stream, start, (stream.name, engine), tag or f"{src.name}->{dst.name}", bytes=plan.nbytes, stream=stream.name)
+        self._done(stream, start, (stream.name, engine), tag or f"{src.name}->{dst.name}", SpanKind.COPY, bytes=plan.nbytes,
+                   stream=stream.name)
         host_side = src if to_device else dst
         if not host_side.pinned:
             yield from self.synchronize(stream)
@@ -180,8 +181,8 @@ class CupyGPU(Machine):
                 work.run(self.cp)
             elif work.duration_s > 0:
                 self._spin_kernel()((1,), (1,), (np.uint64(int(work.duration_s * 1e9)),))
-        self._done(stream, start, (stream.name,), work.name)
-        self._host_span(f"launch {work.name}", t)
+        self._done(stream, start, (stream.name,), work.name, SpanKind.KERNEL)
+        self._host_span(f"launch {work.name}", t, SpanKind.LAUNCH, work=work.kind.value)
         return
         yield  # pragma: no cover
 
@@ -192,7 +193,7 @@ class CupyGPU(Machine):
             work.run(np)
         elif work.duration_s > 0:
             _busy_wait(work.duration_s)
-        self._host_span(work.name, t)
+        self._host_span(work.name, t, SpanKind.HOST_WORK)
         return
         yield  # pragma: no cover
 
@@ -200,7 +201,7 @@ class CupyGPU(Machine):
         """cudaStreamSynchronize: blocks the host until ``stream`` is idle."""
         t = self.now_s()
         stream.handle.synchronize()
-        self._host_span(f"sync {stream.name}", t)
+        self._host_span(f"sync {stream.name}", t, SpanKind.SYNC)
         return
         yield  # pragma: no cover
 
@@ -209,7 +210,7 @@ class CupyGPU(Machine):
         if event.recorded:
             t = self.now_s()
             event.handle.synchronize()
-            self._host_span(f"wait {event.name}", t)
+            self._host_span(f"wait {event.name}", t, SpanKind.WAIT)
         return
         yield  # pragma: no cover
 
@@ -257,14 +258,14 @@ class CupyGPU(Machine):
         """
         spans = list(self._host_spans)
         engine: dict[str, list[Span]] = {}
-        for tracks, name, ev0, ev1, args in self._pending:
+        for tracks, name, kind, ev0, ev1, args in self._pending:
             ev1.synchronize()
             dev = args.pop("_device", 0)
             base = self._base[dev]
             t0 = self.cp.cuda.get_elapsed_time(base, ev0) * 1e-3
             t1 = self.cp.cuda.get_elapsed_time(base, ev1) * 1e-3
             for track in tracks:
-                span = Span(track, name, t0, t1, dict(args))
+                span = Span(track, name, t0, t1, dict(args), kind)
                 if track[:3] in ("h2d", "d2h"):
                     engine.setdefault(track, []).append(span)
                 else:
@@ -278,7 +279,7 @@ class CupyGPU(Machine):
             prev = -1.0
             for s in lst:
                 start = max(s.start_s, prev)
-                self._resolved.append(Span(track, s.name, start, s.end_s, s.args))
+                self._resolved.append(Span(track, s.name, start, s.end_s, s.args, s.kind))
                 prev = s.end_s
         return sorted(self._resolved, key=lambda s: (s.start_s, s.track))
 
@@ -299,17 +300,17 @@ class CupyGPU(Machine):
         ev.record(stream.handle)
         return ev
 
-    def _done(self, on: Stream, start: Any, tracks: tuple[str, ...], name: str, **args: Any) -> None:
+    def _done(self, on: Stream, start: Any, tracks: tuple[str, ...], name: str, kind: SpanKind, **args: Any) -> None:
         if start is None:
             return
         ev = self._event()
         ev.record(on.handle)
         args["_device"] = on.device
-        self._pending.append((tracks, name, start, ev, args))
+        self._pending.append((tracks, name, kind, start, ev, args))
 
-    def _host_span(self, name: str, start_s: float) -> None:
+    def _host_span(self, name: str, start_s: float, kind: SpanKind, **args: Any) -> None:
         if self.tracing:
-            self._host_spans.append(Span("host", name, start_s, self.now_s()))
+            self._host_spans.append(Span("host", name, start_s, self.now_s(), args, kind))
 
     def _spin_kernel(self) -> Any:
         if self._spin is None:

@@ -1,12 +1,14 @@
-"""Hardware profiles: what a machine is, as numbers a backend can run on.
+"""Hardware profiles as files, and the calibrated entry a workload runs on.
 
-A profile describes one host with one or more devices: for each device the
-host<->device link as a bandwidth curve over copy size (pinned and pageable,
-each direction), the number of copy engines per direction, the host's cost of
-each CUDA call, the device memory, and a GPU compute model. Profiles are data
-files (JSON) beside this module (``backends/presets``) or written by
-``kvpipe calibrate``; they carry their source so a reader knows whether a
-number was measured, derived or estimated.
+A profile (``backends.profile_types``: what a machine is, as numbers) is a data
+file (JSON) beside this module (``backends/presets``) or written by ``kvpipe
+calibrate``; it carries its source and provenance so a reader knows whether a
+number was measured, derived or estimated. A calibrated file also holds one
+``workloads`` entry per (model, K cache type, V cache type): the decode
+program's compute, which :func:`for_workload` puts on the devices for a point,
+and the error band of its fit (:func:`prediction_band`). An entry fitted from
+one cache type's runs says ``uncalibrated`` for another instead of lending it
+its attention rate.
 
 Units: seconds and bytes inside. The files use GB/s (10^9 B/s), microseconds,
 milliseconds and MiB, with the unit in every field name; conversion happens
@@ -15,238 +17,20 @@ here, once, in :func:`load_profile`.
 
 from __future__ import annotations
 
-import bisect
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from backends.errors import InputError
 from backends.files import load_json_object, mapping, number, whole
+from backends.profile_types import MIB, ComputeModel, DeviceProfile, HardwareProfile, HostCosts, LinkCurve
+
+__all__ = ["MIB", "PRESET_DIR", "Band", "ComputeModel", "DeviceProfile", "HardwareProfile", "HostCosts", "LinkCurve",
+           "compute_model_of", "for_workload", "load_profile", "prediction_band", "preset_names", "profile_from_dict",
+           "read_profile_dict", "workload_entry", "workload_key"]
 
 PRESET_DIR = Path(__file__).with_name("presets")
-MIB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class LinkCurve:
-    """Time of one copy as a function of its size.
-
-    ``seconds(n) = latency_s + n / bw(n)``, with ``bw`` interpolated
-    log-linearly in size between measured points ``(sizes_bytes[i],
-    bytes_per_s[i])`` and held flat outside them. A single point gives the
-    plain latency + bytes/bandwidth model.
-    """
-
-    sizes_bytes: tuple[float, ...]
-    bytes_per_s: tuple[float, ...]
-    latency_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not self.sizes_bytes or len(self.sizes_bytes) != len(self.bytes_per_s):
-            raise ValueError("LinkCurve needs one bandwidth per size and at least one point")
-        if any(not math.isfinite(b) or b <= 0 for b in self.bytes_per_s) or any(not math.isfinite(s) or s <= 0 for s in self.sizes_bytes):
-            bad = next(x for x in (*self.sizes_bytes, *self.bytes_per_s) if not math.isfinite(x) or x <= 0)
-            raise ValueError(f"link curve point {bad / 1e9 if bad in self.bytes_per_s else bad / MIB:g}: sizes (MiB) and "
-                             "bandwidths (GB/s) must be finite numbers > 0")
-        if list(self.sizes_bytes) != sorted(self.sizes_bytes):
-            raise ValueError("LinkCurve sizes must be ascending")
-        if not math.isfinite(self.latency_s) or self.latency_s < 0:
-            raise ValueError(f"link latency_us {self.latency_s * 1e6:g}; allowed: a finite number >= 0")
-
-    def bandwidth(self, nbytes: float) -> float:
-        """Effective bytes per second of a copy of ``nbytes`` (excluding latency)."""
-        xs, ys = self.sizes_bytes, self.bytes_per_s
-        if nbytes <= xs[0]:
-            return ys[0]
-        if nbytes >= xs[-1]:
-            return ys[-1]
-        i = bisect.bisect_right(xs, nbytes)
-        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-        t = (math.log(nbytes) - math.log(x0)) / (math.log(x1) - math.log(x0))
-        return y0 + t * (y1 - y0)
-
-    def seconds(self, nbytes: float) -> float:
-        """Seconds one copy of ``nbytes`` occupies its copy engine."""
-        if nbytes <= 0:
-            return 0.0
-        return self.latency_s + nbytes / self.bandwidth(nbytes)
-
-    def peak_bytes_per_s(self) -> float:
-        return max(self.bytes_per_s)
-
-
-@dataclass(frozen=True)
-class HostCosts:
-    """Host-thread time of each call, in seconds, as the backend pays it.
-
-    ``split_launch_s`` is the host time of launching one GPU split's kernels
-    after its first kernel is enqueued: the GPU starts on the split at once
-    while the host keeps launching the rest (a Python program's tens of CuPy
-    calls; llama.cpp's is ~0). The split's GPU time already spans it (a
-    calibrated ``attn_floor_s``); what it adds is that the host can do nothing
-    else meanwhile -- issue the next delivery, for one. 0 = not modelled.
-    """
-
-    launch_s: float = 4e-6
-    copy_issue_s: float = 3e-6
-    event_s: float = 2e-6
-    host_wait_s: float = 5e-6
-    split_launch_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        for name, value in self.__dict__.items():
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"host.{name[:-2]}_us {value * 1e6:g}; allowed: a finite number >= 0")
-
-    def zero(self) -> HostCosts:
-        """Every cost 0 (a host that issues for free)."""
-        return HostCosts(**{f.name: 0.0 for f in fields(self)})
-
-
-@dataclass(frozen=True)
-class ComputeModel:
-    """GPU time of a split from the layers it holds (decode, one new row).
-
-    A layer costs ``layer_s + layer_weight_bytes / weight_bytes_per_s``; an
-    attention layer adds ``attn_s + window_bytes / attn_bytes_per_s`` where
-    ``window_bytes`` is the K+V window its attention reads, but no less than
-    ``attn_floor_s`` (a split whose launches take longer than its kernels: the
-    host-bound floor; 0 = none). A CPU split costs ``cpu_split_s`` of host
-    time; on the ``host-attention`` arm (upstream llama.cpp's ``-nkvo``, which
-    runs attention on the CPU) it adds ``host_attn_s + window_bytes /
-    host_attn_bytes_per_s``. Several sequences (a batch of ``B``) read the
-    weights once: each sequence past the first adds ``layer_seq_s`` per layer
-    and ``attn_seq_s`` per attention layer to the GPU split (their attention
-    reads their own cells, already in ``window_bytes``), and ``cpu_row_s`` to
-    the CPU split that stores its rows. ``weight_bytes_per_s`` of 0 ignores weights.
-    """
-
-    layer_s: float = 0.0
-    weight_bytes_per_s: float = 0.0
-    attn_s: float = 0.0
-    attn_bytes_per_s: float = 0.0
-    head_s: float = 0.0
-    cpu_split_s: float = 0.0
-    attn_floor_s: float = 0.0
-    host_attn_s: float = 0.0
-    host_attn_bytes_per_s: float = 0.0
-    layer_seq_s: float = 0.0  # each sequence past the first: its share of a layer's matrix products (weights read once)
-    attn_seq_s: float = 0.0  # each sequence past the first: its attention's fixed cost in an attention split
-    cpu_row_s: float = 0.0  # each sequence past the first: host time of storing its rows in a CPU split
-    #: A layer run on the CPU (past llama.cpp's -ngl): ``host_layer_s + layer_weight_bytes / host_weight_bytes_per_s``
-    #: of host time (its weights stream from host memory); 0 rate = not known for this host.
-    host_layer_s: float = 0.0
-    host_weight_bytes_per_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        for name, value in self.__dict__.items():
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"compute.{name} {value:g}; allowed: a finite number >= 0")
-
-    def layer_seconds(self, weight_bytes: float) -> float:
-        w = weight_bytes / self.weight_bytes_per_s if self.weight_bytes_per_s > 0 else 0.0
-        return self.layer_s + w
-
-    def batch_seconds(self, n_seq: int, layers: int, attention: bool) -> float:
-        """GPU time a split of ``layers`` layers (and an attention layer) adds for sequences past the first."""
-        extra = max(0, n_seq - 1)
-        return extra * (layers * self.layer_seq_s + (self.attn_seq_s if attention else 0.0))
-
-    def host_layer_seconds(self, weight_bytes: float) -> float:
-        """Host time of one layer run on the CPU (a layer below llama.cpp's ``-ngl`` GPU layers), seconds. Pure."""
-        w = weight_bytes / self.host_weight_bytes_per_s if self.host_weight_bytes_per_s > 0 else 0.0
-        return self.host_layer_s + w
-
-    def host_attention_seconds(self, window_bytes: float) -> float:
-        """Host time of one attention layer run on the CPU over ``window_bytes`` of host cache (upstream llama.cpp's -nkvo)."""
-        a = window_bytes / self.host_attn_bytes_per_s if self.host_attn_bytes_per_s > 0 else 0.0
-        return self.host_attn_s + a
-
-    def attention_seconds(self, window_bytes: float) -> float:
-        a = window_bytes / self.attn_bytes_per_s if self.attn_bytes_per_s > 0 else 0.0
-        return max(self.attn_floor_s, self.attn_s + a)
-
-
-@dataclass(frozen=True)
-class DeviceProfile:
-    """One device and its link to the host.
-
-    ``memory_total_bytes`` is what the card offers and ``memory_reserved_bytes``
-    what its driver and runtime keep: properties of the card. What a model
-    places on it (weights, compute buffer, KV) is computed per workload
-    (``sim.memory``) into ``memory_used_bytes``, what the device holds before
-    the scheduler allocates. A profile leaves ``memory_used`` at 0; one
-    measured for one program on a device (``kvpipe calibrate`` on a GPU, tests)
-    may fix it.
-    """
-
-    name: str
-    memory_total_bytes: int
-    memory_used_bytes: int
-    h2d_pinned: LinkCurve
-    h2d_pageable: LinkCurve
-    d2h_pinned: LinkCurve
-    d2h_pageable: LinkCurve
-    h2d_engines: int = 1
-    d2h_engines: int = 1
-    duplex_slowdown: float = 1.0
-    alignment_bytes: int = 256
-    compute: ComputeModel = field(default_factory=ComputeModel)
-    memory_reserved_bytes: int = 600 * MIB
-    #: A copy engine that finishes a stream's copy serves that stream's next queued copy in the same
-    #: direction before any other stream's waiting copy (observed on an H200: docs/reproduction.md).
-    copy_engine_drains_stream: bool = False
-    pageable_chunk_bytes: int = 2 * MIB  # the driver's staging chunk for pageable H2D copies (an estimate: undocumented)
-    #: Device memory bandwidth (bytes/s) that copies and kernels share: every byte a copy engine moves in or
-    #: out of device memory while a kernel runs costs that kernel ``1 / dram_bytes_per_s`` seconds (decode
-    #: kernels are memory-bound). 0 = copies never slow kernels.
-    dram_bytes_per_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.memory_total_bytes <= 0:
-            raise ValueError(f"{self.name}: memory_total must be > 0")
-        if not 0 <= self.memory_used_bytes <= self.memory_total_bytes:
-            raise ValueError(f"{self.name}: memory_used must be within 0..memory_total")
-        if self.h2d_engines < 1 or self.d2h_engines < 1:
-            raise ValueError(f"{self.name}: copy engines per direction must be >= 1")
-        if self.duplex_slowdown < 1.0:
-            raise ValueError(f"{self.name}: duplex_slowdown must be >= 1, got {self.duplex_slowdown}")
-        if not math.isfinite(self.dram_bytes_per_s) or self.dram_bytes_per_s < 0:
-            raise ValueError(f"{self.name}: dram_GBps must be >= 0 (0 = no contention), got {self.dram_bytes_per_s / 1e9:g}")
-        if self.alignment_bytes < 1 or self.alignment_bytes & (self.alignment_bytes - 1):
-            raise ValueError(f"{self.name}: alignment_bytes must be a power of two, got {self.alignment_bytes}")
-
-    def link(self, to_device: bool, pinned: bool) -> LinkCurve:
-        if to_device:
-            return self.h2d_pinned if pinned else self.h2d_pageable
-        return self.d2h_pinned if pinned else self.d2h_pageable
-
-
-@dataclass(frozen=True)
-class HardwareProfile:
-    """A host thread with its call costs and one or more devices."""
-
-    name: str
-    devices: tuple[DeviceProfile, ...]
-    host: HostCosts = field(default_factory=HostCosts)
-    source: str = ""
-    estimate: bool = False
-    meta: dict[str, Any] = field(default_factory=dict, compare=False)
-
-    def __post_init__(self) -> None:
-        if not self.devices:
-            raise ValueError(f"hardware {self.name!r} has no device")
-
-    def combined(self, other: HardwareProfile) -> HardwareProfile:
-        """This machine's devices followed by ``other``'s (one host: this one's call costs)."""
-        return replace(
-            self,
-            name=f"{self.name}+{other.name}",
-            devices=self.devices + other.devices,
-            source=f"{self.source} | {other.source}",
-            estimate=self.estimate or other.estimate,
-        )
 
 
 # ---------------------------------------------------------------- file format
@@ -284,39 +68,43 @@ def compute_model_of(c: dict[str, Any]) -> ComputeModel:
     )
 
 
-def workload_key(model: str, cache: str) -> str:
-    """The key of a calibrated workload entry in a profile file's ``workloads``."""
-    return f"{model}@{cache}"
+def workload_key(model: str, cache: str, cache_v: str = "") -> str:
+    """The key of a calibrated workload entry in a profile file's ``workloads``: ``model@cache`` when the V cache type
+    is the K's (or not given), else ``model@cache/cache_v``. Pure."""
+    return f"{model}@{cache}" if cache_v in ("", cache) else f"{model}@{cache}/{cache_v}"
 
 
-def workload_entry(profile: HardwareProfile, model: str, cache: str) -> tuple[str, dict[str, Any]] | None:
-    """The ``workloads`` entry calibrated for (model, cache type), as (key, entry), or None.
+def workload_entry(profile: HardwareProfile, model: str, cache: str, cache_v: str = "") -> tuple[str, dict[str, Any]] | None:
+    """The ``workloads`` entry calibrated for (model, K cache type, V cache type), as (key, entry), or None.
 
-    Looks up ``model@cache`` first; then an entry keyed by the model alone (the
-    file format before several cache types), but only if it was calibrated for
-    ``cache`` (its ``cache_type``; an entry without one matches any).
+    Looks up :func:`workload_key` first; then, for one cache type, an entry
+    keyed by the model alone (the file format before several cache types), but
+    only if it was calibrated for ``cache`` (its ``cache_type``; an entry
+    without one matches any). ``cache_v`` "" is ``cache``. Pure.
     """
     table = profile.meta.get("workloads") or {}
-    key = workload_key(model, cache)
+    key = workload_key(model, cache, cache_v)
     if key in table:
         return key, table[key]
     entry = table.get(model)
-    if entry and entry.get("cache_type", cache) == cache:
+    if cache_v in ("", cache) and entry and entry.get("cache_type", cache) == cache:
         return model, entry
     return None
 
 
-def for_workload(profile: HardwareProfile, model: str, cache: str) -> HardwareProfile:
-    """``profile`` with the compute model, launch and event costs calibrated for ``model``'s program with ``cache``.
+def for_workload(profile: HardwareProfile, model: str, cache: str, cache_v: str = "") -> HardwareProfile:
+    """``profile`` with the compute model, launch and event costs calibrated for ``model``'s program with ``cache``
+    (K) and ``cache_v`` (V; "" = the K type).
 
     A calibrated file (``kvpipe calibrate``) measures each model's decode
     program per cache type: the attention's seconds per window byte depend on
     how the cache is decoded, the launch costs on the model's kernels. Without
-    an entry for this (model, cache type) the profile is returned unchanged:
-    its device ``compute`` (the first calibrated entry's, or a preset's).
-    Pure; does not block.
+    an entry for these types the profile is returned unchanged: its device
+    ``compute`` (a preset's; a file fitted per cache type puts there the
+    stand-in for a type it did not see, which :func:`prediction_band` calls
+    uncalibrated). Pure; does not block.
     """
-    found = workload_entry(profile, model, cache)
+    found = workload_entry(profile, model, cache, cache_v)
     if found is None:
         return profile
     w = found[1]
@@ -335,24 +123,31 @@ class Band:
     source: str
 
 
-def prediction_band(profile: HardwareProfile, model: str, cache: str) -> Band | None:
-    """The band of predictions of (model, cache type) on ``profile``, or None where the profile is uncalibrated for it.
+def prediction_band(profile: HardwareProfile, model: str, cache: str, cache_v: str = "") -> Band | None:
+    """The band of predictions of (model, K and V cache types) on ``profile``, or None where it has none.
 
     From the calibrated workload entry's ``band`` (``calibrate --from-llama-bench``:
     the largest leave-one-out error of its fit), else the profile's
     ``calibration`` block when it was fitted on this model and cache type (the
-    reference preset: its ordered table). A band is a calibration residual: it
+    reference preset: its ordered table), else, on a profile fitted per cache
+    type (``uncalibrated_cache``), that block's wide band, whose source starts
+    with "uncalibrated". A band is a calibration residual: it
     says how well the fitted terms predict runs of the arm they were fitted on
     that the fit did not see, not how well the pipelined mechanism is modelled
     (docs/validation.md measures that). Pure.
     """
-    found = workload_entry(profile, model, cache)
+    found = workload_entry(profile, model, cache, cache_v)
     if found is not None and found[1].get("band") is not None:
         n = len(found[1].get("held_out") or ())
-        return Band(float(found[1]["band"]), f"largest held-out error of the fit to {n} runs ({found[0]})")
+        source = str(found[1].get("band_source") or f"largest held-out error of the fit to {n} runs ({found[0]})")
+        return Band(float(found[1]["band"]), source)
     cal = profile.meta.get("calibration") or {}
-    if cal.get("band") is not None and cal.get("model") == model and cal.get("cache_type") == cache:
+    if cal.get("band") is not None and cal.get("model") == model and cal.get("cache_type") == cache and cache_v in ("", cache):
         return Band(float(cal["band"]), str(cal.get("band_source", "calibration residuals")))
+    wide = profile.meta.get("uncalibrated_cache")
+    if found is None and isinstance(wide, dict) and wide.get("band") is not None:
+        types = cache if cache_v in ("", cache) else f"{cache}/{cache_v}"
+        return Band(float(wide["band"]), f"uncalibrated for {model} with a {types} cache: {wide.get('source', '')}")
     return None
 
 
@@ -394,6 +189,9 @@ def _device(d: dict[str, Any], where: str) -> DeviceProfile:
 def _check_workloads(data: dict[str, Any], where: str) -> None:
     """``workloads`` (the calibrated entries) must be an object of objects, each with a ``compute`` object and
     finite numbers: :func:`for_workload` reads them for every point. Raises InputError naming the entry and key."""
+    wide = data.get("uncalibrated_cache")
+    if wide is not None:
+        number(mapping(data, "uncalibrated_cache", where), "band", f"{where}.uncalibrated_cache", 0.0, 1e6)
     table = data.get("workloads")
     if table is None:
         return

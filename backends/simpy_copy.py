@@ -20,8 +20,9 @@ Units: seconds and bytes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections import deque
+from collections.abc import Generator, Sequence
+from typing import Any, Protocol
 
 import simpy
 
@@ -127,3 +128,43 @@ def calls_seconds(link: LinkCurve | _Seconds, calls: Sequence[CopyCall]) -> floa
 def copy_seconds(link: LinkCurve | _Seconds, ranges: Sequence[CopyRange]) -> float:
     """Engine seconds of one copy call of ``ranges``: one 2D copy when they form one (``copy_calls``), else one per range."""
     return calls_seconds(link, copy_calls(ranges))
+
+
+def dram_stretch(env: simpy.Environment, copies: deque[tuple[float, float, int]], dram_bytes_per_s: float,
+                 start: float) -> Generator[simpy.Timeout, Any, None]:
+    """Stretch the kernel that ran from ``start`` to now by the DRAM time of the copies it overlapped (a SimPy process
+    step: yields the extra time). ``copies`` are the device's (start_s, end_s, bytes), oldest first.
+
+    Every byte a copy engine moves through the device's memory while the
+    kernel runs costs the (memory-bound) kernel ``1 / dram_bytes_per_s``
+    seconds; a copy that overlaps part of the kernel counts pro rata. The
+    stretch may overlap further copies: up to three rounds, each charging
+    the bytes of the time just added.
+    """
+    while copies and copies[0][1] <= start:  # one kernel stream per device: older copies can no longer overlap
+        copies.popleft()
+    t0 = start
+    for _ in range(3):
+        t1 = env.now
+        moved = 0.0
+        for s, e, n in copies:
+            if s < t1 and e > t0 and e > s:
+                moved += n * (min(e, t1) - max(s, t0)) / (e - s)
+        extra = moved / dram_bytes_per_s
+        if extra <= 1e-12:
+            return
+        yield env.timeout(extra)
+        t0 = t1
+
+
+def next_copy_on(queue: Sequence[tuple[str, str, Any]], to_device: bool, device: int) -> bool:
+    """Whether a stream's next queued item past records and fired waits is a copy on the engine of ``device`` and
+    this direction (the drain rule's test). Pure."""
+    for kind, _, payload in queue:
+        if kind == "record" or (kind == "wait" and payload.triggered):
+            continue
+        if kind != "copy":
+            return False
+        dst, src = payload[0], payload[1]
+        return bool(src.on_host == to_device and (dst if to_device else src).device == device)
+    return False

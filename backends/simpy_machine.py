@@ -54,10 +54,10 @@ from typing import Any
 
 import simpy
 
-from backends.base import Buffer, CopyPlan, Event, HostOp, OutOfDeviceMemory, Span, Stream, Work
+from backends.base import Buffer, CopyPlan, Event, HostOp, OutOfDeviceMemory, Span, SpanKind, Stream, Work, WorkKind
 from backends.machine import Machine
 from backends.profile import HardwareProfile
-from backends.simpy_copy import _Engine, _Lane, calls_seconds, copy_seconds
+from backends.simpy_copy import _Engine, _Lane, calls_seconds, copy_seconds, dram_stretch, next_copy_on
 
 __all__ = ["SimMachine", "copy_seconds"]
 
@@ -145,17 +145,17 @@ class SimMachine(Machine):
                 "driver_version": None, "runtime_version": None, "cupy_version": None,
                 "numpy_version": _numpy().__version__, "profile": self.profile.name, "estimate": self.profile.estimate}
 
-    def _span(self, track: str, name: str, start: float, **args: Any) -> None:
+    def _span(self, track: str, name: str, start: float, kind: SpanKind, **args: Any) -> None:
         if self.tracing:
-            self.spans.append(Span(track, name, start, self.env.now, args))
+            self.spans.append(Span(track, name, start, self.env.now, args, kind))
 
-    def _busy(self, seconds: float, what: str, name: str = "") -> simpy.Timeout:
-        """The host thread busy for ``seconds`` (> 0): the timeout to yield; its span ``what + name`` is
-        recorded when it fires, just before the host resumes (where a span recorded after the yield would go)."""
+    def _busy(self, seconds: float, kind: SpanKind, what: str, name: str = "", **args: Any) -> simpy.Timeout:
+        """The host thread busy for ``seconds`` (> 0): the timeout to yield; its span ``what + name`` (of ``kind``)
+        is recorded when it fires, just before the host resumes (where a span recorded after the yield would go)."""
         ev = self._timeout(seconds)
         if self.tracing:
             t = self.env.now
-            ev.callbacks.append(lambda _: self.spans.append(Span("host", what + name, t, self.env.now, {})))
+            ev.callbacks.append(lambda _: self.spans.append(Span("host", what + name, t, self.env.now, args, kind)))
         return ev
 
     # --------------------------------------------------------- Protocol
@@ -179,7 +179,7 @@ class SimMachine(Machine):
 
     def record(self, event: Event, stream: Stream) -> HostOp:
         if self._event_s > 0:
-            yield self._busy(self._event_s, "record ", event.name)
+            yield self._busy(self._event_s, SpanKind.RECORD, "record ", event.name)
         gen = self._event()
         event.handle = gen
         event.recorded = True
@@ -187,14 +187,14 @@ class SimMachine(Machine):
 
     def wait_event(self, stream: Stream, event: Event) -> HostOp:
         if self._event_s > 0:
-            yield self._busy(self._event_s, "wait ", event.name)
+            yield self._busy(self._event_s, SpanKind.WAIT, "wait ", event.name)
         if event.handle is not None:
             self._enqueue(stream, ("wait", event.name, event.handle))
 
     def _copy(self, stream: Stream, dst: Buffer, src: Buffer, plan: CopyPlan, tag: str) -> HostOp:
         """The copy hook: one copy issue of host time, then the plan on ``stream``; blocks the host from pageable memory."""
         if self._issue_s > 0:
-            yield self._busy(self._issue_s, "issue ", tag)
+            yield self._busy(self._issue_s, SpanKind.ISSUE, "issue ", tag)
         to_device = plan.to_device
         host_side, dev_side = (src, dst) if to_device else (dst, src)
         lane = self._lanes[dev_side.device, to_device, host_side.pinned]
@@ -204,7 +204,7 @@ class SimMachine(Machine):
             return
         k = self._enqueue(stream, ("copy", name, (dst, src, plan, lane, None)))  # (dst, src, plan, lane, pageable chunk)
         if not host_side.pinned:  # pageable D2H: the call returns once the bytes are in the pageable buffer
-            yield from self._wait_done(self._completion(stream, k), "pageable copy")
+            yield from self._wait_done(self._completion(stream, k), SpanKind.SYNC, "pageable copy")
 
     def _pageable_h2d(self, stream: Stream, name: str, dst: Buffer, src: Buffer, plan: CopyPlan, lane: _Lane) -> HostOp:
         """A pageable H2D copy as the driver runs it: sync the stream, stage chunk by chunk on this (host) thread into
@@ -224,9 +224,9 @@ class SimMachine(Machine):
         for i, (stage_s, nbytes, dma_s) in enumerate(chunks):
             busy = self._completion(stream, done[i - 2]) if i >= 2 else None
             if busy is not None:  # two staging buffers: chunk i reuses chunk i - 2's once its DMA is done
-                yield from self._wait_done(busy, "staging buffer")
+                yield from self._wait_done(busy, SpanKind.WAIT, "staging buffer")
             if stage_s > 0:
-                yield self._busy(stage_s, "stage ", name)
+                yield self._busy(stage_s, SpanKind.STAGE, "stage ", name)
             last = i == len(chunks) - 1
             chunk = (dma_s, nbytes)
             done.append(self._enqueue(stream, ("copy", name if last else f"{name}[{i}]",
@@ -235,10 +235,10 @@ class SimMachine(Machine):
     def launch(self, stream: Stream, work: Work) -> HostOp:
         seconds = self._launch_s * work.n_launches
         if seconds > 0:
-            yield self._busy(seconds, "launch ", work.name)
+            yield self._busy(seconds, SpanKind.LAUNCH, "launch ", work.name, work=work.kind.value)
         self._enqueue(stream, ("kernel", work.name, work))
-        if self._split_launch_s > 0 and work.tag == "gpu":  # the split's other kernels, launched while the first runs
-            yield self._busy(self._split_launch_s, "launching ", work.name)
+        if self._split_launch_s > 0 and work.kind is WorkKind.GPU_SPLIT:  # the split's other kernels, launched while the first runs
+            yield self._busy(self._split_launch_s, SpanKind.LAUNCHING, "launching ", work.name)
 
     def run_host(self, work: Work) -> HostOp:
         t = self.env.now
@@ -246,17 +246,17 @@ class SimMachine(Machine):
             yield self._timeout(work.duration_s)
         if self.functional and work.run is not None:
             work.run(_numpy())
-        self._span("host", work.name, t)
+        self._span("host", work.name, t, SpanKind.HOST_WORK)
 
     # synchronize and wait_host hand back the waiting generator itself (one generator less per wait);
     # the caller runs it with ``yield from`` at once, as every host operation is run.
 
     def synchronize(self, stream: Stream) -> HostOp:
         st: _StreamState = stream.handle
-        return self._wait_done(self._completion(stream, st.enqueued), "sync")
+        return self._wait_done(self._completion(stream, st.enqueued), SpanKind.SYNC, "sync")
 
     def wait_host(self, event: Event) -> HostOp:
-        return self._wait_done(event.handle, "wait ", event.name) if event.handle is not None else _nothing()
+        return self._wait_done(event.handle, SpanKind.WAIT, "wait ", event.name) if event.handle is not None else _nothing()
 
     def _alloc(self, device: int, nbytes: int, name: str) -> Buffer:
         if nbytes > self.free_bytes(device):
@@ -287,15 +287,15 @@ class SimMachine(Machine):
     def _array(self, nbytes: int) -> Any:
         return _numpy().zeros(nbytes, dtype=_numpy().uint8) if self.functional else None
 
-    def _wait_done(self, ev: simpy.Event | None, what: str, name: str = "") -> HostOp:
+    def _wait_done(self, ev: simpy.Event | None, kind: SpanKind, what: str, name: str = "") -> HostOp:
         """Block the host until ``ev`` has been processed (None: done already), then pay the wake-up."""
         t = self.env.now
         if ev is not None and ev.callbacks is not None:  # not processed yet
             yield ev
         if self._wait_s > 0:
-            yield self._busy(self._wait_s, "wake")
+            yield self._busy(self._wait_s, SpanKind.WAKE, "wake")
         if self.tracing:
-            self._span("host", what + name, t)
+            self._span("host", what + name, t, kind)
 
     def _completion(self, stream: Stream, k: int) -> simpy.Event | None:
         """An event that fires when item ``k`` (1-based) of ``stream`` has completed; None if it has."""
@@ -356,10 +356,10 @@ class SimMachine(Machine):
                         for so, do, n in plan.pieces():
                             d_arr[do : do + n] = s_arr[so : so + n]
                     if self.tracing:
-                        self._span(lane.track, name, t, bytes=nbytes, stream=stream.name)
-                        self._span(stream.name, name, t, bytes=nbytes)
+                        self._span(lane.track, name, t, SpanKind.COPY, bytes=nbytes, stream=stream.name)
+                        self._span(stream.name, name, t, SpanKind.COPY, bytes=nbytes)
                 finally:
-                    if lane.drains and self._next_copy_on(stream, lane.to_device, lane.device):
+                    if lane.drains and next_copy_on(stream.handle.queue, lane.to_device, lane.device):
                         st.held = (engine, req)
                     else:
                         engine.release(req)
@@ -367,55 +367,18 @@ class SimMachine(Machine):
                 t = env.now
                 yield self._timeout(payload.duration_s)
                 if self._dram[stream.device]:
-                    yield from self._contended(stream.device, t)
+                    yield from dram_stretch(env, self._copies[stream.device], self._dram[stream.device], t)
                 if self.functional and payload.run is not None:
                     payload.run(_numpy())
                 if self.tracing:
-                    self._span(stream.name, name, t)
+                    self._span(stream.name, name, t, SpanKind.KERNEL)
             elif kind == "record":
                 payload.succeed()
             elif payload.callbacks is not None:  # a wait on an event not processed yet
                 t = env.now
                 yield payload
                 if self.tracing and env.now > t:
-                    self._span(stream.name, "wait " + name, t)
+                    self._span(stream.name, "wait " + name, t, SpanKind.STREAM_WAIT)
             st.completed += 1
             while waiters and waiters[0][0] <= st.completed:
                 waiters.popleft()[1].succeed()
-
-    def _contended(self, device: int, start: float) -> Any:
-        """Stretch the kernel that ran from ``start`` to now by the DRAM time of the copies it overlapped.
-
-        Every byte a copy engine moves through the device's memory while the
-        kernel runs costs the (memory-bound) kernel ``1 / dram_bytes_per_s``
-        seconds; a copy that overlaps part of the kernel counts pro rata. The
-        stretch may overlap further copies: up to three rounds, each charging
-        the bytes of the time just added.
-        """
-        copies, dram = self._copies[device], self._dram[device]
-        while copies and copies[0][1] <= start:  # one kernel stream per device: older copies can no longer overlap
-            copies.popleft()
-        t0 = start
-        for _ in range(3):
-            t1 = self.env.now
-            moved = 0.0
-            for s, e, n in copies:
-                if s < t1 and e > t0 and e > s:
-                    moved += n * (min(e, t1) - max(s, t0)) / (e - s)
-            extra = moved / dram
-            if extra <= 1e-12:
-                return
-            yield self._timeout(extra)
-            t0 = t1
-
-    @staticmethod
-    def _next_copy_on(stream: Stream, to_device: bool, device: int) -> bool:
-        """Whether the stream's next item past records and fired waits is a copy on the same engine."""
-        for kind, _, payload in stream.handle.queue:
-            if kind == "record" or (kind == "wait" and payload.triggered):
-                continue
-            if kind != "copy":
-                return False
-            dst, src = payload[0], payload[1]
-            return bool(src.on_host == to_device and (dst if to_device else src).device == device)
-        return False

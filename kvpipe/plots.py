@@ -16,35 +16,30 @@ writes it as PNG and/or SVG. The kinds answer the capacity questions:
   overlap, and the small blocking copy queued FIFO behind the deliveries, show
 * ``xy``: any row column against any other, grouped by a third.
 
-Units: rows carry theirs in their field names; axes say theirs.
+Units: rows carry theirs in their field names; axes say theirs. The figure and its files are
+``kvpipe.figures``'s; the timeline is ``kvpipe.timeline_plot``'s (both re-exported here for the commands).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from backends.base import Span
+from kvpipe.figures import FORMATS, new_figure, png_bytes, rendered, save
+from kvpipe.timeline_plot import TRACK_LABELS, TRACKS, category, fifo_wait, timeline, token_window
 from sim.errors import InputError
 from sim.telemetry import flatten
 
 if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn, not when a command starts (0.3 s of every start)
     from matplotlib.figure import Figure
 
-FORMATS = ("png", "svg")
+#: the figure files and the timeline are re-exported: commands and notebooks draw every kind through this module
+__all__ = ["FORMATS", "KINDS", "TRACKS", "TRACK_LABELS", "category", "check_rows", "columns", "fifo_wait", "gain_per_mib",
+           "gain_vs_context", "gain_vs_depth", "png_bytes", "rendered", "ring_vs_context", "save", "timeline",
+           "token_window", "tps_vs_context", "xy"]
+
 MAX_LINES = 8
-TRACKS = ("host", "consumer0", "transfer0", "h2d0", "d2h0")
-TRACK_LABELS = {"host": "host thread", "consumer0": "consumer stream", "transfer0": "transfer stream",
-                "h2d0": "H2D copy engine", "d2h0": "D2H copy engine"}
-COLORS = {"kernel": "#2ca02c", "window": "#8c564b", "delivery": "#1f77b4", "late": "#17becf", "small": "#d62728", "rows": "#ff7f0e",
-          "cpu": "#9467bd", "blocked": "#c7c7c7", "issue": "#444444", "wait": "#e8e8e8"}
-LEGEND = {"kernel": "GPU kernels (split)", "window": "KV window, blocking (ordered path)",
-          "delivery": "delivery (stable prefix, early)", "late": "late rows",
-          "small": "small blocking H2D input", "rows": "new K/V rows D2H", "cpu": "CPU split (row write)",
-          "blocked": "host blocked (sync/wait)", "issue": "host issuing calls", "wait": "stream waits on event"}
 
 
 # ------------------------------------------------------------------- rows
@@ -129,49 +124,6 @@ def check_rows(rows: Sequence[dict[str, Any]], where: str) -> None:
                 raise InputError(f"{where} row {i}: {k} = {r[k]!r}; allowed: text (rows of kvpipe sweep or simulate --json)")
 
 
-def _figure(size: tuple[float, float] = (9, 5.5)) -> Figure:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=size, dpi=110, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def png_bytes(fig: Figure) -> bytes:
-    """The figure as PNG bytes (for notebooks: ``IPython.display.Image(png_bytes(fig))``). Does not block on I/O."""
-    import io
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
-
-
-def rendered(fig: Figure, prefix: str | Path, formats: Sequence[str] = FORMATS) -> list[tuple[Path, bytes]]:
-    """``prefix.png`` / ``prefix.svg`` as (path, bytes), nothing written yet. Raises InputError on an unknown format."""
-    import io
-
-    prefix = Path(prefix)
-    out = []
-    for fmt in formats:
-        if fmt not in FORMATS:
-            raise InputError(f"unknown format {fmt!r}; allowed: {', '.join(FORMATS)}")
-        buf = io.BytesIO()
-        fig.savefig(buf, format=fmt)
-        out.append((prefix.with_name(f"{prefix.name}.{fmt}"), buf.getvalue()))
-    return out
-
-
-def save(fig: Figure, prefix: str | Path, formats: Sequence[str] = FORMATS) -> list[Path]:
-    """Write ``prefix.png`` / ``prefix.svg`` (all or none: ``sim.safe_write.write_outputs``); returns the paths.
-    Blocks on the writes."""
-    from sim.safe_write import write_outputs
-
-    files = rendered(fig, prefix, formats)
-    write_outputs(list(files))
-    return [path for path, _ in files]
-
-
 # ------------------------------------------------------------------ kinds
 
 
@@ -183,7 +135,7 @@ def gain_vs_depth(rows: Sequence[dict[str, Any]]) -> Figure:
         pick = {contexts[round(i * (len(contexts) - 1) / (MAX_LINES - 1))] for i in range(MAX_LINES)}
         rows = [r for r in rows if r["context"] in pick]
     budgets = sorted({r["budget_mib"] for r in rows})
-    fig = _figure()
+    fig = new_figure()
     ax = fig.add_subplot()
     colors = {c: f"C{i % 10}" for i, c in enumerate(sorted({r["context"] for r in rows}))}
     for (ctx, b), grp in sorted(_groups(rows, lambda r: (r["context"], r["budget_mib"])).items()):
@@ -213,7 +165,7 @@ def gain_vs_context(rows: Sequence[dict[str, Any]], marks: Sequence[tuple[str, f
     ``marks`` are (label, context) pairs drawn as vertical dotted lines (e.g. the closed-form peak).
     """
     rows = _need_gain(rows)
-    fig = _figure()
+    fig = new_figure()
     ax = fig.add_subplot()
     budgets = sorted({r["budget_mib"] for r in rows})
     styles = ["-", "--", ":", "-."]
@@ -244,7 +196,7 @@ def tps_vs_context(rows: Sequence[dict[str, Any]]) -> Figure:
     The band is ``tokens_per_s_interval`` (the profile's calibration residuals);
     lines of an uncalibrated profile carry none and say so in the legend.
     """
-    fig = _figure()
+    fig = new_figure()
     ax = fig.add_subplot()
     key = lambda r: (r.get("arm", "transport"), r["depth"], r["budget_mib"])  # noqa: E731
     for i, (k, grp) in enumerate(sorted(_groups(rows, key).items())):
@@ -271,7 +223,7 @@ def gain_per_mib(rows: Sequence[dict[str, Any]]) -> Figure:
     rows = [r for r in _need_gain(rows) if not r["declined"] and r["ring_mib"] > 0]
     if not rows:
         raise InputError("no row kept its ring: nothing to divide the gain by (raise --budget or use 0 = no cap)")
-    fig = _figure()
+    fig = new_figure()
     ax = fig.add_subplot()
     for d, grp in sorted(_groups(rows, lambda r: r["depth"]).items()):
         grp = sorted({r["context"]: r for r in grp}.values(), key=lambda r: r["context"])
@@ -286,7 +238,7 @@ def ring_vs_context(rows: Sequence[dict[str, Any]], budgets_mib: Sequence[float]
     rows = [r for r in rows if r["depth"] > 0]
     if not rows:
         raise InputError("no pipelined (depth > 0) row: the ring is only planned at depth >= 1")
-    fig = _figure()
+    fig = new_figure()
     ax = fig.add_subplot()
     for d, grp in sorted(_groups(rows, lambda r: r["depth"]).items()):
         grp = sorted({r["context"]: r for r in grp}.values(), key=lambda r: r["context"])
@@ -305,7 +257,7 @@ def xy(rows: Sequence[dict[str, Any]], x: str, y: str, group: str | None = None)
     """Any column against any other, one line per value of ``group``. Raises InputError on an unknown column."""
     xs, ys = column(rows, x), column(rows, y)
     gs = column(rows, group) if group else [""] * len(rows)
-    fig = _figure()
+    fig = new_figure()
     ax = fig.add_subplot()
     for g in sorted(set(gs), key=str):
         pts = sorted((a, b) for a, b, c in zip(xs, ys, gs, strict=True) if c == g)
@@ -317,109 +269,6 @@ def xy(rows: Sequence[dict[str, Any]], x: str, y: str, group: str | None = None)
         ax.legend(fontsize=8)
     ax.set_title(_title(rows, f"{y} vs {x}"), fontsize=10)
     return fig
-
-
-# --------------------------------------------------------------- timeline
-
-
-def category(span: Span) -> str:
-    """What a span is, for its colour: kernel, window, delivery, late, small, rows, cpu, blocked, issue or wait."""
-    n = span.name
-    if span.track == "host":
-        if n.startswith("cpu"):
-            return "cpu"
-        if n.startswith(("sync", "wait", "wake", "pageable")):
-            return "blocked"
-        return "issue"
-    if n.startswith("wait"):
-        return "wait"
-    if n.startswith("delivery"):
-        return "delivery"
-    if n == "late":
-        return "late"
-    if n.startswith("cache_"):
-        return "window"
-    if span.track.startswith("d2h") or n.startswith(("k_cur", "v_cur")):
-        return "rows"
-    if span.track.startswith(("h2d", "transfer")) or span.args.get("bytes") is not None:
-        return "small"
-    return "kernel"
-
-
-def token_window(totals_s: Sequence[float], index: int = -1) -> tuple[float, float]:
-    """Start and end (s) of graph ``index`` on the host clock: graphs run back to back from 0."""
-    i = index % len(totals_s)
-    start = sum(totals_s[:i])
-    return start, start + totals_s[i]
-
-
-@dataclass(frozen=True)
-class FifoWait:
-    """The small blocking H2D copies of one token: the first one, their bytes, how long they queued, what ran ahead."""
-
-    first: Span
-    nbytes: int
-    queued_s: float
-    deliveries_ahead: int
-
-
-def fifo_wait(spans: Sequence[Span], start_s: float, end_s: float) -> FifoWait | None:
-    """How long the token's small blocking H2D copies queued on the engine (issue to start), and behind how many deliveries."""
-    h2d = [s for s in spans if s.track == "h2d0" and start_s <= s.start_s < end_s]
-    small = [s for s in h2d if category(s) == "small"]
-    if not small:
-        return None
-    issues = [s for s in spans if s.track == "host" and s.name.startswith("issue ") and start_s <= s.end_s < end_s]
-    queued, ahead = 0.0, 0
-    for c in small:
-        t_issue = max((s.end_s for s in issues if s.name == f"issue {c.name}" and s.end_s <= c.start_s), default=c.start_s)
-        queued += c.start_s - t_issue
-        ahead += sum(1 for s in h2d if category(s) == "delivery" and t_issue < s.end_s <= c.start_s + 1e-12)
-    return FifoWait(small[0], sum(int(s.args.get("bytes", 0)) for s in small), queued, ahead)
-
-
-def timeline(panels: Sequence[tuple[str, Sequence[Span], tuple[float, float]]], title: str) -> Figure:
-    """A Gantt chart per panel (label, spans, (start_s, end_s) of one token), stacked on one time axis (ms)."""
-    fig = _figure((13, 2.3 + 2.6 * len(panels)))
-    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
-    span_ms = max(e - s for _, _, (s, e) in panels) * 1e3
-    used: set[str] = set()
-    for ax, (label, spans, (t0, t1)) in zip(axes, panels, strict=True):
-        tracks = [t for t in TRACKS if any(s.track == t for s in spans)]
-        for y, track in enumerate(tracks):
-            for s in spans:
-                if s.track != track or s.end_s <= t0 or s.start_s >= t1:
-                    continue
-                cat = category(s)
-                used.add(cat)
-                a, b = (max(s.start_s, t0) - t0) * 1e3, (min(s.end_s, t1) - t0) * 1e3
-                ax.broken_barh([(a, max(b - a, span_ms * 1.2e-3))], (y - 0.38, 0.76), facecolors=COLORS[cat],
-                               edgecolors="white" if cat in ("delivery", "kernel") else "none", linewidth=0.3,
-                               rasterized=True)  # thousands of bars: pixels in the SVG, text stays vector
-        ax.set_yticks(range(len(tracks)), [TRACK_LABELS[t] for t in tracks])
-        ax.invert_yaxis()
-        ax.set_xlim(0, span_ms * 1.01)
-        ax.grid(axis="x", alpha=0.3)
-        ax.set_title(f"{label}: {(t1 - t0) * 1e3:.2f} ms per token", fontsize=10, loc="left")
-        hit = fifo_wait(spans, t0, t1)
-        if hit is not None and "h2d0" in tracks:
-            x, y = (hit.first.start_s - t0) * 1e3, tracks.index("h2d0")
-            text = (f"small blocking inputs ({hit.nbytes / 1024:.0f} KiB) queued {hit.queued_s * 1e3:.2f} ms"
-                    + (f" behind {hit.deliveries_ahead} deliveries on the one H2D engine" if hit.deliveries_ahead else " (engine idle)"))
-            ax.annotate(text, (x, y), xytext=(max(x, span_ms * 0.05) + span_ms * 0.04, y + 0.95), fontsize=8,
-                        color=COLORS["small"], arrowprops={"arrowstyle": "->", "color": COLORS["small"]},
-                        annotation_clip=False, bbox={"boxstyle": "round", "fc": "white", "ec": "none", "alpha": 0.8})
-    axes[-1].set_xlabel("time since the token started (ms)")
-    handles = [_patch(c) for c in LEGEND if c in used]
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(5, len(handles)), fontsize=8)
-    fig.suptitle(title, fontsize=11)
-    return fig
-
-
-def _patch(cat: str) -> Any:
-    from matplotlib.patches import Patch
-
-    return Patch(facecolor=COLORS[cat], label=LEGEND[cat])
 
 
 KINDS: dict[str, Callable[..., Figure]] = {

@@ -121,7 +121,7 @@ def points(spec: GridSpec) -> list[Point]:
                                       unified=spec.unified, ctx_size=spec.ctx_size, split_mode=spec.split_mode,
                                       tensor_split=spec.tensor_split, flat_prefix=spec.flat_prefix,
                                       kv_gpu_layers=kv if off else 0, n_gpu_layers=gpu_layers),
-                             for_workload(h, m.name, c.name))  # a calibrated file's entry for this program
+                             for_workload(h, m.name, c.name, (cv or c).name))  # a calibrated file's entry for this program
             wl, profile = made[key]
             if wl.split_mode != "none" and len(h.devices) < 2:
                 raise InputError(f"--split-mode {wl.split_mode} needs several devices; give --hardware A+B (got {h.name})")

@@ -216,7 +216,8 @@ def mean(values: Sequence[float]) -> float:
 
 def interval_fields(point: Point, tokens_per_s: float) -> dict[str, Any]:
     """``tokens_per_s_interval`` ([low, high] t/s, or None) and ``interval``: the band's size and source, or why none."""
-    band = prediction_band(point.hardware, point.workload.model.name, point.workload.cache_k.name)
+    band = prediction_band(point.hardware, point.workload.model.name, point.workload.cache_k.name,
+                           point.workload.cache_v.name)
     if band is None:
         return {"tokens_per_s_interval": None, "interval": "uncalibrated: the profile has no calibration residuals for this "
                 f"model and cache type ({point.workload.model.name}, {point.workload.cache_k.name})"}
@@ -231,7 +232,7 @@ def row(result: RunResult, model: str = "", hardware: str = "", cache_type: str 
     ms = mean([s.total_s for s in g]) * 1e3
     last = g[-1]
     declined = any(s.declined for s in g) and not any(s.deliveries for s in g)
-    found = workload_entry(p.hardware, p.workload.model.name, p.workload.cache_k.name)
+    found = workload_entry(p.hardware, p.workload.model.name, p.workload.cache_k.name, p.workload.cache_v.name)
     calibrated = "" if not p.hardware.meta.get("workloads") else found[0] if found else "none for this model and cache type"
     return {
         "schema": ROW_SCHEMA,

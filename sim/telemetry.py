@@ -62,7 +62,8 @@ def _track_key(track: str) -> tuple[int, str]:
 
 
 def chrome_trace(timelines: Iterable[tuple[str, Sequence[Span]]]) -> dict[str, Any]:
-    """A Chrome trace (JSON object format): one process per labelled timeline, one thread per track."""
+    """A Chrome trace (JSON object format): one process per labelled timeline, one thread per track; each span's
+    kind (``backends.base.SpanKind``) is its event's category (``cat``)."""
     events: list[dict[str, Any]] = []
     for pid, (label, spans) in enumerate(timelines):
         events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": label}})
@@ -76,6 +77,7 @@ def chrome_trace(timelines: Iterable[tuple[str, Sequence[Span]]]) -> dict[str, A
                 {
                     "ph": "X",
                     "name": s.name,
+                    "cat": s.kind.value,
                     "pid": pid,
                     "tid": tid_of[s.track],
                     "ts": s.start_s * 1e6,

@@ -28,6 +28,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the checkout's backends/ and sim/ (whose presets this writes), before any installed copy
 
 from preset_files import write_or_check  # noqa: E402
+from reference_batch import with_batch_terms  # noqa: E402
 from reference_derivation import (  # noqa: E402
     BORROWED_PAGEABLE_POINTS,
     HOST_4096,
@@ -110,6 +111,10 @@ VARIANTS = {
     "launch-only": "the per-split host residual charged to GPU launches only (no CPU split time)",
     "engine-fifo": "copy engines strictly in arrival order across streams (copy_engine_drains_stream off)",
     "no-dram-contention": "copies do not slow the kernels they overlap (dram_GBps 0)",
+    "per-sequence-attention": "the per-sequence cost of the published rows at 1-8 sequences on each attention layer "
+                              "(attn_seq_us) instead of every layer",
+    "per-sequence-cpu": "the per-sequence cost of the published rows at 1-8 sequences on each CPU split (cpu_row_us: host "
+                        "time) instead of every layer",
 }
 
 
@@ -136,6 +141,9 @@ def variant(preset: dict[str, Any], name: str) -> dict[str, Any]:
         dev["copy_engine_drains_stream"] = False
     elif name == "no-dram-contention":
         dev["dram_GBps"] = 0.0
+    elif name.startswith("per-sequence-"):
+        d = with_batch_terms(d, term=name.removeprefix("per-sequence-"))
+        d.pop("derivation", None)
     elif name == "launch-only":
         counts = graph_counts(ORDERED_TABLE[0][0])
         host["launch_us"] += dev["compute"]["cpu_split_us"] * counts["cpu_splits"] / counts["gpu_splits"]

@@ -13,15 +13,17 @@ number of ``backends/presets/rtx4070-gen4x16.json`` from:
   alternative compute source, ``derive("device")``),
 * the host split at 4,096 (consumer wait, the 32 device-to-host row copies),
 * the ordered column of the 19,246-token breakdown,
+* the ordered rows at 1, 2, 4 and 8 sequences (the per-sequence term, ``tools/reference_batch.py``),
 * physical facts: PCIe gen4 x16, 11,902 MiB usable, 9.60 GiB of weights, the
   layer structure and byte sizes of the model preset, the CUDA buffer
   alignment, the headroom rule of the scheduler,
 
 and nothing from the pipelined column, the pipelined t/s or the unordered
-ceiling. Two constants have no ordered-path input and are borrowed, marked as
-such: the CUDA event-call cost (from the H200 probe, used only by the
-pipelined path; it moves the prediction by < 0.1 ms per token) and the
-pageable-memory link (from the H200 probe; used only by pageable runs).
+ceiling. The one pageable ordered row gives the pageable H2D staging rate
+(``tools/reference_pageable.py``). Two constants have no ordered-path input and
+are borrowed, marked as such: the CUDA event-call cost (from the H200 probe,
+used only by the pipelined path; it moves the prediction by < 0.1 ms per token)
+and the pageable D2H link (from the H200 probe; used only by pageable runs).
 The published inputs are typed in below (docs/reproduction.md sets them beside
 what the preset predicts); ``tests/test_reproduction.py`` perturbs the
 pipelined-only constants and shows the derivation does not move.
@@ -40,13 +42,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from reference_pageable import PROVENANCE as PAGEABLE_PROVENANCE  # beside this file
+from reference_pageable import fit_pageable
+
 from backends.profile import PRESET_DIR
 from sim.graph import decode_graph
 from sim.memory import compute_buffer_bytes
 from sim.simulate import GRAPH_BASE_BYTES
 from sim.transport.scheduler import TransportConfig
 from sim.workload import Workload, cache_type, load_model, pad_rows
+from validate.batch_fit import rounded as _rounded
 from validate.token_fit import TokenRun, fit_compute, fit_runs
+from validate.token_sim import line
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -129,14 +136,6 @@ def graph_counts(context: int) -> dict[str, int]:
 def _lstsq_slope_through(xs: list[float], ys: list[float]) -> float:
     """Least-squares slope of y = k x (the line through the origin)."""
     return sum(x * y for x, y in zip(xs, ys, strict=True)) / sum(x * x for x in xs)
-
-
-def _lstsq_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares (intercept, slope) of y = a + b x."""
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
-    return my - b * mx, b
 
 
 def derive_link() -> dict[str, Any]:
@@ -249,7 +248,7 @@ def _preset(link: dict[str, Any], host: dict[str, float], mem: dict[str, float],
             "derived by tools/reference_derivation.py from the ordered-path table, the cache-on-device times, the 4,096 "
             "host split and the ordered column of the 19,246 breakdown of the reference's published measurements (typed in "
             "there; docs/reproduction.md), plus physical facts; no pipelined figure is an input. Borrowed from H200 "
-            "measurements (no ordered-path input exists): event_us and the pageable link (estimates) and "
+            "measurements (no ordered-path input exists): event_us and the pageable D2H link (estimates) and "
             "copy_engine_drains_stream (the CUDA copy engine's order). "
             "dram_GBps is the card's specified memory bandwidth (192-bit GDDR6X at 21 Gbps), which copies and kernels "
             "share. " + note
@@ -316,15 +315,10 @@ def derive_compute(preset: dict[str, Any], source: str = "ordered") -> dict[str,
                 "attn_GBps": fit["attn_GBps"], "device_resident_ms": [r[5] for r in ORDERED_TABLE]}
     xs = [float(graph_counts(ctx)["window_bytes"]) for ctx, *_ in ORDERED_TABLE]
     ys = [r[5] * 1e-3 for r in ORDERED_TABLE]
-    a, b = _lstsq_line(xs, ys)
+    a, b = line(xs, ys)
     return {
-        "source": source,
-        "window_bytes": xs,
-        "gpu_s": ys,
-        "non_compute_ms": [0.0] * len(xs),
-        "weights_s": a,
-        "s_per_window_byte": b,
-        "weight_GBps": wl.model.weight_bytes / a / 1e9,
+        "source": source, "window_bytes": xs, "gpu_s": ys, "non_compute_ms": [0.0] * len(xs), "weights_s": a,
+        "s_per_window_byte": b, "weight_GBps": wl.model.weight_bytes / a / 1e9,
         "attn_GBps": 1.0 / b / 1e9,
         "device_resident_ms": [r[5] for r in ORDERED_TABLE],
     }
@@ -341,11 +335,17 @@ def derive(compute_source: str = "ordered") -> dict[str, Any]:
     preset = _preset(link, host, mem, compute, note)
     preset["schema"] = "kvpipe.profile/1"
     preset["calibration"] = calibration_band(seed)
-    preset["provenance"] = PROVENANCE
+    pageable = fit_pageable(preset, workload_at)
+    for dev in preset["devices"]:
+        dev["links"]["h2d_pageable"] = pageable["link"]
+    preset["provenance"] = {k: v for k, v in PROVENANCE.items() if k != "devices.links (pageable)"} | PAGEABLE_PROVENANCE
     if compute_source != "ordered":
         preset["name"] = f"rtx4070-gen4x16-{compute_source}-compute"
-    preset["derivation"] = _rounded({"link": link, "host": host, "memory": mem, "compute": compute, "inputs_source": SOURCE})
-    return preset
+    preset["derivation"] = _rounded({"link": link, "host": host, "memory": mem, "compute": compute, "inputs_source": SOURCE,
+                                     "pageable": {k: v for k, v in pageable.items() if k != "link"}})
+    from reference_batch import with_batch_terms  # layer_seq_us: the published ordered rows at 1..8 sequences
+
+    return with_batch_terms(preset)
 
 
 #: Where each group of the preset's fields comes from (``kvpipe.profile/1`` provenance).
@@ -356,8 +356,8 @@ PROVENANCE = {
     "devices.links.h2d_pinned": "fitted from published numbers: blocking H2D ms against H2D bytes per token",
     "devices.links (pageable)": "borrowed from the H200 probe (measured on another device): an estimate",
     "devices.compute": "fitted from published numbers: the ordered table, a line over the window bytes; cpu_row_us "
-                       "(each further sequence's row store) = cpu_split_us, a rule, no batched figure; layer_seq_us and "
-                       "attn_seq_us 0: no input measures them",
+                       "(each further sequence's row store) = cpu_split_us, a rule; layer_seq_us: the published ordered "
+                       "rows at 1-8 sequences, one cost a further sequence, on every layer (tools/reference_batch.py)",
     "devices.memory": "fitted from published numbers: 11,902 MiB usable, the 32,768 ring ran, the 262,144 ring did not; "
                       "memory_reserved (what the driver and runtime keep) is that use less the reference model's weights "
                       "and sim.memory's compute-buffer estimate at 32,768: the card's, not the model's",
@@ -385,17 +385,6 @@ def calibration_band(seed: dict[str, Any]) -> dict[str, Any]:
         "band_source": f"largest held-out error of the compute fit to the published ordered table ({len(held)} rows, each left out once)",
         "held_out": held,
     })
-
-
-def _rounded(value: Any) -> Any:
-    """Floats to 6 significant digits, recursively (the record stays stable across platforms)."""
-    if isinstance(value, float):
-        return float(f"{value:.6g}")
-    if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_rounded(v) for v in value]
-    return value
 
 
 def preset_json(preset: dict[str, Any]) -> str:

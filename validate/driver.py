@@ -20,28 +20,19 @@ from collections.abc import Callable, Sequence
 from itertools import groupby
 from typing import Any
 
+from backends import get_backend
 from backends.base import BackendUnavailable
 from backends.profile import HardwareProfile
 from sim.simulate import Point
 from sim.telemetry import chrome_trace, write_atomic
 
-MACHINES = ("cupy", "simpy")
-
 
 def machine(name: str, profile: HardwareProfile | None = None) -> tuple[Any, Any, dict[str, Any]]:
-    """(backend, array module, description) for ``name``. Raises BackendUnavailable, ValueError."""
-    if name == "cupy":
-        from backends.cupy_gpu import CupyGPU
-
-        be: Any = CupyGPU()
-    elif name == "simpy":
-        if profile is None:
-            raise ValueError("the simpy machine needs a hardware profile")
-        from backends.simpy_machine import SimMachine
-
-        be = SimMachine(profile, functional=True)
-    else:
-        raise ValueError(f"unknown machine {name!r}; allowed: {', '.join(MACHINES)}")
+    """(backend, array module, description) for machine ``name`` of the one registry (``backends.BACKENDS``); the
+    SimPy machine runs functionally (real bytes) on ``profile``. Raises BackendUnavailable, ValueError."""
+    if name == "simpy" and profile is None:
+        raise ValueError("the simpy machine needs a hardware profile")
+    be = get_backend(name, **({"profile": profile, "functional": True} if name == "simpy" else {}))
     return be, be.xp, be.describe()
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,7 +39,11 @@ from sim.workload import ALL_LAYERS, CacheType, ModelShape, cache_type
 from validate.cpu_layers import fit_cpu_layers, partial_residuals, workload_gpu_layers
 from validate.llama_bench import BenchFile, BenchRun
 from validate.token_fit import Fit, TokenRun, fit_runs, relative_band
+from validate.type_fit import ROTATION_KERNELS, SMALL_KERNEL_US, TypesFit, fit_types
 
+#: The provenance of the machine a profile was fitted on (llama-bench's cpu_info and gpu_info).
+MACHINE_NOTE = ("fitted on the machine llama-bench calls cpu_info {cpu_info!r}, gpu_info {gpu_info!r}: the host side of -nkvo 1 "
+                "(the pageable staging) is that host's; predictions for runs of another machine say so (machine_differs)")
 #: How far llama-bench's ``model_size`` may lie from the model's weight bytes (presets round their sizes).
 MODEL_SIZE_TOLERANCE = 0.05
 SCHEMA = "kvpipe.profile/1"
@@ -142,6 +147,8 @@ def fit_bench(bench: BenchFile, model: ModelShape, base: dict[str, Any], base_wh
     """
     check_model(bench, model)
     base = dict(base, nkvo_attention=nkvo_attention)
+    if len(bench.cache_types()) > 1:
+        return _fit_types_bench(bench, model, base, base_where, compute_from, command, nkvo_attention, pinned)
     fits: dict[str, Fit] = {}
     entries: dict[str, Any] = {}
     for ck_name, cv_name in bench.cache_types():
@@ -180,6 +187,7 @@ def fit_bench(bench: BenchFile, model: ModelShape, base: dict[str, Any], base_wh
         "from": "llama-bench", "file": bench.path, "build_commit": bench.build_commit, "build_number": bench.build_number,
         "gpu_info": bench.gpu_info, "model_type": bench.model_type, "model": model.name, "runs": runs_text,
         "command": command, "date": datetime.date.today().isoformat(), "host_cache": "pinned" if pinned else "pageable",
+        "machine": bench.machine,
     }
     fitted = f"fitted from llama-bench ({bench.path})"
     fitted_launch = out["host"]["launch_us"] if launched is not None else None
@@ -196,6 +204,7 @@ def fit_bench(bench: BenchFile, model: ModelShape, base: dict[str, Any], base_wh
                            "the fork's -nkvo delivers each attention layer's window to the GPU")),
         "devices.links (other)": f"base profile {base_name}: {_base_kind(base)}",
         "workloads": f"{fitted}: one entry per cache type",
+        "machine": MACHINE_NOTE.format(**bench.machine),
         "devices.compute.host_layer": (
             f"{fitted}: the -nkvo 0 runs with -ngl below the layer count, host time per CPU layer against its "
             f"{cpu_fit['layer_weight_bytes'] / 2**20:.1f} MiB of weights (layer_weight_bytes); host_layer_us 0 (every layer "
@@ -204,6 +213,82 @@ def fit_bench(bench: BenchFile, model: ModelShape, base: dict[str, Any], base_wh
             "not priced by this profile)"),
     }
     return BenchFit(out, fits)
+
+
+def _fit_types_bench(bench: BenchFile, model: ModelShape, base: dict[str, Any], base_where: str, compute_from: str,
+                     command: str, nkvo_attention: str, pinned: bool) -> BenchFit:
+    """A file with several cache types: the weights, each type's attention and the link fitted together
+    (``validate.type_fit``). Raises InputError (one line). Blocks."""
+    where = f"--from-llama-bench {bench.path!r}"
+    if nkvo_attention == "host" or compute_from == "ordered":
+        raise InputError(f"{where}: several cache types are fitted from their -nkvo 0 runs with attention on the GPU; allowed: "
+                         "--nkvo-attention device and --compute-from auto or resident (or one cache type a file)")
+    if any(r.n_gpu_layers <= model.n_layers for r in bench.runs):
+        raise InputError(f"{where}: several cache types and runs with -ngl below the layer count; allowed: one cache type "
+                         "a file when some layers run on the CPU")
+    groups = {(ck, cv): token_runs([r for r in bench.runs if (r.type_k, r.type_v) == (ck, cv)], pinned, model)
+              for ck, cv in bench.cache_types()}
+    try:
+        fit = fit_types(base, model, groups)
+    except InputError as exc:
+        raise InputError(f"{where}: {exc}") from None
+    link = fit.link
+    out = copy.deepcopy(fit.profile)
+    out.pop("derivation", None)
+    base_name = str(base.get("name", base_where))
+    out.update(name=f"{base_name}-llama-bench", schema=SCHEMA, estimate=False)
+    split_us = float(base["devices"][0]["compute"].get("cpu_split_us", 0.0))
+    for dev in out["devices"]:
+        dev["compute"] = {k: round(float(v), 3) for k, v in dev["compute"].items()} | {"cpu_split_us": split_us}
+    out["workloads"] = {workload_key(model.name, p[0], p[1]): _type_entry(fit, p, split_us) for p in fit.terms}
+    out["uncalibrated_cache"] = {"band": round(fit.uncalibrated["band"], 5), "source": fit.uncalibrated["source"]}
+    fitted = f"fitted from llama-bench ({bench.path})"
+    spread = link.get("spread_GBps")
+    link_text = ("base profile's (no -nkvo 1 run)" if link.get("GBps") is None else
+                 f"{fitted}: every cache type's -nkvo 1 runs, each under its type's compute; {link['curve']}"
+                 + (f" ({link['latency_us']:.1f} us a copy + {link['GBps']:.2f} GB/s)" if link["curve"] != "flat" else
+                    f" ({link['GBps']:.2f} GB/s)")
+                 + (f"; each run alone implies {spread['min']:.2f}-{spread['max']:.2f} GB/s (median {spread['median']:.2f})"
+                    if spread else ""))
+    out["source"] = (f"Fitted by kvpipe calibrate --from-llama-bench to {bench.path} (llama.cpp build {bench.build_commit}, "
+                     f"{bench.gpu_info or 'no gpu_info'}, {bench.model_type}), cache types "
+                     f"{', '.join('/'.join(p) for p in groups)}; host costs, copy latency and memory from {base_where}.")
+    out["calibration"] = {
+        "from": "llama-bench", "file": bench.path, "build_commit": bench.build_commit, "build_number": bench.build_number,
+        "gpu_info": bench.gpu_info, "model_type": bench.model_type, "model": model.name,
+        "runs": ", ".join(f"{'/'.join(p)} {r.label}" for p, rs in groups.items() for r in rs), "command": command,
+        "date": datetime.date.today().isoformat(), "host_cache": "pinned" if pinned else "pageable", "machine": bench.machine,
+        "link": {k: v for k, v in link.items() if k != "runs"}, "link_runs": link.get("runs", []),
+    }
+    out["provenance"] = {
+        "host": f"base profile {base_name} ({base_where}): {_base_kind(base)}",
+        "devices.memory": f"base profile {base_name}: {_base_kind(base)}",
+        "devices.compute": (f"{fitted}: weight_GBps from the reference cache type {'/'.join(fit.reference)} (its -nkvo 0 line "
+                            f"less the K/V rotation rule: {ROTATION_KERNELS} small products of {SMALL_KERNEL_US} us, an "
+                            "estimate); attention a stand-in for a cache type the file does not cover (uncalibrated_cache)"),
+        "workloads": f"{fitted}: one entry per cache type, and per K/V pair of two calibrated types (composed)",
+        f"devices.links.{link.get('key', 'h2d_pageable')}": link_text,
+        "devices.links (other)": f"base profile {base_name}: {_base_kind(base)}",
+        "nkvo_attention": "given (--nkvo-attention device): -nkvo delivers each attention layer's window to the GPU",
+        "machine": MACHINE_NOTE.format(**bench.machine),
+        "uncovered": (f"runs of {', '.join('/'.join(p) for p in fit.uncovered)} have no -nkvo 0 run: uncalibrated"
+                      if fit.uncovered else "every cache type of the file has a -nkvo 0 run"),
+        "devices.compute.host_layer": "not calibrated: several cache types are fitted with every layer on the GPU",
+    }
+    return BenchFit(out, {})
+
+
+def _type_entry(fit: TypesFit, p: tuple[str, str], split_us: float) -> dict[str, Any]:
+    t = fit.terms[p]
+    band, band_source = fit.bands[p]
+    return {
+        "compute": {"layer_us": 0.0, "weight_GBps": round(fit.weight_GBps, 3), "attn_us": round(t.attn_us, 3),
+                    "attn_GBps": round(t.attn_GBps, 3), "head_us": 0.0, "cpu_split_us": split_us},
+        "cache_type": p[0], "cache_type_v": p[1], "compute_from": "resident", "attention": t.how,
+        "h2d_GBps": round(fit.link["GBps"], 3) if fit.link.get("GBps") else None,
+        "residuals": [_round(r) for r in fit.residuals.get(p, ())], "held_out": [_round(r) for r in fit.held_out.get(p, ())],
+        "band": round(band, 5), "band_source": band_source,
+    }
 
 
 def _fit_with_cpu_layers(base: dict[str, Any], model: ModelShape, ck: CacheType, cv: CacheType, runs: list[TokenRun],
@@ -233,3 +318,33 @@ def _base_kind(base: dict[str, Any]) -> str:
     if "probe" in src:
         return "measured on a device (the H200 probe)"
     return "as the base profile says"
+
+
+def machine_differs(profile: dict[str, Any], machine: dict[str, str]) -> str:
+    """"" when ``machine`` (llama-bench's cpu_info and gpu_info of the runs being predicted) is the one ``profile`` was
+    fitted on, else one line saying what differs (or that the profile does not record its machine). Pure."""
+    fitted = (profile.get("calibration") or {}).get("machine")
+    if not isinstance(fitted, dict):
+        return "the profile does not record the machine it was fitted on: its host side may not be this machine's"
+    diff = [f"{k} {fitted.get(k, '')!r} there, {v!r} here" for k, v in machine.items() if fitted.get(k, "") != v]
+    return ("fitted on another machine (" + "; ".join(diff) + "): its pageable staging is that host's") if diff else ""
+
+
+def type_lines(profile: dict[str, Any]) -> list[str]:
+    """A profile fitted per cache type (``uncalibrated_cache``) as table lines: each K/V pair's attention, residuals
+    and band, the link and its spread; [] for any other profile. Pure."""
+    if "uncalibrated_cache" not in profile:
+        return []
+    out = ["| cache | attention | attn us | attn GB/s | band | run | measured t/s | fitted t/s | error |",
+           "|---|---|---:|---:|---:|---|---:|---:|---:|"]
+    for key, e in profile["workloads"].items():
+        c = e["compute"]
+        runs = e["residuals"] or [{"label": "(no run)", "measured_tps": math.nan, "fitted_tps": math.nan, "error": math.nan}]
+        for r in runs:
+            out.append(f"| {key.split('@', 1)[1]} | {e['attention'].split(' (')[0]} | {c['attn_us']:.1f} | {c['attn_GBps']:.1f} | "
+                       f"±{e['band']:.1%} | {r['label']} | {r['measured_tps']:.2f} | {r['fitted_tps']:.2f} | {r['error']:+.2%} |")
+    link = profile["calibration"]["link"]
+    out.append(f"weights {profile['devices'][0]['compute']['weight_GBps']:.1f} GB/s; link: "
+               + profile["provenance"].get(f"devices.links.{link.get('key', 'h2d_pageable')}", "base"))
+    out.append(f"a cache type the file does not cover: uncalibrated, ±{profile['uncalibrated_cache']['band']:.1%}")
+    return out

@@ -80,6 +80,12 @@ class BenchFile:
     n_gpu_layers: int  # the largest -ngl of the file's runs
     flash_attn: Any
     model_filename: str
+    cpu_info: str = ""  # llama-bench's cpu_info (the host's CPU model), or each distinct one joined by " | "
+
+    @property
+    def machine(self) -> dict[str, str]:
+        """What llama-bench says of the machine that ran the file: ``cpu_info`` and ``gpu_info``. Pure."""
+        return {"cpu_info": self.cpu_info, "gpu_info": self.gpu_info}
 
     def cache_types(self) -> list[tuple[str, str]]:
         """The (K, V) cache types present, in file order."""
@@ -177,4 +183,5 @@ def load(path: str | Path) -> BenchFile:
         model_type=str(first["model_type"]), model_size_bytes=_number(first, "model_size", named, int),
         model_n_params=_number(first, "model_n_params", named, int), n_gpu_layers=max(r.n_gpu_layers for r in runs),
         flash_attn=first.get("flash_attn"), model_filename=str(first.get("model_filename", "")),
+        cpu_info=" | ".join(dict.fromkeys(str(r.get("cpu_info", "")) for r in decode)),
     )

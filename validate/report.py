@@ -31,6 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from backends.base import is_split_launch
 from backends.profile import HardwareProfile, for_workload
 from sim.safe_write import write_outputs
 from sim.simulate import Point, placement_fields, row, simulate
@@ -62,7 +63,7 @@ def predict(group: GroupResult, transport: TransportConfig, profile: HardwarePro
 def predict_arm(wl: Workload, warmup: int, transport: TransportConfig, profile: HardwareProfile) -> dict[str, Any]:
     """The row of ``wl``'s measured tokens (``wl.tokens``) after ``warmup`` unmeasured graphs, simulated on
     ``profile``'s entry for the workload's program. Blocks for the simulation."""
-    hw = for_workload(profile, wl.model.name, wl.cache_k.name)
+    hw = for_workload(profile, wl.model.name, wl.cache_k.name, wl.cache_v.name)
     res = simulate(Point(replace(wl, tokens=wl.tokens + warmup), hw, transport))
     res.graphs = res.graphs[warmup:]
     return row(res)
@@ -103,8 +104,8 @@ def _hash(run: Run) -> str:
 
 
 def _split_launch_us(spans: Sequence[Any]) -> float:
-    """Median host microseconds inside the launch of a GPU split (host spans ``launch gpu...``), 0 if none."""
-    xs = [s.end_s - s.start_s for s in spans if s.track == "host" and s.name.startswith("launch gpu")]
+    """Median host microseconds inside the launch of a GPU split (host spans of kind LAUNCH of a GPU split), 0 if none."""
+    xs = [s.end_s - s.start_s for s in spans if s.track == "host" and is_split_launch(s.kind, s.args)]
     return statistics.median(xs) * 1e6 if xs else 0.0
 
 

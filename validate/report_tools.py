@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from backends.base import is_split_launch
 from backends.profile import HardwareProfile
 from sim.safe_write import write_output
 from sim.transport.scheduler import TransportConfig
@@ -51,7 +52,10 @@ def host_launch_table(trace: dict[str, Any], calibration: dict[str, Any], cache:
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
     durs: dict[int, list[float]] = {}
     for e in events:
-        if e.get("ph") == "X" and threads.get((e["pid"], e["tid"])) == "host" and e["name"].startswith("launch gpu"):
+        if e.get("ph") != "X" or threads.get((e["pid"], e["tid"])) != "host":
+            continue
+        # the span's kind is the event's category; a trace written before spans had kinds (no "cat") is read by name
+        if is_split_launch(e["cat"], e.get("args") or {}) if "cat" in e else e["name"].startswith("launch gpu"):
             durs.setdefault(e["pid"], []).append(float(e["dur"]))
     lines = ["| traced arm | split launches | host µs per split launch | calibrated µs | ratio |", "|---|---:|---:|---:|---:|"]
     for pid, xs in sorted(durs.items(), key=lambda kv: procs.get(kv[0], "")):

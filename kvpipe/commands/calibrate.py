@@ -17,7 +17,7 @@ import shlex
 import sys
 from typing import Any
 
-from kvpipe.commands.args import UsageError, _int, parse_list
+from kvpipe.commands.args import UsageError, _bool01, _int, parse_list
 
 DEFAULT_MODELS = "llama-3.1-8b,qwen3.8-27b"
 
@@ -44,6 +44,19 @@ def register(sub: Any) -> None:
     p.add_argument("--from-llama-bench", metavar="FILE", default="",
                    help="fit the profile to llama-bench output (-o json or jsonl: -nkvo 1 at several -d, -nkvo 0 too if present); "
                         "no GPU needed")
+    p.add_argument("--from-batched-bench", metavar="FILE[,FILE]", default="",
+                   help="fit --hardware's per-sequence term to llama-batched-bench output (its markdown table or "
+                        "--output-format jsonl; comma list), runs at several -npl; no GPU needed. Needs --nkvo and -m")
+    p.add_argument("--nkvo", choices=("0", "1"), default=None,
+                   help="with --from-batched-bench: 1 if the runs had -nkvo (the cache in host memory: the ordered path), 0 "
+                        "if not (the cache on the device); llama-batched-bench does not record it")
+    p.add_argument("--kv-unified", "-kvu", dest="kv_unified", nargs="?", const="1", default="0", metavar="0|1[,...]",
+                   help="with --from-batched-bench: 1 if the runs had -kvu (one cache stream for all sequences), one value "
+                        "for all files or one per file; default 0 (llama-batched-bench's default: a stream per sequence)")
+    p.add_argument("--per-sequence", choices=("layer", "attention", "cpu"), default="layer",
+                   help="with --from-batched-bench: where a further sequence's cost goes (whole steps fix only its sum): "
+                        "each layer's matrix products (layer_seq_us, default), each attention layer (attn_seq_us) or each "
+                        "CPU split (cpu_row_us)")
     p.add_argument("--nkvo-attention", choices=("device", "host"), default="device",
                    help="with --from-llama-bench: where the build runs attention under -nkvo: device (the fork's delivered "
                         "windows, default) or host (upstream llama.cpp: on the CPU)")
@@ -56,6 +69,8 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_batched_bench:
+        return run_from_batched_bench(args)
     if args.from_llama_bench:
         return run_from_llama_bench(args)
     if args.batch:
@@ -104,7 +119,7 @@ def run_batch(args: argparse.Namespace) -> int:
     from sim.safe_write import write_output
     from sim.workload import CACHE_TYPES
     from validate import driver
-    from validate.calibrate import add_batch_terms
+    from validate.batch_program import add_batch_terms
 
     batches = parse_list(args.batch, _int, "--batch", "batch sizes 1..8 (comma list)")
     if any(not 1 <= b <= 8 for b in batches) or len(set(batches)) < 2:
@@ -128,6 +143,48 @@ def run_batch(args: argparse.Namespace) -> int:
               f"{terms['attn_seq_us']:.2f} us an attention layer, {terms['cpu_row_us']:.2f} us a CPU split")
     write_output(args.out, json.dumps(data, indent=1) + "\n")
     print(f"wrote {args.out}")
+    return 0
+
+
+def run_from_batched_bench(args: argparse.Namespace) -> int:
+    """Fit the per-sequence term of ``--hardware`` to llama-batched-bench files, write ``--out``. Blocks for the fit's
+    simulations (seconds)."""
+    import json
+
+    from backends.profile import read_profile_dict
+    from sim.points import cache, model
+    from sim.safe_write import write_output
+    from validate import batch_fit
+    from validate.batched_bench import WHAT
+
+    files = parse_list(args.from_batched_bench, str, WHAT, "llama-batched-bench output files (comma list)")
+    if args.nkvo is None:
+        raise UsageError(f"{WHAT} needs --nkvo 1 (the runs had -nkvo: the ordered path) or --nkvo 0 (the cache on the "
+                         "device): llama-batched-bench does not record it")
+    unified = parse_list(args.kv_unified, _bool01, "--kv-unified", "0 or 1, one for all files or one per file")
+    if len(unified) not in (1, len(files)):
+        raise UsageError(f"--kv-unified {args.kv_unified!r}: {len(unified)} values for {len(files)} files; allowed: one "
+                         "value, or one per file")
+    if not args.hardware:
+        raise UsageError(f"{WHAT} needs --hardware: the one-sequence profile (a preset, or kvpipe calibrate "
+                         "--from-llama-bench's) whose per-sequence term it fits")
+    if not args.model or "," in args.model:
+        raise UsageError(f"--model {args.model!r}: {WHAT} needs the one model llama-batched-bench ran (its GGUF or a preset)")
+    if "," in args.cache_type:
+        raise UsageError(f"--cache-type {args.cache_type!r}: {WHAT} fits one cache type; allowed: the -ctk the runs used")
+    ctype, m = cache(args.cache_type), model(args.model)
+    try:
+        base, where = read_profile_dict(args.hardware)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    command = "kvpipe " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
+    profile, fit = batch_fit.fit_files(files, unified * len(files) if len(unified) == 1 else unified,
+                                       "ordered" if args.nkvo == "1" else "resident", not args.pageable, base, where, m,
+                                       ctype, ctype, args.per_sequence, command)
+    write_output(args.out, json.dumps(profile, indent=1) + "\n")
+    print(f"wrote {args.out}: {m.name} {ctype.name}, per sequence past the first {fit.term} {fit.value_us:.3f} us"
+          + (" (the rows grow slower than the profile without it: 0)" if fit.clamped else ""))
+    print("\n".join(batch_fit.table(fit)))
     return 0
 
 
@@ -175,6 +232,8 @@ def run_from_llama_bench(args: argparse.Namespace) -> int:
             by = ", ".join(sorted({str(r["by"]) for r in fit.residuals if "by" in r}))
             print(f"CPU layers ({key.split('@', 1)[1]}): host_weight_GBps {cpu['host_weight_GBps']:.2f} over "
                   f"{cpu['layer_weight_bytes'] / 2**20:.1f} MiB a layer, host_layer_us 0{attn}; -ngl runs checked by {by}")
+    for line in from_llama_bench.type_lines(fitted.profile):
+        print(line)
     if not any(f.cpu_layers for f in fitted.fits.values()):
         print("CPU layers: not calibrated (no run with -ngl below the layer count)")
     return 0

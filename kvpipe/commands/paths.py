@@ -2,7 +2,7 @@
 
 :func:`check_paths` notes every input file the parsed flags name
 (``backends.files.note_input``: model and hardware files, ``--rows``,
-``--from-llama-bench``, a study, ``report``'s inputs) and holds every output
+``--from-llama-bench``, ``--from-batched-bench``, a study, ``report``'s inputs) and holds every output
 flag (``--out``, ``--csv``, ``--trace``) to ``sim.safe_write.check_output``,
 so ``kvpipe calibrate --from-llama-bench in.json --out in.json`` stops before
 the fit with one line instead of replacing the measurements; two output flags
@@ -19,7 +19,7 @@ import os
 from backends.files import note_input
 from sim.safe_write import check_output, distinct_outputs
 
-INPUT_FLAGS = ("model", "hardware", "rows", "from_llama_bench", "study", "inputs")
+INPUT_FLAGS = ("model", "hardware", "rows", "from_llama_bench", "from_batched_bench", "study", "inputs")
 OUTPUT_FLAGS = ("out", "csv", "trace", "json_out")
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from backends.base import Access, Backend, Buffer, CopyRange, HostOp, Stream, Work
+from backends.base import Access, Backend, Buffer, CopyRange, HostOp, Stream, Work, WorkKind
 from sim.graph import DecodeGraph, Split, StagedInput
 from sim.transport.config import GraphStats
 from sim.transport.deliveries import SpanFn, WindowEntry, ordered_copy, window_parts
@@ -115,7 +115,7 @@ class OrderedPath:
                     bindings[f"cache:{inp.name}" if len(rows) == 1 else f"cache:{inp.name}#{t}"] = (cache, row_off, row_bytes)
             off += n
         run = self.program.cpu_run(split, bindings) if self.program else None
-        yield from self.be.run_host(Work(split.name, split.compute_s, 0, run, tuple(accesses), "cpu"))
+        yield from self.be.run_host(Work(split.name, split.compute_s, 0, run, tuple(accesses), WorkKind.CPU_SPLIT))
 
     def _small_inputs(self, split: Split, stats: GraphStats, bindings: dict[str, Binding]) -> HostOp:
         """The split's small ordered inputs (an activation from another device first, through the host)."""

@@ -48,7 +48,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from backends.base import Access, Backend, BackendError, Buffer, HostOp, OutOfDeviceMemory, Work
+from backends.base import Access, Backend, BackendError, Buffer, HostOp, OutOfDeviceMemory, Work, WorkKind
 from sim.graph import DecodeGraph, Split, StagedInput
 from sim.transport import planning
 from sim.transport.config import ARMS, MAX_BUDGET_MIB, MAX_DEPTH, MIB, MUTATIONS, GraphStats, Mutations, TransportConfig
@@ -300,7 +300,7 @@ class TransportScheduler(OrderedPath):
         bindings["io"] = (io, 0, io.nbytes)
         if self.cfg.arm != "copy-only":
             run = self.program.gpu_run(split, bindings) if self.program else None
-            work = Work(split.name, split.compute_s, split.n_launches, run, tuple(accesses), tag="gpu")
+            work = Work(split.name, split.compute_s, split.n_launches, run, tuple(accesses), WorkKind.GPU_SPLIT)
             yield from self.be.launch(self.consumer[dev], work)
         if pipelined:
             assert plan is not None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
+
 from backends.profile import load_profile
 from sim.graph import decode_graph
 from sim.transport.deliveries import plan_deliveries, slot_entries, span_fn
@@ -30,18 +33,52 @@ def test_delivery_o_is_staged_split_o_in_slot_o_mod_n() -> None:
     assert all(d.base == d.slot * need for d in ds)
 
 
-def test_early_then_late_cover_every_window_byte_once_inside_its_slot() -> None:
-    g, order, need, ds = _plan()
+def _copy_into(slot_bytes: np.ndarray, base: int, ranges, host_of) -> None:  # type: ignore[no-untyped-def]
+    """Apply ``ranges`` to the slot starting at ``base`` as a copy engine would: each destination byte gets its source
+    byte's id. A range reaching outside the slot fails the test."""
+    for r in ranges:
+        dst = r.dst_offset - base
+        assert 0 <= dst and dst + r.nbytes <= len(slot_bytes), f"{r} writes outside its slot"
+        for src, n in r.src_rows():
+            slot_bytes[dst:dst + n] = host_of(src, n)
+            dst += n
+
+
+def _piece_bytes(p) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """The host byte offsets of piece ``p`` in the order the kernels read them (row by row for a strided piece)."""
+    w = p.nbytes // p.rows
+    return np.concatenate([np.arange(p.src_offset + i * p.src_pitch, p.src_offset + i * p.src_pitch + w) for i in range(p.rows)])
+
+
+@pytest.mark.parametrize("kw", [{"context": 1024}, {"context": (512, 512), "n_parallel": 2, "unified": False}],
+                         ids=["one-seq", "two-streams"])
+def test_early_then_late_deliver_each_window_byte_once_the_prefix_early_and_the_fresh_rows_late(kw) -> None:  # type: ignore[no-untyped-def]
+    # Byte-level: copy every range of every delivery into a slot image whose bytes record which host byte they hold;
+    # the kernels' window binding must then read the window's host bytes in order, the stable prefix of each piece
+    # must have arrived early, the rows written this step late, and nothing outside the slot is touched.
+    kw = dict(kw)
+    ctx = kw.pop("context")
+    g, order, need, ds = _plan(context=ctx[0] if isinstance(ctx, tuple) else ctx, **kw)
     for d, split in zip(ds, order, strict=True):
-        window = sum(inp.nbytes for inp in split.staged)
-        assert d.early_bytes + d.late_bytes == window
-        assert d.late_bytes > 0 and d.early_bytes > d.late_bytes  # the fresh rows go late, the prefix early
-        for r in d.early + d.late:
-            assert d.base <= r.dst_offset and r.dst_offset + r.nbytes <= d.base + need
-        # each late range starts where its piece's early range ended
-        assert sorted(r.dst_offset for r in d.early + d.late) == sorted({r.dst_offset for r in d.early + d.late})
-        names = {name for name, _, _ in d.windows}
-        assert names == {f"window:{inp.name}" for inp in split.staged}
+        image = np.full(need, -1, dtype=np.int64)  # the delivery's own slot
+        came = np.zeros(need, dtype=np.int8)  # 1: early, 2: late
+        _copy_into(image, d.base, d.early, lambda src, n: np.arange(src, src + n))
+        came[image >= 0] = 1
+        before = image.copy()
+        _copy_into(image, d.base, d.late, lambda src, n: np.arange(src, src + n))
+        came[(image != before)] = 2
+        bound = {name: (off, n) for name, off, n in d.windows}
+        for inp in split.staged:
+            off, _ = bound[f"window:{inp.name}"]
+            pos = off - d.base
+            for p in inp.pieces:
+                want = _piece_bytes(p)
+                assert (image[pos:pos + p.nbytes] == want).all(), f"{inp.name}: the kernels would read other bytes"
+                prefix = p.prefix_bytes if p.rows == 1 else p.prefix_bytes // p.width * p.width
+                assert (came[pos:pos + prefix] == 1).all(), "a stable-prefix byte was not delivered early"
+                assert (came[pos + prefix:pos + p.nbytes] == 2).all(), "a fresh row was not delivered late"
+                assert p.nbytes > prefix, "a decode step writes at least one fresh row into every window"
+                pos += span_fn(True, 256)(p.nbytes, p.reserve_bytes)
 
 
 def test_several_streams_bind_each_stream_and_one_cell_ranges_lose_the_rest_of_the_prefix() -> None:

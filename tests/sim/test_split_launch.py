@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.base import CopyRange, Work
+from backends.base import CopyRange, Work, WorkKind
 from backends.profile import for_workload, load_profile, profile_from_dict
 from backends.simpy_machine import SimMachine
 from sim.simulate import Point, simulate
@@ -28,7 +28,7 @@ from validate.calibrate import _residual, refit
 RUN4 = Path(__file__).resolve().parents[2] / "validate" / "results" / "h200" / "run4" / "calibrated.json"
 
 
-def _spans(split_launch_s: float, tag: str) -> tuple[dict[str, tuple[float, float]], float]:
+def _spans(split_launch_s: float, kind: WorkKind) -> tuple[dict[str, tuple[float, float]], float]:
     hw = fast_profile(load_profile("rtx4070-gen4x16"), h2d_gbps=10.0)
     hw = replace(hw, devices=tuple(replace(d, dram_bytes_per_s=0.0) for d in hw.devices))  # no copy-under-kernel stretch
     m = SimMachine(replace(hw, host=replace(hw.host, launch_s=1e-3, split_launch_s=split_launch_s)), trace=True)
@@ -37,7 +37,7 @@ def _spans(split_launch_s: float, tag: str) -> tuple[dict[str, tuple[float, floa
     def prog():  # type: ignore[no-untyped-def]
         consumer, transfer = m.create_stream(0, "consumer0"), m.create_stream(0, "transfer0")
         host, dev = m.alloc_host(1 << 20, "host"), m.alloc(0, 1 << 20, "dev")
-        yield from m.launch(consumer, Work("split", 10e-3, 1, tag=tag))
+        yield from m.launch(consumer, Work("split", 10e-3, 1, kind=kind))
         out["copy_issued"] = m.now_s()
         yield from m.copy(transfer, dev, host, [CopyRange(0, 0, 1 << 20)], tag="delivery1")
         yield from m.synchronize(consumer)
@@ -49,7 +49,7 @@ def _spans(split_launch_s: float, tag: str) -> tuple[dict[str, tuple[float, floa
 
 
 def test_the_kernel_starts_when_launched_and_the_host_is_busy_until_the_split_is_launched() -> None:
-    spans, issued = _spans(4e-3, "gpu")
+    spans, issued = _spans(4e-3, WorkKind.GPU_SPLIT)
     assert spans["split"][0] == pytest.approx(1e-3)  # enqueued after the first launch's cost, as before
     assert spans["split"][1] == pytest.approx(11e-3)  # its GPU time is unchanged (it already spans the launching)
     assert issued == pytest.approx(5e-3)  # the next delivery waits for the host: 1 ms + 4 ms
@@ -57,9 +57,9 @@ def test_the_kernel_starts_when_launched_and_the_host_is_busy_until_the_split_is
 
 
 def test_zero_or_a_non_split_launch_changes_nothing() -> None:
-    base, issued0 = _spans(0.0, "gpu")
+    base, issued0 = _spans(0.0, WorkKind.GPU_SPLIT)
     assert issued0 == pytest.approx(1e-3)
-    assert _spans(4e-3, "") == (base, issued0)  # a calibration micro-kernel (no tag) is not a split
+    assert _spans(4e-3, WorkKind.OTHER) == (base, issued0)  # a calibration micro-kernel is not a split
 
 
 def _profile() -> dict:

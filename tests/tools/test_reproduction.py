@@ -75,15 +75,15 @@ def test_calibration_runs_only_the_ordered_path_and_the_pipelined_only_constants
     ordered-path input does move the fit, so the comparison can fail."""
     base = derivation.derive()
     simulated: list[tuple[int, str]] = []
-    import validate.token_fit as token_fit  # the fit derive_compute shares with calibrate --from-llama-bench
+    import validate.token_sim as token_sim  # the simulation the fits derive_compute shares with calibrate --from-llama-bench
 
-    real_run = token_fit.run_checked
+    real_run = token_sim.run_checked
 
     def recording(point, *args, **kwargs):  # type: ignore[no-untyped-def]
         simulated.append((point.transport.depth, point.transport.arm))
         return real_run(point, *args, **kwargs)
 
-    monkeypatch.setattr(token_fit, "run_checked", recording)
+    monkeypatch.setattr(token_sim, "run_checked", recording)
     monkeypatch.setattr(derivation, "BORROWED_EVENT_US", 3 * derivation.BORROWED_EVENT_US)
     monkeypatch.setattr(derivation, "BORROWED_COPY_ENGINE_DRAINS_STREAM", not derivation.BORROWED_COPY_ENGINE_DRAINS_STREAM)
     perturbed = derivation.derive()

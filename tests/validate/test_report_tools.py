@@ -65,14 +65,18 @@ def test_host_launch_table_holds_each_traced_arm_s_split_launches_to_the_calibra
                                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     cal = json.loads((H200 / "calibrated.json").read_text())
     cal_us = cal["workloads"]["llama-3.1-8b"]["host_launch_us_mean"]
+    split = {"work": "gpu split"}
     trace = {"traceEvents": [
         {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "llama-3.1-8b ctx=4096 depth=1 budget=0 (cupy)"}},
         {"ph": "M", "name": "thread_name", "pid": 0, "tid": 0, "args": {"name": "host"}},
         {"ph": "M", "name": "thread_name", "pid": 0, "tid": 1, "args": {"name": "consumer0"}},
-        {"ph": "X", "pid": 0, "tid": 0, "name": "launch gpu_attn_l0", "ts": 0, "dur": cal_us},
-        {"ph": "X", "pid": 0, "tid": 0, "name": "launch gpu_attn_l1", "ts": 0, "dur": 3 * cal_us},
-        {"ph": "X", "pid": 0, "tid": 0, "name": "sync consumer0", "ts": 0, "dur": 99999.0},  # not a launch
-        {"ph": "X", "pid": 0, "tid": 1, "name": "launch gpu_attn_l2", "ts": 0, "dur": 99999.0},  # not the host
+        {"ph": "X", "pid": 0, "tid": 0, "name": "launch gpu_attn_l0", "cat": "launch", "args": split, "ts": 0, "dur": cal_us},
+        {"ph": "X", "pid": 0, "tid": 0, "name": "launch gpu_attn_l1", "cat": "launch", "args": split, "ts": 0, "dur": 3 * cal_us},
+        {"ph": "X", "pid": 0, "tid": 0, "name": "sync consumer0", "cat": "sync", "ts": 0, "dur": 99999.0},  # not a launch
+        {"ph": "X", "pid": 0, "tid": 0, "name": "launch gpu_x", "cat": "launch", "args": {"work": "other"}, "ts": 0,
+         "dur": 99999.0},  # a launch, not of a split: the kind decides, not the name
+        {"ph": "X", "pid": 0, "tid": 1, "name": "launch gpu_attn_l2", "cat": "launch", "args": split, "ts": 0,
+         "dur": 99999.0},  # not the host
     ]}
     import gzip
 

@@ -59,6 +59,7 @@ trap finish EXIT
 machine_info() {
   { echo "## date"; date -u +%FT%TZ; echo "## nproc"; nproc; echo "## lscpu"; lscpu 2>&1 | grep -E "^(Model name|Socket|Core|Thread|CPU\(s\)|NUMA|L3|Flags)" | cut -c1-300
     echo "## free -g"; free -g; echo "## df /tmp"; df -h /tmp; echo "## uname"; uname -a
+    echo "## boot_id"; cat /proc/sys/kernel/random/boot_id; echo "## nvidia-smi -L (GPU UUID)"; nvidia-smi -L 2>&1
     echo "## nvidia-smi"; nvidia-smi 2>&1; echo "## nvidia-smi -q (clocks, pcie)"; nvidia-smi -q 2>&1 | grep -A3 -E "PCI$|Link Width|Link Gen|Max Clocks|Clocks$" | head -60
     echo "## nvcc"; nvcc --version 2>&1 | tail -2; echo "## cmake"; cmake --version | head -1; echo "## ninja"; ninja --version
     echo "## python"; python3 -c "import sys, numpy; print(sys.version.split()[0], 'numpy', numpy.__version__)"; } > "$RUN/machine.txt" 2>&1
@@ -235,7 +236,7 @@ if [ "$PHASE" = batched ]; then
       b0=$(date +%s)
       timeout $(( $(left) - 10 )) "${cmd[@]}" > "$RUN/$name.jsonl" 2> "$RUN/$name.err"; rc=$?
       if [ "$pp" = "${LCP_PP_CAL:-2048}" ]; then
-        summ=$(python3 -c "import json,sys; print('; '.join(f\"pl={r['pl']}: {r['speed_tg']:.2f} t/s\" for r in map(json.loads, open(sys.argv[1])) if 'pl' in r))" "$RUN/$name.jsonl" 2>&1)
+        summ=$(python3 -c "import json,sys; print('; '.join(f\"pl={r['pl']}: {r['speed_tg']:.2f} t/s\" for r in (json.loads(l) for l in open(sys.argv[1]) if l.strip()) if 'pl' in r))" "$RUN/$name.jsonl" 2>&1)
       else summ="$(grep -c '"pl"' "$RUN/$name.jsonl") rows (held out: figures not shown)"; fi
       log "$name: rc=$rc in $(( $(date +%s) - b0 )) s: $summ"
       [ $rc -eq 0 ] && touch "$LCP/done/$name"

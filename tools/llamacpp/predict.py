@@ -16,6 +16,9 @@ simulation where it runs CPU layers (``sim.graph`` reading ``Workload.n_gpu_laye
 ``validate.cpu_layers`` (the all-GPU token less the CPU layers' GPU time plus their host time); ``by`` says which the
 summary used.
 
+``--set types`` (issue 30, run 4: every cache type from one resident and one ordered run each) is
+``tools/llamacpp/predict_types.py``'s.
+
 Writes into ``--out``: ``calibration.llama-bench.json`` (the subset the fit saw), ``profile.json``, ``prediction.json``
 (every run: role, measured, predicted, error) and ``prediction.md`` (the tables). The model is the GGUF llama-bench ran
 (its header is all kvpipe reads): regenerate it with
@@ -89,12 +92,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gguf", required=True, help="the GGUF llama-bench ran (write_gguf.py makes it)")
     ap.add_argument("--hardware", default="h200-gen5x16-kvpipe",
                     help="base profile: host and copy costs (default h200-gen5x16-kvpipe: the H200 probe's)")
-    ap.add_argument("--set", choices=sorted(SETS), default="fa1",
-                    help="fa1: run 1 (-fa 1); fa0: run 2 (-fa 0, attention on the CPU); ngl: run 3 (-ngl below the layer count)")
+    ap.add_argument("--set", choices=sorted([*SETS, "types"]), default="fa1",
+                    help="fa1: run 1 (-fa 1); fa0: run 2 (-fa 0, attention on the CPU); ngl: run 3 (-ngl below the layer count); "
+                         "types: run 4 (every cache type: tools/llamacpp/predict_types.py)")
     ap.add_argument("--blind", action="store_true",
                     help="write the held-out rows' predictions only (blind.json), their measured figures unread")
     ap.add_argument("--out", default="", help="default: validate/results/h200-llamacpp/prediction (fa1), prediction-fa0 (fa0)")
     args = ap.parse_args(argv)
+    if args.set == "types":
+        from predict_types import run as run_types  # beside this file (the script's folder is on sys.path)
+
+        return run_types(args.gguf, args.hardware, Path(args.out) if args.out else RESULTS / "prediction-types", args.blind)
     chosen = SETS[args.set]
     cal = chosen["calibration"]
     ngl_cal: tuple[int, ...] = chosen.get("ngl", ())

@@ -1,0 +1,170 @@
+"""``kvpipe calibrate --from-batched-bench``: llama-batched-bench files in, the per-sequence term out, bad files one line."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backends.profile import load_profile, read_profile_dict
+from kvpipe.cli import main
+from sim.workload import cache_type, load_model
+from validate import batched_bench
+from validate.batch_fit import with_term
+from validate.token_fit import simulated_s, workload_at
+
+FIXTURES = Path(__file__).parent / "fixtures"
+JSONL = FIXTURES / "batched-bench-split-pp2048.jsonl"  # llama-batched-bench --output-format jsonl (H200, run 4)
+MARKDOWN = FIXTURES / "batched-bench-split-pp2048.md"  # the same run as its markdown table prints it, log lines around
+
+
+def test_the_jsonl_and_the_markdown_table_of_one_run_give_the_same_steps() -> None:
+    j, m = batched_bench.load(JSONL), batched_bench.load(MARKDOWN)
+    assert (j.form, m.form) == ("jsonl", "markdown")
+    assert j.settings == tuple((k, v) for k, v in m.settings if k != "is_tg_separate")  # the JSONL lacks is_tg_separate
+    assert [(r.prompt_tokens, r.gen_tokens, r.sequences, r.n_kv) for r in j.rows] == \
+        [(r.prompt_tokens, r.gen_tokens, r.sequences, r.n_kv) for r in m.rows]
+    for a, b in zip(j.rows, m.rows, strict=True):
+        assert b.seconds_per_step == pytest.approx(a.seconds_per_step, rel=2e-4)  # S_TG printed to 2 decimals
+
+
+def test_a_step_is_all_sequences_over_the_decode_rate_behind_the_mean_context() -> None:
+    raw = [json.loads(line) for line in JSONL.read_text().splitlines() if line.strip()]
+    bench = batched_bench.load(JSONL)
+    for rec, row in zip(raw, bench.rows, strict=True):
+        assert row.seconds_per_step == pytest.approx(rec["t_tg"] / rec["tg"], rel=1e-5)  # speed_tg = pl tg / t_tg
+        assert row.context == rec["pp"] + rec["tg"] // 2
+    runs = batched_bench.token_runs(bench, "ordered", unified=True, pinned=False)
+    assert [(r.sequences, r.unified, r.pinned, r.arm) for r in runs] == [(row.sequences, True, False, "ordered") for row in bench.rows]
+
+
+def _write_truth_rows(path: Path, base: dict[str, Any], term_us: float, offset_s: float, unified: bool, pp: int = 2048,
+                      markdown: bool = False) -> None:
+    """A llama-batched-bench file whose steps are what ``base`` with ``layer_seq_us = term_us`` simulates, plus a
+    constant (what a one-sequence profile misses at that point)."""
+    m, q = load_model("llama-3.1-8b"), cache_type("q8_0")
+    truth = with_term(base, "layer_seq_us", term_us)
+    lines = []
+    for b in (1, 2, 4, 8):
+        s = simulated_s(truth, workload_at(m, q, q, pp + 16, sequences=b, unified=unified), "ordered") + offset_s
+        rec = {"n_kv_max": 8 * (pp + 32) + 256, "n_batch": 2048, "n_ubatch": 512, "flash_attn": 1, "is_pp_shared": 0,
+               "n_gpu_layers": 99, "n_threads": 16, "n_threads_batch": 16, "pp": pp, "tg": 32, "pl": b, "n_kv": b * (pp + 32),
+               "t_pp": 0.5, "speed_pp": b * pp / 0.5, "t_tg": 32 * s, "speed_tg": b / s, "t": 0.5 + 32 * s, "speed": 1.0}
+        cells = " | ".join(f"{rec[k]:.6g}" for k in ("pp", "tg", "pl", "n_kv", "t_pp", "speed_pp", "t_tg", "speed_tg", "t", "speed"))
+        lines.append(f"| {cells} |" if markdown else json.dumps(rec))
+    if markdown:
+        lines = ["| " + " | ".join(batched_bench.COLUMNS) + " |", "|---" * len(batched_bench.COLUMNS) + "|", *lines]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_a_users_file_fits_in_one_command_and_the_profile_reproduces_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base, _ = read_profile_dict("h200-gen5x16")
+    split, unified, out = tmp_path / "split.jsonl", tmp_path / "unified.md", tmp_path / "fit.json"
+    _write_truth_rows(split, base, 37.0, 1.0e-3, unified=False)
+    _write_truth_rows(unified, base, 37.0, -0.5e-3, unified=True, markdown=True)
+    assert main(["calibrate", "--from-batched-bench", f"{split},{unified}", "--kv-unified", "0,1", "--nkvo", "1",
+                 "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "layer_seq_us" in printed and printed.count("| split -npp 2048") == 4 and printed.count("| unified -npp 2048") == 4
+    fitted = json.loads(out.read_text())
+    assert fitted["devices"][0]["compute"]["layer_seq_us"] == pytest.approx(37.0, abs=2e-3)
+    record = fitted["batch"]
+    assert {(o["unified"], round(o["offset_ms"], 2)) for o in record["offsets"]} == {(False, 1.0), (True, -0.5)}
+    # exact rows: any row left out, the others give the same term (the rows at one sequence hold none of it)
+    assert len(record["held_out"]) == 6 and all(h["term_us"] == pytest.approx(37.0, abs=2e-3) for h in record["held_out"])
+    assert "devices.compute.layer_seq_us" in fitted["provenance"]
+    load_profile(str(out))  # a profile like any other
+    m, q = load_model("llama-3.1-8b"), cache_type("q8_0")
+    wl = workload_at(m, q, q, 4096, sequences=4, unified=False)
+    assert simulated_s(fitted, wl, "ordered") == pytest.approx(simulated_s(with_term(base, "layer_seq_us", 37.0), wl, "ordered"),
+                                                              rel=1e-4)
+
+
+def _good(path: Path) -> Path:
+    path.write_text(JSONL.read_text())
+    return path
+
+
+def _edit(path: Path, line: int, **changes: Any) -> Path:
+    recs = [json.loads(x) for x in JSONL.read_text().splitlines() if x.strip()]
+    recs[line].update(changes)
+    for k in [k for k, v in changes.items() if v is None]:
+        del recs[line][k]
+    path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    return path
+
+
+BAD_FILES = {
+    "empty": lambda p: p.write_text(""),
+    "prose": lambda p: p.write_text("llama_model_load: error loading model\n"),
+    "not-json": lambda p: p.write_text('{"pp": 2048, "tg": \n'),
+    "no-speed_tg": lambda p: _edit(p, 1, speed_tg=None),
+    "speed_tg-0": lambda p: _edit(p, 1, speed_tg=0),
+    "pl-0": lambda p: _edit(p, 1, pl=0),
+    "pl-text": lambda p: _edit(p, 2, pl="four"),
+    "shared-prompt": lambda p: _edit(p, 2, n_kv=2048 + 4 * 32),
+    "is_pp_shared": lambda p: _edit_all(_good(p), is_pp_shared=1),
+    "is_tg_separate": lambda p: p.write_text(MARKDOWN.read_text().replace("is_tg_separate = 0", "is_tg_separate = 1")),
+    "mixed-ngl": lambda p: _edit(p, 3, n_gpu_layers=20),
+    "md-text-cell": lambda p: p.write_text(MARKDOWN.read_text().replace("|    40.39 |", "|    4O.39 |")),
+    "md-short-row": lambda p: p.write_text(MARKDOWN.read_text().replace("|    2.215 |  1878.19 |", "|")),
+}
+
+
+def _refused(capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str]) -> str:
+    before = sorted(os.listdir(tmp_path))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert sorted(os.listdir(tmp_path)) == before  # nothing half-written
+    return err
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_a_bad_file_is_one_line_naming_it_and_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path, case: str) -> None:
+    src = tmp_path / "bench.jsonl"
+    BAD_FILES[case](src)
+    err = _refused(capsys, tmp_path, ["calibrate", "--from-batched-bench", str(src), "--nkvo", "1", "--hardware", "h200-gen5x16",
+                                      "-m", "llama-3.1-8b", "--out", str(tmp_path / "fit.json")])
+    assert "bench.jsonl" in err and "allowed" in err, err
+
+
+BAD_CALLS = {
+    "no-nkvo": (["--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "--nkvo"),
+    "kvu-count": (["--nkvo", "1", "--kv-unified", "0,1", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "--kv-unified"),
+    "kvu-value": (["--nkvo", "1", "--kv-unified", "2", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "--kv-unified"),
+    "no-hardware": (["--nkvo", "1", "-m", "llama-3.1-8b"], "--hardware"),
+    "no-model": (["--nkvo", "1", "--hardware", "h200-gen5x16"], "--model"),
+    "ngl-below": (["--nkvo", "1", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "n_gpu_layers"),
+    "one-count": (["--nkvo", "1", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "sequence counts"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CALLS))
+def test_a_bad_invocation_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path, case: str) -> None:
+    src = _good(tmp_path / "bench.jsonl")
+    argv, named = BAD_CALLS[case]
+    if case == "ngl-below":  # 20 of llama-3.1-8b's 32 layers on the GPU: the rest on the CPU, not fitted here
+        src = _edit_all(src, n_gpu_layers=20)
+    if case == "one-count":
+        src = _edit_all(src, pl=4, n_kv=4 * 2080)
+    err = _refused(capsys, tmp_path, ["calibrate", "--from-batched-bench", str(src), *argv, "--out", str(tmp_path / "fit.json")])
+    assert named in err, err
+
+
+def _edit_all(path: Path, **changes: Any) -> Path:
+    recs = [dict(json.loads(x), **changes) for x in path.read_text().splitlines() if x.strip()]
+    path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    return path
+
+
+def test_the_fit_never_writes_over_the_file_it_reads(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    src = _good(tmp_path / "bench.jsonl")
+    before = src.read_bytes()
+    assert main(["calibrate", "--from-batched-bench", str(src), "--nkvo", "1", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b",
+                 "--out", str(src)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bench.jsonl" in err and src.read_bytes() == before

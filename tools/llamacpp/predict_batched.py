@@ -1,0 +1,133 @@
+"""Issue 28 on the H200: predict upstream llama.cpp's batched decode from a calibration, then hold it to the held-out runs.
+
+``tools/llamacpp/h200_bench.sh batched`` ran ``llama-batched-bench -nkvo -fa on`` (q8_0 cache, the random-weight
+llama-3.1-8b q8_0 GGUF) at ``-npl 1,2,4,8``, ``-ntg 32``, over a cache split into a stream per sequence and a unified
+one (``-kvu``): ``-npp 2048`` is the calibration, the other ``-npp`` values are held out. Two steps, in this order:
+
+    python tools/llamacpp/predict_batched.py predict --profile P.json --gguf M.gguf --out DIR [--pp 1024,4096]
+    python tools/llamacpp/predict_batched.py compare --out DIR batched-split-pp1024.jsonl ...
+
+``predict`` reads no measured file: for every held-out (layout, PP, B) it runs ``kvpipe simulate`` as a user would
+(``--context PP --tokens TG --parallel B --depth 0 --pageable``, ``--kv-unified`` or ``--no-kv-unified``) under the
+profile that ``kvpipe calibrate --from-batched-bench`` fitted, and writes ``DIR/prediction.json`` and ``.md`` with each
+command. ``compare`` reads the held-out files (named ``batched-{split,unified}-pp{PP}.jsonl``, as the bench script
+writes them), sets each measured S_TG beside its committed prediction, and writes ``DIR/comparison.json`` and
+``.md`` (error = predicted / measured - 1; median and largest |error|). Not part of the installed package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from kvpipe.cli import main as kvpipe  # noqa: E402
+from validate import batched_bench  # noqa: E402
+
+NAME = re.compile(r"batched-(split|unified)-pp(\d+)\.jsonl$")
+
+
+def simulate_tps(profile: str, gguf: str, pp: int, tg: int, pl: int, unified: bool) -> tuple[float, str]:
+    """Predicted t/s over all sequences, and the ``kvpipe simulate`` command that gave it. Blocks (one simulation)."""
+    argv = ["simulate", "--hardware", profile, "-m", gguf, "--context", str(pp), "--tokens", str(tg), "--parallel", str(pl),
+            "--depth", "0", "--pageable", "--kv-unified" if unified else "--no-kv-unified", "--json"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = kvpipe(argv)
+    if code:
+        sys.exit(f"predict_batched: kvpipe {' '.join(argv)} exited {code}")
+    return float(json.loads(out.getvalue())[0]["tokens_per_s"]), "kvpipe " + " ".join(argv[:-1])
+
+
+def predict(args: argparse.Namespace) -> int:
+    profile = json.loads(Path(args.profile).read_text())
+    entry = next(iter(profile.get("workloads", {}).values()), {})
+    fit = entry.get("batch") or profile.get("batch") or {}
+    rows = []
+    for pp in (int(x) for x in args.pp.split(",")):
+        for layout in ("split", "unified"):
+            for pl in (int(x) for x in args.npl.split(",")):
+                tps, cmd = simulate_tps(args.profile, args.gguf, pp, args.tg, pl, layout == "unified")
+                rows.append({"layout": layout, "pp": pp, "tg": args.tg, "pl": pl, "predicted_tps": round(tps, 4), "command": cmd})
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = {"command": "python tools/llamacpp/predict_batched.py " + " ".join(sys.argv[1:]), "profile": args.profile,
+            "fit_from": fit.get("from", ""), "term": fit.get("term"), "value_us": fit.get("value_us"),
+            "clamped": fit.get("clamped"), "calibration": fit.get("residuals", []), "held_out": rows}
+    (out / "prediction.json").write_text(json.dumps(data, indent=1) + "\n")
+    lines = [f"Predicted before the held-out runs were read: `{data['command']}`", "",
+             f"Per-sequence term: {data['term']} = {data['value_us']} us" + (" (clamped at 0)" if data["clamped"] else ""), "",
+             "| layout | -npp | -npl | predicted t/s |", "|---|---:|---:|---:|"]
+    lines += [f"| {r['layout']} | {r['pp']} | {r['pl']} | {r['predicted_tps']:.2f} |" for r in rows]
+    (out / "prediction.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / 'prediction.json'}, {out / 'prediction.md'}: {len(rows)} held-out rows")
+    return 0
+
+
+def compare(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    pred = json.loads((out / "prediction.json").read_text())
+    want = {(r["layout"], r["pp"], r["tg"], r["pl"]): r for r in pred["held_out"]}
+    rows = []
+    for path in args.measured:
+        m = NAME.search(path)
+        if not m:
+            sys.exit(f"predict_batched: {path!r} is not named batched-{{split,unified}}-pp{{PP}}.jsonl")
+        for r in batched_bench.load(path).rows:
+            p = want.get((m.group(1), r.prompt_tokens, r.gen_tokens, r.sequences))
+            if p is None:
+                continue
+            rows.append({**p, "measured_tps": r.decode_tps, "error": p["predicted_tps"] / r.decode_tps - 1.0,
+                         "file": str(path)})
+    if len(rows) != len(want):
+        sys.exit(f"predict_batched: {len(rows)} of the {len(want)} predicted rows found in the measured files")
+    errs = [abs(r["error"]) for r in rows]
+    groups = {"every held-out row": rows, "one sequence": [r for r in rows if r["pl"] == 1],
+              "2-8 sequences": [r for r in rows if r["pl"] > 1]}
+    summary = {k: {"rows": len(v), "median_abs_error": statistics.median(abs(r["error"]) for r in v),
+                   "max_abs_error": max(abs(r["error"]) for r in v)} for k, v in groups.items() if v}
+    data = {"prediction": str(out / "prediction.json"), "rows": rows, "summary": summary,
+            "target": {"median_abs_error": 0.05, "max_abs_error": 0.10},
+            "met": statistics.median(errs) <= 0.05 and max(errs) <= 0.10}
+    (out / "comparison.json").write_text(json.dumps(data, indent=1) + "\n")
+    lines = ["| layout | -npp | -npl | measured t/s | predicted t/s | error |", "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['layout']} | {r['pp']} | {r['pl']} | {r['measured_tps']:.2f} | {r['predicted_tps']:.2f} | {r['error']:+.1%} |"
+              for r in sorted(rows, key=lambda r: (r["pp"], r["layout"], r["pl"]))]
+    lines += ["", "| held-out rows | n | median \\|error\\| | max \\|error\\| |", "|---|---:|---:|---:|"]
+    lines += [f"| {k} | {v['rows']} | {v['median_abs_error']:.1%} | {v['max_abs_error']:.1%} |" for k, v in summary.items()]
+    lines += ["", f"Target: median <= 5%, max <= 10%: {'met' if data['met'] else 'missed'}."]
+    (out / "comparison.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python tools/llamacpp/predict_batched.py", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="step", required=True)
+    p = sub.add_parser("predict", help="predict the held-out rows (reads no measured file)")
+    p.add_argument("--profile", required=True, help="the profile kvpipe calibrate --from-batched-bench wrote")
+    p.add_argument("--gguf", required=True, help="the GGUF llama-batched-bench ran (tools/llamacpp/write_gguf.py)")
+    p.add_argument("--pp", default="1024,4096", help="held-out -npp values (default 1024,4096)")
+    p.add_argument("--npl", default="1,2,4,8", help="-npl values (default 1,2,4,8)")
+    p.add_argument("--tg", type=int, default=32, help="-ntg (default 32)")
+    p.add_argument("--out", required=True, help="folder for prediction.json and prediction.md")
+    p.set_defaults(func=predict)
+    c = sub.add_parser("compare", help="hold the committed prediction to the held-out files")
+    c.add_argument("--out", required=True, help="the folder holding prediction.json; comparison.* are written there")
+    c.add_argument("measured", nargs="+", help="held-out llama-batched-bench JSONL files")
+    c.set_defaults(func=compare)
+    args = ap.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

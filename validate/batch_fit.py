@@ -1,0 +1,213 @@
+"""What each further sequence costs, fitted to whole decode steps at several sequence counts.
+
+A batch of ``B`` sequences reads the weights once per step, and each sequence
+past the first adds a per-sequence term (``backends.profile.ComputeModel``:
+``layer_seq_s`` a layer, ``attn_seq_s`` an attention layer, ``cpu_row_s`` a
+CPU split). A user who cannot run kvpipe's program measures whole steps:
+llama-batched-bench's ``S_TG`` at ``-npl 1,2,4,8`` (``validate.batched_bench``),
+or a published table of t/s over all sequences. This module fits the term to
+such rows by the method of ``validate.token_fit``: simulate each row's point
+(``token_fit.workload_of``: its sequences, context and cache layout) with the
+term made free; what the measured step leaves over the simulated one is,
+against the simulated step's response to the term, a line, and its slope is
+the term. The simulated step is exactly linear in the term (every row is one
+ordered or resident step of fixed splits), so the line is the fit.
+
+Two choices, stated once:
+
+* **Whole steps fix one number.** On the ordered path a step's parts run one
+  after another, so a GPU layer's per-sequence cost, an attention layer's and
+  a CPU split's add up alike: the rows fix their sum per step and no split of
+  it. ``term`` says where it goes; the default is ``layer_seq_us`` (a
+  further sequence is one more column in every layer's matrix products, the
+  cost llama.cpp's decode kernels pay per column). Pipelined predictions
+  depend on the choice (GPU time hides copies, host time does not);
+  docs/reproduction.md gives both.
+* **Each point keeps its own constant.** Rows at one (arm, context, cache
+  layout, host memory) share an offset: what the one-sequence profile misses
+  there (the ``B = 1`` row's error) is not charged to the further sequences.
+  The offsets are reported, not written into the profile.
+
+Units: seconds inside; the profile file's us and ms only in the records.
+Blocks for the simulations (tens of ms each).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from backends.profile import workload_key
+from sim.errors import InputError
+from sim.workload import CacheType, ModelShape
+from validate.token_fit import TokenRun, simulated_s, workload_of
+
+#: Where the per-sequence cost of a step goes, by name: the profile compute key and what it prices.
+TERMS = {"layer": "layer_seq_us", "attention": "attn_seq_us", "cpu": "cpu_row_us"}
+#: The term's value (us) at which each row's response is simulated; the step is linear in it.
+UNIT_US = 100.0
+
+
+@dataclass(frozen=True)
+class BatchFit:
+    """What :func:`fit_per_sequence` found: the term, the fitted profile dict, and every row held to it."""
+
+    term: str  # the compute key fitted: layer_seq_us, attn_seq_us or cpu_row_us
+    value_us: float  # the fitted term, us (0 when the rows grow slower than the profile does without it)
+    profile: dict[str, Any]  # the base profile with the term
+    clamped: bool  # the least-squares slope was negative and the term is 0
+    residuals: tuple[dict[str, Any], ...]  # every row: measured and fitted t/s over all sequences, error
+    held_out: tuple[dict[str, Any], ...]  # each row with a further sequence, left out of the fit and predicted
+    offsets: tuple[dict[str, Any], ...]  # per point: measured less fitted ms per step (weighted mean), the profile's miss
+
+
+def with_term(profile: dict[str, Any], key: str, value_us: float, entry: str = "") -> dict[str, Any]:
+    """A copy of the profile dict with compute ``key`` = ``value_us`` on every device (and in workloads entry ``entry``)."""
+    d = copy.deepcopy(profile)
+    for dev in d["devices"]:
+        dev["compute"][key] = value_us
+    if entry and entry in d.get("workloads", {}):
+        d["workloads"][entry]["compute"][key] = value_us
+    return d
+
+
+def _point(r: TokenRun) -> tuple[Any, ...]:
+    return (r.arm, r.context, r.unified, r.pinned, r.n_gpu_layers)
+
+
+def _slope(rows: Sequence[tuple[tuple[Any, ...], float, float, float]]) -> float | None:
+    """Weighted least-squares slope of y on x with one intercept per point: rows ``(point, x, y, weight)``. None when no
+    point holds two different x."""
+    means: dict[tuple[Any, ...], tuple[float, float]] = {}
+    for g in {p for p, *_ in rows}:
+        mine = [(x, y, w) for p, x, y, w in rows if p == g]
+        sw = sum(w for *_, w in mine)
+        means[g] = (sum(x * w for x, _, w in mine) / sw, sum(y * w for _, y, w in mine) / sw)
+    sxx = sum(w * (x - means[p][0]) ** 2 for p, x, _, w in rows)
+    sxy = sum(w * (x - means[p][0]) * (y - means[p][1]) for p, x, y, w in rows)
+    return sxy / sxx if sxx > 1e-30 * max(1.0, sum(w * x * x for _, x, _, w in rows)) else None
+
+
+def fit_per_sequence(base: dict[str, Any], model: ModelShape, cache_k: CacheType, cache_v: CacheType,
+                     runs: Sequence[TokenRun], term: str = "layer") -> BatchFit:
+    """The per-sequence ``term`` (a key of :data:`TERMS`) of ``base`` fitted to ``runs``; see the module doc.
+
+    Each run is one step of ``run.sequences`` sequences (``seconds_per_token``: the step's seconds, all sequences).
+    The slope minimises the squared relative error. Raises InputError when no point has runs at two sequence counts.
+    Blocks (2 simulations a run, then one a run for the residuals and one for each held-out run).
+    """
+    if term not in TERMS:
+        raise InputError(f"per-sequence term {term!r}; allowed: {', '.join(TERMS)}")
+    key = TERMS[term]
+    entry = workload_key(model.name, cache_k.name) if cache_k == cache_v else f"{model.name}@{cache_k.name}/{cache_v.name}"
+    free, unit = with_term(base, key, 0.0, entry), with_term(base, key, UNIT_US, entry)
+    wls = [workload_of(model, cache_k, cache_v, r) for r in runs]
+    rest = [simulated_s(free, wl, r.arm) for wl, r in zip(wls, runs, strict=True)]
+    xs = [(simulated_s(unit, wl, r.arm) - s0) / UNIT_US for wl, r, s0 in zip(wls, runs, rest, strict=True)]
+    rows = [(_point(r), x, r.seconds_per_token - s0, 1.0 / r.seconds_per_token ** 2)
+            for r, x, s0 in zip(runs, xs, rest, strict=True)]
+    k = _slope(rows)
+    if k is None:
+        counts = sorted({r.sequences for r in runs})
+        raise InputError(f"no point has runs at two sequence counts (sequences {', '.join(map(str, counts))} at contexts "
+                         f"{', '.join(str(c) for c in sorted({r.context for r in runs}))}); allowed: rows at 1, 2, 4, 8 "
+                         "sequences at one context and cache layout (llama-batched-bench -npl 1,2,4,8)")
+    value = max(0.0, k)
+    fitted = with_term(base, key, value, entry)
+    residuals = tuple(_row(r, simulated_s(fitted, wl, r.arm)) for wl, r in zip(wls, runs, strict=True))
+    held = []
+    for i, (wl, r) in enumerate(zip(wls, runs, strict=True)):
+        k_out = _slope(rows[:i] + rows[i + 1:])
+        if xs[i] <= 0 or k_out is None:
+            continue  # one sequence (nothing of the term), or the rest no longer determines the slope
+        held.append(_row(r, simulated_s(with_term(base, key, max(0.0, k_out), entry), wl, r.arm), term_us=max(0.0, k_out)))
+    offsets = []
+    for g in dict.fromkeys(_point(r) for r in runs):
+        mine = [(row, res) for row, res in zip(rows, residuals, strict=True) if row[0] == g]
+        sw = sum(w for (_, _, _, w), _ in mine)
+        miss = sum(w * (res["measured_s"] - res["fitted_s"]) for (_, _, _, w), res in mine) / sw
+        offsets.append({"arm": g[0], "context": g[1], "unified": g[2], "pinned": g[3], "rows": len(mine),
+                        "offset_ms": miss * 1e3})
+    return BatchFit(term=key, value_us=value, profile=fitted, clamped=k < 0, residuals=residuals, held_out=tuple(held),
+                    offsets=tuple(offsets))
+
+
+def _row(r: TokenRun, fitted_s: float, **extra: float) -> dict[str, Any]:
+    """A run held to a simulated step: t/s over all sequences, and the error (fitted rate / measured rate - 1)."""
+    return {"label": r.label, "arm": r.arm, "context": r.context, "sequences": r.sequences, "unified": r.unified,
+            "measured_s": r.seconds_per_token, "fitted_s": fitted_s, "measured_tps": r.sequences / r.seconds_per_token,
+            "fitted_tps": r.sequences / fitted_s, "error": r.seconds_per_token / fitted_s - 1.0, **extra}
+
+
+def record(fit: BatchFit, source: str) -> dict[str, Any]:
+    """The fit as a profile's ``batch`` record (file units, rounded to 6 significant digits)."""
+    return rounded({"from": source, "term": fit.term, "value_us": fit.value_us, "clamped": fit.clamped,
+                    "residuals": list(fit.residuals), "held_out": list(fit.held_out), "offsets": list(fit.offsets)})
+
+
+def rounded(value: Any) -> Any:
+    """Floats to 6 significant digits, recursively (a committed record stays stable across platforms). Pure."""
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [rounded(v) for v in value]
+    return value
+
+
+def apply(profile: dict[str, Any], fit: BatchFit, model: ModelShape, cache_k: CacheType, cache_v: CacheType,
+          source: str) -> dict[str, Any]:
+    """A copy of the profile dict with the fitted term on every device and in the model's workloads entry (made from
+    the device's compute where missing), the fit under that entry's ``batch``, and the provenance. Pure."""
+    d = copy.deepcopy(profile)
+    value = round(fit.value_us, 3)
+    for dev in d["devices"]:
+        dev["compute"][fit.term] = value
+    key = workload_key(model.name, cache_k.name) if cache_k == cache_v else f"{model.name}@{cache_k.name}/{cache_v.name}"
+    if d.get("workloads"):
+        entry = d["workloads"].setdefault(key, {"compute": copy.deepcopy(d["devices"][0]["compute"]),
+                                                "cache_type": cache_k.name})
+        entry["compute"][fit.term] = value
+        entry["batch"] = record(fit, source)
+    else:
+        d["batch"] = record(fit, source)
+    prov = d.setdefault("provenance", {})
+    if isinstance(prov, dict):
+        prov[f"devices.compute.{fit.term}"] = (
+            f"fitted from whole decode steps at several sequence counts ({source}): what each sequence past the first adds "
+            f"to a step, one constant per point for the one-sequence profile's miss (validate.batch_fit); the other "
+            f"per-sequence terms as the base has them")
+    return d
+
+
+def fit_files(paths: Sequence[str], unified: Sequence[bool], arm: str, pinned: bool, base: dict[str, Any], base_where: str,
+              model: ModelShape, cache_k: CacheType, cache_v: CacheType, term: str = "layer",
+              command: str = "") -> tuple[dict[str, Any], BatchFit]:
+    """The per-sequence ``term`` of ``base`` fitted to llama-batched-bench files (``unified[i]``: file i ran -kvu), and
+    the profile dict with it (:func:`apply`). Raises InputError (a bad file, too few sequence counts). Blocks."""
+    from validate import batched_bench
+
+    runs: list[TokenRun] = []
+    for path, uni in zip(paths, unified, strict=True):
+        bench = batched_bench.load(path)
+        batched_bench.check_layers(bench, model.n_layers)
+        runs += batched_bench.token_runs(bench, arm, uni, pinned)
+    fit = fit_per_sequence(base, model, cache_k, cache_v, runs, term)
+    source = f"llama-batched-bench {', '.join(paths)}" + (f" ({command})" if command else "")
+    out = apply(base, fit, model, cache_k, cache_v, source)
+    out["source"] = f"{base.get('source', base_where)} Per-sequence term fitted by kvpipe calibrate --from-batched-bench."
+    return out, fit
+
+
+def table(fit: BatchFit) -> list[str]:
+    """Markdown lines: every row, measured and fitted t/s over all sequences, its error and its held-out error."""
+    held = {(h["label"], h["context"]): h["error"] for h in fit.held_out}
+    out = ["| run | context | sequences | measured t/s | fitted t/s | error | held out |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in fit.residuals:
+        h = held.get((r["label"], r["context"]))
+        out.append(f"| {r['label']} | {r['context']} | {r['sequences']} | {r['measured_tps']:.2f} | {r['fitted_tps']:.2f} "
+                   f"| {r['error']:+.2%} | {'' if h is None else f'{h:+.2%}'} |")
+    return out
