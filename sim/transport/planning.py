@@ -158,8 +158,9 @@ class GraphPlan:
 
     @staticmethod
     def empty(n: int) -> GraphPlan:
-        z = functools.partial(np.zeros, n, dtype=I64)
-        return GraphPlan(z(), z(), z(), z(), z(), z(), z(), z(), z(), np.full(n, -1, dtype=I64), counts_idle=np.zeros(n, dtype=bool))
+        z = np.zeros((10, n), dtype=I64)  # one allocation: a graph of one point is planned every token
+        z[9] = -1
+        return GraphPlan(z[0], z[1], z[2], z[3], z[4], z[5], z[6], z[7], z[8], z[9], counts_idle=np.zeros(n, dtype=bool))
 
     @property
     def declined(self) -> Arr:
@@ -188,6 +189,8 @@ class GraphPlan:
         """Record a decline where asked; of several devices' declines a graph reports the last one the scheduler
         planned (``rank``: the device's place in that order; a failed reservation comes after every ring)."""
         where = where & (rank >= self.code_rank)
+        if not where.any():
+            return
         self.code_rank = np.where(where, rank, self.code_rank)
         self.code = np.where(where, code, self.code)
         self.code_device = np.where(where, device, self.code_device)
@@ -231,9 +234,9 @@ def plan_ring(plan: GraphPlan, ring: RingState | None, mem: Memory, pol: Policy,
     plan.full_need = np.where(staged, np.maximum(plan.full_need, full), plan.full_need)
     plan.active[device] = np.zeros_like(staged)
     plan.fresh[device] = np.zeros_like(staged)
-    if ring is None:
-        return
     on = staged & pol.ring
+    if ring is None or not on.any():
+        return
     ring.made = ring.made | on
     n = np.maximum(pol.n_slots, 1)
     plan.ring_slots = np.where(on, pol.n_slots, plan.ring_slots)
