@@ -276,6 +276,7 @@ def row(result: RunResult, model: str = "", hardware: str = "", cache_type: str 
         # the compute model's terms of the first step (weights once, attention, what each sequence past the first adds)
         "batch_ms": cost_terms_ms(p.workload, p.hardware.devices[0].compute, graph_at(p, 0)),
         **placement_fields(p.workload, p.hardware.devices[0].compute),
+        **({"schedule": p.transport.schedule.name} if p.transport.schedule.active else {}),  # docs/schedules.md
         **result.extra,
     }
 

@@ -50,11 +50,12 @@ from typing import Any, Protocol
 
 from backends.base import Access, Backend, BackendError, Buffer, HostOp, OutOfDeviceMemory, Work
 from sim.graph import DecodeGraph, Split, StagedInput
-from sim.transport.config import ARMS, MAX_BUDGET_MIB, MAX_DEPTH, MIB, MUTATIONS, GraphStats, Mutations, TransportConfig
+from sim.transport.config import ARMS, MAX_BUDGET_MIB, MAX_DEPTH, MIB, MUTATIONS, GraphStats, Mutations, Schedule, TransportConfig
 from sim.transport.deliveries import (
     Delivery,
     align_up,
     full_need,
+    in_pieces,
     next_pow2,
     piece_range,
     plan_deliveries,
@@ -63,6 +64,7 @@ from sim.transport.deliveries import (
     stable_early,
 )
 from sim.transport.ordered_path import OrderedPath
+from sim.transport.policies import SchedulePolicies, fresh_rows
 from sim.transport.ring import Ring
 
 __all__ = ["ARMS", "KERNEL_IO_BYTES", "MAX_BUDGET_MIB", "MAX_DEPTH", "MIB", "MUTATIONS", "GraphStats", "Mutations", "Program",
@@ -105,9 +107,11 @@ class _DevicePlan:
     target: Buffer | None = None
     issued: int = 0
     consumed: int = 0
+    primed: bool = False
+    fresh_of: dict[int, Delivery] = field(default_factory=dict)  # producing split index -> the delivery it stores into
 
 
-class TransportScheduler(OrderedPath):
+class TransportScheduler(OrderedPath, SchedulePolicies):
     """Runs decode graphs on a backend, ordered or pipelined.
 
     ``alignment_bytes`` and ``graph_base_bytes`` come from the caller (per
@@ -134,6 +138,10 @@ class TransportScheduler(OrderedPath):
         self._last_gpu_device = 0
         self._producers: set[int] = set()
         self._inputs: dict[str, Any] = {}
+        self.schedule = config.schedule if config.arm == "transport" else Schedule()  # the reference arms run the reference
+        self._plans: dict[int, _DevicePlan] = {}
+        self._rows_down: dict[int, Any] = {}
+        self._deferred: list[tuple[Split, Any]] = []
         if program is not None:
             program.setup(backend, host_cache)
 
@@ -190,7 +198,7 @@ class TransportScheduler(OrderedPath):
             graph.memo[key] = kept
         return kept
 
-    def _plan_deliveries(self, dev: int, plan: _DevicePlan) -> None:
+    def _plan_deliveries(self, dev: int, plan: _DevicePlan, graph: DecodeGraph) -> None:
         """The deliveries of an active plan, into the ring (or, mutated, the graph allocator's input region)."""
         ring = self.rings[dev]
         if self.policy.ring_staging:
@@ -205,8 +213,10 @@ class TransportScheduler(OrderedPath):
                 p = inp.pieces[i]
                 return stable_early(p._replace(prefix_bytes=min(ring.stale_prefix(f"{inp.name}#{i}", prefix), nbytes)))
 
+        fresh = fresh_rows(graph, plan.order) if self.schedule.fresh_on_device else None
         plan.deliveries = plan_deliveries(plan.order, plan.entries, ring.n_slots, lambda slot: slot * slot_bytes, self.span[dev],
-                                          early_of, one_cell_early=not self.policy.stream_sized_ranges)
+                                          early_of, one_cell_early=not self.policy.stream_sized_ranges, fresh=fresh)
+        plan.fresh_of = {d.split - 2: d for d in plan.deliveries if d.fresh}
 
     def _reserve_graph(self, graph: DecodeGraph, plans: dict[int, _DevicePlan], stats: GraphStats) -> HostOp:
         """Allocate each device's graph memory next to its ring; fall back to ordered once on failure."""
@@ -280,18 +290,19 @@ class TransportScheduler(OrderedPath):
         if graph.host_writes_at_start:
             yield from self._host_writes(graph, stats)
         self._inputs = self.program.graph_inputs(graph) if self.program else {}
-        plans = self._plan(graph, stats)
+        plans = self._plans = self._plan(graph, stats)
         yield from self._reserve_graph(graph, plans, stats)
         self._account_idle(plans)
         for dev, plan in plans.items():
             if plan.active:
-                self._plan_deliveries(dev, plan)
-                yield from self._prefetch(plan, stats, limit_extra=0)
+                self._plan_deliveries(dev, plan, graph)
+        yield from self._prime_all(stats, at_inputs=False)
         for split in graph.splits:
             if split.kind == "gpu":
                 yield from self._gpu_split(split, plans.get(split.device), stats)
             elif self.cfg.arm in ("transport", "host-attention") or (self.cfg.arm == "resident" and not split.stores_rows):
-                yield from self._cpu_split(split, stats)  # resident: the kernels store the rows, the CPU layers still run
+                yield from self._cpu_split_or_defer(split, graph, stats)  # resident: the kernels store the rows
+        yield from self._run_deferred(stats)
         # The decode loop reads the logits: the host waits for every device still running
         # (not after an intermediate ubatch, whose output nobody reads: the boundary wait covers it).
         if graph.reads_output:
@@ -310,6 +321,7 @@ class TransportScheduler(OrderedPath):
         pieces: dict[str, Binding] = {}  # per-stream parts of the windows (inside their window's range)
         if split.ordered:
             yield from self._small_inputs(split, stats, bindings)
+        yield from self._prime_all(stats, at_inputs=True)
         pipelined = plan is not None and plan.active and bool(split.staged)
         if self.cfg.arm == "resident":
             self._bind_device_kv(bindings, pieces, split.staged + split.resident, self.resident[dev], self.resident_base)
@@ -326,6 +338,8 @@ class TransportScheduler(OrderedPath):
             if d.late:
                 yield from self.be.copy(self.consumer[dev], plan.target, self.host_cache, d.late, tag="late")
                 stats.late_bytes += d.late_bytes
+            if self.schedule.late_first:  # delivery o after split o - N's late copy: nothing of it queued ahead
+                yield from self._prefetch(plan, stats, limit_extra=0)
             yield from self.be.wait_event(self.consumer[dev], self.rings[dev].ready[d.slot])
         if split.resident and self.cfg.arm != "resident":  # --kv-gpu-layers: these layers' windows where the device keeps them
             self._bind_device_kv(bindings, pieces, split.resident, self.resident[dev])
@@ -334,6 +348,8 @@ class TransportScheduler(OrderedPath):
         accesses.append(Access(io, 0, self.kernel_io_bytes, True))
         for rows in split.resident_rows:
             accesses += [Access(self.resident[dev], o, n, True, count, pitch) for o, n, count, pitch in rows.row_pattern]
+        if plan is not None and plan.active and split.index in plan.fresh_of:
+            self._bind_fresh(plan, plan.fresh_of[split.index], pieces, accesses)
         bindings.update(pieces)
         bindings["io"] = (io, 0, io.nbytes)
         if self.cfg.arm != "copy-only":
@@ -344,8 +360,10 @@ class TransportScheduler(OrderedPath):
             assert plan is not None
             yield from self.be.record(self.rings[dev].release[plan.deliveries[plan.consumed].slot], self.consumer[dev])
             plan.consumed += 1
-            if not self.policy.issue_before_enqueue:
+            if not self.policy.issue_before_enqueue and not self.schedule.late_first:
                 yield from self._prefetch(plan, stats, limit_extra=0)
+        if self._deferred:  # fresh rows: the CPU splits behind the split just launched
+            yield from self._run_deferred(stats)
 
     def _prefetch(self, plan: _DevicePlan, stats: GraphStats, limit_extra: int) -> HostOp:
         """Issue deliveries while ``o <= consumed + N`` (+ ``limit_extra`` for the issue-before-enqueue mutation).
@@ -368,7 +386,8 @@ class TransportScheduler(OrderedPath):
                     stats.recycle_waits += 1
             if d.early:
                 assert plan.target is not None
-                yield from be.copy(ring.transfer, plan.target, self.host_cache, d.early, tag=f"delivery{d.o}")
+                for piece in in_pieces(d.early, self.schedule.piece_bytes):  # one copy, unless cut in pieces
+                    yield from be.copy(ring.transfer, plan.target, self.host_cache, piece, tag=f"delivery{d.o}")
                 stats.early_bytes += d.early_bytes
             yield from be.record(ring.ready[d.slot], ring.transfer)
             ring.slot_used[d.slot] = True

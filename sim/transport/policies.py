@@ -1,0 +1,141 @@
+"""The delivery schedules' executor pieces (``sim.transport.config.Schedule``; docs/schedules.md).
+
+``TransportScheduler`` inherits them. ``inputs_first`` moves the ring's
+priming behind the first GPU split's small inputs (:meth:`SchedulePolicies._prime_all`);
+``late_first`` and ``piece_bytes`` are two lines of the scheduler's own
+(when ``_prefetch`` runs, how a delivery's early ranges are cut). The rest of
+this module is the fresh rows (``fresh_on_device``): no late copy, and the CPU split off the GPU's path.
+
+In the reference mechanism a layer's new K/V rows make a round trip through the
+host before the split that attends them can run: the producing split writes
+them to the device io buffer, the host waits for it, copies them down,
+writes them into the host cache (the CPU split), and the attention split
+copies them up again as its delivery's *late* part -- on the one H2D engine,
+behind whatever early delivery was queued before it. Both engines and the GPU
+wait for that round trip once per attention layer.
+
+Under this policy the producing split also writes the rows into the slot of the
+delivery that will read them (the program stores each sequence's row at its
+cell, as it does into a resident cache; ``fresh:<input>`` bindings name the
+slot's windows), and that delivery is the window less those rows, all early
+(``sim.transport.deliveries.plan_deliveries``, ``fresh``). The rows still go
+down to the host cache, for the next tokens: the CPU split's copy down is
+enqueued on the consumer stream right behind the producing split (before the
+next split can overwrite the io buffer) and an event recorded after it; the
+host launches the attention split first, and only then waits for that event and
+runs the CPU split, while the GPU computes. Nothing the GPU runs waits for the
+host any more.
+
+Why it is exact: the slot's bytes are the ordered window's (the early ranges
+are the host cache's bytes outside the rows; the rows are the bytes the CPU
+split writes, encoded once on the device); the slot's previous reader ran
+earlier on the same consumer stream, so the store cannot overtake it; the
+early ranges and the rows are disjoint, so the transfer stream and the
+consumer never write the same byte; the host reads the rows' host copy only
+after the event that follows the copy down. The mutations ``no-fresh-store``
+and ``no-rows-wait`` switch off the last two.
+
+Eligible: a staged split whose inputs are one contiguous piece each (one
+stream, not a tensor split), whose rows come from the GPU split two before it on
+the same device through the CPU split between them. Others keep the late copy.
+Units: bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from backends.base import Access, Backend, Buffer, CopyRange, Event, HostOp, Stream, Work
+from sim.graph import DecodeGraph, Split
+from sim.transport.config import GraphStats, Mutations, Schedule
+from sim.transport.deliveries import Delivery, fresh_eligible
+
+Binding = tuple[Buffer, int, int]
+
+
+def fresh_rows(graph: DecodeGraph, order: list[Split]) -> dict[int, tuple[tuple[int, int], ...]]:
+    """Staged split index -> the cache rows (offset, bytes) its CPU split writes, for the eligible splits. Pure."""
+    out = {}
+    splits = graph.splits
+    for s in order:
+        i = s.index
+        if i < 2 or not fresh_eligible(s):
+            continue
+        cpu, producer = splits[i - 1], splits[i - 2]
+        if cpu.kind != "cpu" or not cpu.stores_rows or producer.kind != "gpu" or producer.device != s.device:
+            continue
+        out[i] = tuple(row for inp in cpu.ordered for row in inp.rows)
+    return out
+
+
+class SchedulePolicies:
+    """The schedules' executor pieces (a mixin: the state is ``TransportScheduler``'s)."""
+
+    be: Backend
+    policy: Mutations
+    program: Any
+    host_cache: Buffer
+    io_host: Buffer
+    io_dev: dict[int, Buffer]
+    consumer: list[Stream]
+    _rows_down: dict[int, Event]
+    _deferred: list[tuple[Split, Event]]
+    _cpu_work: Callable[[Split], Work]  # OrderedPath's
+    _cpu_split: Callable[[Split, GraphStats], HostOp]  # OrderedPath's
+    _prefetch: Callable[[Any, GraphStats, int], HostOp]  # TransportScheduler's
+    _plans: dict[int, Any]
+    schedule: Schedule
+
+    def _prime_all(self, stats: GraphStats, at_inputs: bool) -> HostOp:
+        """The graph's first deliveries on every active ring (once per graph; ``o <= N``, ``o <= N - 1`` when
+        late-first): at graph start, or, with ``inputs_first``, behind the first GPU split's small inputs."""
+        if at_inputs != self.schedule.inputs_first:
+            return
+        for plan in self._plans.values():
+            if plan.active and not plan.primed:
+                plan.primed = True
+                yield from self._prefetch(plan, stats, -1 if self.schedule.late_first else 0)
+
+    def _cpu_split_or_defer(self, split: Split, graph: DecodeGraph, stats: GraphStats) -> HostOp:
+        """A CPU split, or, when the next split's delivery takes its rows on the device, its copy down with the run
+        deferred until that split is launched."""
+        nxt = graph.splits[split.index + 1] if split.index + 1 < len(graph.splits) else split
+        plan = self._plans.get(nxt.device)
+        if plan is not None and plan.active and nxt.index - 2 in plan.fresh_of:
+            yield from self._rows_down_async(split, nxt.device, stats)
+        else:
+            yield from self._cpu_split(split, stats)
+
+    def _bind_fresh(self, plan: Any, d: Delivery, pieces: dict[str, Binding], accesses: list[Access]) -> None:
+        """The producing split writes delivery ``d``'s fresh rows into its slot: ``fresh:<input>`` bindings (the
+        windows, for the program) and one write access per row (for the checker)."""
+        if not self.policy.fresh_store:
+            return
+        split, target = plan.order[d.o], plan.target
+        for inp, (whole, _) in zip(split.staged, d.parts, strict=True):
+            _, off, n = whole[0]  # the input's whole window in the slot
+            pieces[f"fresh:{inp.name}"] = (target, off, n)
+        accesses += [Access(target, off, n, True) for off, n in d.fresh]
+
+    def _rows_down_async(self, split: Split, device: int, stats: GraphStats) -> HostOp:
+        """The CPU split's copy down, enqueued behind the producing split (not waited on); its run deferred."""
+        ev = self._rows_down.get(device)
+        if ev is None:
+            ev = self._rows_down[device] = self.be.create_event(device, f"rows_down{device}")
+        n = sum(inp.nbytes for inp in split.ordered)  # the rows of every input, contiguous in io from 0
+        yield from self.be.copy(self.consumer[device], self.io_host, self.io_dev[device], (CopyRange(0, 0, n),), tag=f"rows_{split.name}")
+        stats.ordered_bytes += n
+        stats.ordered_copies += 1
+        yield from self.be.record(ev, self.consumer[device])
+        self._deferred.append((split, ev))
+
+    def _run_deferred(self, stats: GraphStats) -> HostOp:
+        """Run the CPU splits whose rows' copy down was enqueued: wait for each copy (host blocks), then the split."""
+        while self._deferred:
+            split, ev = self._deferred.pop(0)
+            if self.policy.rows_wait:
+                t = self.be.now_s()
+                yield from self.be.wait_host(ev)
+                stats.consumer_wait_s += self.be.now_s() - t
+            yield from self.be.run_host(self._cpu_work(split))
