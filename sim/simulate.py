@@ -193,8 +193,12 @@ def run_decode(
     """The host program: set up the scheduler, run every graph, return (scheduler, stats list)."""
     sched = new_scheduler(backend, point, next(iter(graphs(point))), program, host_cache)
     stats = []
-    for g in graphs(point):
+    it = iter(graphs(point))
+    g = next(it, None)
+    while g is not None:
+        sched.upcoming = nxt = next(it, None)  # the next graph, for a schedule that delivers across tokens
         stats.append((yield from sched.run_graph(g)))
+        g = nxt
     return sched, stats
 
 

@@ -115,19 +115,22 @@ def add_schedule_args(p: argparse.ArgumentParser) -> None:
                         "copy, the CPU split off the GPU's path (one-stream caches; others keep the late copy)")
     p.add_argument("--kv-inputs-first", "-kvif", dest="kv_inputs_first", action="store_true",
                    help="copy a graph's first small inputs before priming the ring (not behind the first deliveries)")
+    p.add_argument("--kv-across-tokens", "-kvat", dest="kv_across", action="store_true",
+                   help="issue the next token's first delivery while this token's last layers and head compute")
     p.add_argument("--kv-late-first", dest="kv_late_first", action="store_true",
                    help="issue the next early delivery only after the current split's late rows are on the engine")
     p.add_argument("--kv-pipeline-piece", "-kvpp", dest="kv_piece", type=float, default=0.0, metavar="MIB",
                    help="cut each early delivery into copies of at most MIB (0: whole; >= 0.0625)")
     p.add_argument("--kv-schedule", dest="kv_schedule", default="",
-                   help="schedules by name, comma list (reference, or late-first, fresh, inputs-first, piece<MiB> joined "
-                        "by '+'; e.g. reference,fresh+inputs-first): instead of the four flags above")
+                   help="schedules by name, comma list (reference, or late-first, fresh, inputs-first, across-tokens, "
+                        "piece<MiB> joined by '+'; e.g. reference,fresh+inputs-first+across-tokens): instead of the flags above")
 
 
 def schedules_from_args(args: argparse.Namespace) -> tuple[Schedule, ...]:
     """The schedules the flags ask for (one unless ``--kv-schedule`` lists several). Raises UsageError."""
     piece = getattr(args, "kv_piece", 0.0) or 0.0
-    flags = (getattr(args, "kv_fresh", False), getattr(args, "kv_inputs_first", False), getattr(args, "kv_late_first", False), piece)
+    flags = (getattr(args, "kv_fresh", False), getattr(args, "kv_inputs_first", False), getattr(args, "kv_late_first", False), piece,
+             getattr(args, "kv_across", False))
     names = str(getattr(args, "kv_schedule", "") or "")
     if names and any(flags):
         raise UsageError("--kv-schedule names whole schedules; give it or the --kv-* policy flags, not both")
@@ -136,7 +139,8 @@ def schedules_from_args(args: argparse.Namespace) -> tuple[Schedule, ...]:
             return tuple(dict.fromkeys(Schedule.parse(n) for n in names.split(",")))
         if not 0 <= piece <= MAX_BUDGET_MIB:
             raise ValueError(f"--kv-pipeline-piece {piece:g} MiB out of range; allowed: 0 (whole) or 0.0625..{MAX_BUDGET_MIB}")
-        return (Schedule(piece_bytes=int(piece * MIB), late_first=flags[2], fresh_on_device=flags[0], inputs_first=flags[1]),)
+        return (Schedule(piece_bytes=int(piece * MIB), late_first=flags[2], fresh_on_device=flags[0], inputs_first=flags[1],
+                         across_tokens=flags[4]),)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

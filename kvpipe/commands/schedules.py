@@ -71,19 +71,21 @@ def _csv(rows: list[dict[str, Any]]) -> str:
 
 def _timelines(S: Any, grid: Any, rows: list[dict[str, Any]], best: str, depths: tuple[int, ...],
                out: Path) -> list[tuple[str | Path, bytes | str]]:
-    """One PNG per schedule (ordered, reference, ``best``) at the grid's copy ≈ compute point closest to 1."""
+    """Per hardware of the grid, one PNG per schedule (ordered, reference, ``best``) at its point whose copy/compute
+    is closest to 1, each at ``best``'s fastest depth there."""
     from kvpipe.plots import png_bytes, timeline
 
-    ref = [r for r in rows if r["schedule"] == "reference"]
-    at = min(ref, key=lambda r: abs(r["copy_over_compute"] - 1.0))
-    gp = next(g for g in grid if (g.hardware, g.model, g.cache_type, g.context) ==
-              (at["hardware"], at["model"], at["cache_type"], at["context"]))
-    depth = max((r for r in rows if r["schedule"] == best and r["context"] == gp.context and r["model"] == gp.model
-                 and r["cache_type"] == gp.cache_type and r["hardware"] == gp.hardware), key=lambda r: r["tokens_per_s"])["depth"]
-    panels = S.timeline_panels(gp, ["reference", best], depth if depth in depths else depths[0])
     files: list[tuple[str | Path, bytes | str]] = []
-    for name, panel in zip(["ordered", "reference", "best"], panels, strict=True):
-        title = (f"{gp.model} ({gp.cache_type} KV) on {Path(gp.hardware).stem}, context {gp.context:,} "
+    for hw in dict.fromkeys(g.hardware for g in grid):
+        ref = [r for r in rows if r["schedule"] == "reference" and r["hardware"] == hw]
+        at = min(ref, key=lambda r: abs(r["copy_over_compute"] - 1.0))
+        key = (at["hardware"], at["model"], at["cache_type"], at["context"])
+        gp = next(g for g in grid if (g.hardware, g.model, g.cache_type, g.context) == key)
+        mine = [r for r in rows if r["schedule"] == best and (r["hardware"], r["model"], r["cache_type"], r["context"]) == key]
+        depth = max(mine, key=lambda r: r["tokens_per_s"])["depth"]
+        panels = S.timeline_panels(gp, ["reference", best], depth if depth in depths else depths[0])
+        title = (f"{gp.model} ({gp.cache_type} KV) on {Path(hw).stem}, context {gp.context:,} "
                  f"(copy/compute {at['copy_over_compute']:.2f}, ceiling {at['ceiling_tps']:.2f} t/s): one token")
-        files.append((out / f"timeline-{name}.png", png_bytes(timeline([panel], title))))
+        for name, panel in zip(["ordered", "reference", "best"], panels, strict=True):
+            files.append((out / f"timeline-{Path(hw).stem}-{name}.png", png_bytes(timeline([panel], title))))
     return files

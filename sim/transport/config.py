@@ -28,6 +28,7 @@ MUTATIONS = (
     "one-cell-range",
     "no-fresh-store",
     "no-rows-wait",
+    "ahead-before-rows",
 )
 #: What a run measures: ``transport`` (the decode loop, ordered or pipelined), ``resident`` (the windows already in
 #: device memory: no transport, the kernels alone -- what ``-nkvo 0`` runs) and ``copy-only`` (the same deliveries,
@@ -49,13 +50,16 @@ class Schedule:
     early, and no late copy crosses the link; the rows still go down to the host cache, through a copy the host
     waits on only after it has launched the split that reads them (the CPU split off the GPU's critical path).
     ``inputs_first``: a graph's first split copies its small inputs before the ring is primed, so they do not queue
-    behind the first deliveries on the one H2D engine.
+    behind the first deliveries on the one H2D engine. ``across_tokens``: the next graph's first delivery is issued at
+    the end of this one, once its last split is launched and its CPU splits have run (the window's bytes are final),
+    so the copy engine works while the GPU computes the token's last layers and the output head.
     """
 
     piece_bytes: int = 0
     late_first: bool = False
     fresh_on_device: bool = False
     inputs_first: bool = False
+    across_tokens: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.piece_bytes, int) or self.piece_bytes < 0:
@@ -67,7 +71,7 @@ class Schedule:
     def name(self) -> str:
         """A short name: ``reference`` when every policy is off, else the policies joined by ``+``."""
         parts = [n for n, on in (("late-first", self.late_first), ("fresh", self.fresh_on_device),
-                                 ("inputs-first", self.inputs_first)) if on]
+                                 ("inputs-first", self.inputs_first), ("across-tokens", self.across_tokens)) if on]
         if self.piece_bytes:
             parts.append(f"piece{self.piece_bytes / MIB:g}")
         return "+".join(parts) or "reference"
@@ -82,14 +86,15 @@ class Schedule:
         ``fresh``, ``inputs-first``, ``piece<MiB>``). Raises ValueError naming the allowed values."""
         kw: dict[str, object] = {}
         for part in name.strip().split("+"):
-            flag = {"late-first": "late_first", "fresh": "fresh_on_device", "inputs-first": "inputs_first"}.get(part)
+            flag = {"late-first": "late_first", "fresh": "fresh_on_device", "inputs-first": "inputs_first",
+                    "across-tokens": "across_tokens"}.get(part)
             if flag:
                 kw[flag] = True
             elif part.startswith("piece") and _positive(part[5:]):
                 kw["piece_bytes"] = int(float(part[5:]) * MIB)
             elif part != "reference" or name.strip() != "reference":
                 raise ValueError(f"schedule {name!r} unknown; allowed: reference, or late-first, fresh, inputs-first, "
-                                 "piece<MiB> joined by '+'")
+                                 "across-tokens, piece<MiB> joined by '+'")
         return Schedule(**kw)  # type: ignore[arg-type]
 
 
@@ -163,6 +168,9 @@ class Mutations:
     and the slot's rows are whatever it held). ``rows_wait``: under the same
     policy, the host waits for the rows' copy down before the CPU split reads
     them (off: it reads the host io buffer while the copy may be in flight).
+    ``ahead_after_rows``: under ``Schedule.across_tokens``, the next graph's
+    first delivery is issued after this graph's CPU splits ran (off: before,
+    while the host still writes rows its window holds).
     """
 
     issue_before_enqueue: bool = False
@@ -173,6 +181,7 @@ class Mutations:
     stream_sized_ranges: bool = True
     fresh_store: bool = True
     rows_wait: bool = True
+    ahead_after_rows: bool = True
 
     @staticmethod
     def of(names: frozenset[str]) -> Mutations:
@@ -185,6 +194,7 @@ class Mutations:
             stream_sized_ranges="one-cell-range" not in names,
             fresh_store="no-fresh-store" not in names,
             rows_wait="no-rows-wait" not in names,
+            ahead_after_rows="ahead-before-rows" not in names,
         )
 
 

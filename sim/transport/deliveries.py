@@ -226,7 +226,8 @@ def in_pieces(ranges: Sequence[CopyRange], piece_bytes: int) -> list[tuple[CopyR
 
 def plan_deliveries(order: Sequence[Split], entries: dict[int, list[tuple[StagedInput, int]]], n_slots: int,
                     slot_base: Callable[[int], int], span: SpanFn, early_of: PrefixFn | None = None,
-                    one_cell_early: bool = False, fresh: Mapping[int, Sequence[tuple[int, int]]] | None = None) -> list[Delivery]:
+                    one_cell_early: bool = False, fresh: Mapping[int, Sequence[tuple[int, int]]] | None = None,
+                    first_slot: int = 0) -> list[Delivery]:
     """One delivery per staged split of ``order``. Pure: reads no backend.
 
     ``slot_base(slot)`` is the slot's byte offset in the buffer deliveries go
@@ -238,12 +239,18 @@ def plan_deliveries(order: Sequence[Split], entries: dict[int, list[tuple[Staged
     prefix ends, so the rest of the prefix is never delivered.
     ``fresh`` (``Schedule.fresh_on_device``): staged split index -> the cache
     rows (offset, bytes) its layer's CPU split writes this graph; such a
-    split's delivery is all early, less those rows past the stable prefix,
-    which ``Delivery.fresh`` names in the slot (the producing split writes them).
+    split's delivery is all early: the window up to its top written row, less
+    those rows past the stable prefix, which ``Delivery.fresh`` names in the
+    slot (the producing split writes them). The rows above the top written row
+    are the window's padding (the window is sized from that row): no sequence
+    attends them this graph, and they are not sent (the reference sends them
+    late, with the rows).
+    ``first_slot``: delivery o goes to slot ``(first_slot + o) mod n_slots``
+    (``Schedule.across_tokens``: the slots go on round from the last graph's).
     """
     out = []
     for o, split in enumerate(order):
-        slot = o % n_slots
+        slot = (first_slot + o) % n_slots
         base = slot_base(slot)
         early: list[CopyRange] = []
         late: list[CopyRange] = []
@@ -257,11 +264,12 @@ def plan_deliveries(order: Sequence[Split], entries: dict[int, list[tuple[Staged
                 if rows is not None:  # the window less the rows its producer writes into the slot: all early
                     own += [(off + a, b - a) for a, b in _holes(p, 0, rows)]  # what the producer writes, all of it
                     at = 0  # early: the piece less the rows past e (a stale e would deliver rows the producer writes)
-                    for a, b in _holes(p, e, rows):
+                    cuts = _holes(p, e, rows)
+                    for a, b in cuts:
                         if a > at:
                             early.append(piece_range(p, off, at, a))
                         at = b
-                    if p.nbytes > at:
+                    if p.nbytes > at and not cuts:  # above the top row written: padding no sequence attends, not sent
                         early.append(piece_range(p, off, at, p.nbytes))
                     off += span(p.nbytes, p.reserve_bytes)
                     continue

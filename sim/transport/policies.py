@@ -3,8 +3,15 @@
 ``TransportScheduler`` inherits them. ``inputs_first`` moves the ring's
 priming behind the first GPU split's small inputs (:meth:`SchedulePolicies._prime_all`);
 ``late_first`` and ``piece_bytes`` are two lines of the scheduler's own
-(when ``_prefetch`` runs, how a delivery's early ranges are cut). The rest of
-this module is the fresh rows (``fresh_on_device``): no late copy, and the CPU split off the GPU's path.
+(when ``_prefetch`` runs, how a delivery's early ranges are cut).
+``across_tokens`` issues the next graph's first delivery at the end of this one
+(:meth:`SchedulePolicies._deliver_ahead`): only where nothing about the ring
+changes between the two graphs (same slots, big enough, not declined, the next
+graph writes no host cell at its start), after every CPU split of this graph
+ran (the window's bytes are final: the rows the next graph writes are late, or
+fresh holes, never early), into the slot after this graph's last (the slots go
+on round), behind that slot's release. The rest of this module is the fresh
+rows (``fresh_on_device``): no late copy, and the CPU split off the GPU's path.
 
 In the reference mechanism a layer's new K/V rows make a round trip through the
 host before the split that attends them can run: the producing split writes
@@ -17,8 +24,10 @@ wait for that round trip once per attention layer.
 Under this policy the producing split also writes the rows into the slot of the
 delivery that will read them (the program stores each sequence's row at its
 cell, as it does into a resident cache; ``fresh:<input>`` bindings name the
-slot's windows), and that delivery is the window less those rows, all early
-(``sim.transport.deliveries.plan_deliveries``, ``fresh``). The rows still go
+slot's windows), and that delivery is the window up to its top written row
+less those rows, all early (``sim.transport.deliveries.plan_deliveries``,
+``fresh``; the padding above the top row, which no sequence attends, stays
+unsent). The rows still go
 down to the host cache, for the next tokens: the CPU split's copy down is
 enqueued on the consumer stream right behind the producing split (before the
 next split can overwrite the io buffer) and an event recorded after it; the
@@ -26,9 +35,10 @@ host launches the attention split first, and only then waits for that event and
 runs the CPU split, while the GPU computes. Nothing the GPU runs waits for the
 host any more.
 
-Why it is exact: the slot's bytes are the ordered window's (the early ranges
-are the host cache's bytes outside the rows; the rows are the bytes the CPU
-split writes, encoded once on the device); the slot's previous reader ran
+Why it is exact: every byte the kernels read in the slot is the ordered
+window's (the early ranges are the host cache's bytes outside the rows; the
+rows are the bytes the CPU split writes, encoded once on the device; the
+kernels read only the cells the graph inputs name, none above the top row); the slot's previous reader ran
 earlier on the same consumer stream, so the store cannot overtake it; the
 early ranges and the rows are disjoint, so the transfer stream and the
 consumer never write the same byte; the host reads the rows' host copy only
@@ -86,6 +96,43 @@ class SchedulePolicies:
     _prefetch: Callable[[Any, GraphStats, int], HostOp]  # TransportScheduler's
     _plans: dict[int, Any]
     schedule: Schedule
+
+    _next_slot: dict[int, int]
+    _ahead: dict[int, Any]
+    upcoming: DecodeGraph | None
+    rings: dict[int, Any]
+    cfg: Any
+    _slot_needs: Callable[[DecodeGraph], list[Any]]
+    _plan_deliveries: Callable[[int, Any, DecodeGraph], None]
+
+    def _deliver_ahead(self, graph: DecodeGraph, stats: GraphStats, at_end: bool) -> HostOp:
+        """``across_tokens``: the next graph's first delivery (its plan kept for it in ``self._ahead``), at the end of
+        this graph -- or at its start, under the ``ahead-before-rows`` mutation, before its CPU splits write rows the
+        next window holds."""
+        if at_end != self.policy.ahead_after_rows:
+            return
+        self._ahead = {}
+        nxt = self.upcoming
+        if not self.schedule.across_tokens or nxt is None or nxt.host_writes_at_start or nxt.device_kv_bytes:
+            return
+        for dev, splits, need, entries, full in self._slot_needs(nxt):
+            plan, ring = self._plans.get(dev), self.rings.get(dev)
+            if (plan is None or not plan.active or ring is None or ring.buffer is None or need > ring.slot_alloc_bytes
+                    or ring.decline_reason(self.cfg, self.be, need, full)):
+                continue
+            ahead = type(plan)(True, need, entries, splits)
+            self._plan_deliveries(dev, ahead, nxt)
+            yield from self._prefetch(ahead, stats, -self.cfg.depth)  # o <= 0: the first delivery
+            self._ahead[dev] = (nxt, ahead, ring.buffer)
+
+    def _take_ahead(self, dev: int, plan: Any, graph: DecodeGraph) -> bool:
+        """Whether ``plan`` (this graph's, device ``dev``) takes the deliveries planned and begun ahead for it."""
+        got = self._ahead.get(dev)
+        if got is None or got[0] is not graph or got[2] is not self.rings[dev].buffer:
+            return False
+        ahead = got[1]
+        plan.target, plan.deliveries, plan.fresh_of, plan.issued = ahead.target, ahead.deliveries, ahead.fresh_of, ahead.issued
+        return True
 
     def _prime_all(self, stats: GraphStats, at_inputs: bool) -> HostOp:
         """The graph's first deliveries on every active ring (once per graph; ``o <= N``, ``o <= N - 1`` when

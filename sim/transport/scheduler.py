@@ -44,9 +44,9 @@ All times in seconds, sizes in bytes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from backends.base import Access, Backend, BackendError, Buffer, HostOp, OutOfDeviceMemory, Work
 from sim.graph import DecodeGraph, Split, StagedInput
@@ -65,36 +65,13 @@ from sim.transport.deliveries import (
 )
 from sim.transport.ordered_path import OrderedPath
 from sim.transport.policies import SchedulePolicies, fresh_rows
+from sim.transport.program import Binding, Program
 from sim.transport.ring import Ring
 
 __all__ = ["ARMS", "KERNEL_IO_BYTES", "MAX_BUDGET_MIB", "MAX_DEPTH", "MIB", "MUTATIONS", "GraphStats", "Mutations", "Program",
            "TransportConfig", "TransportScheduler", "align_up", "next_pow2", "piece_range"]
 
 KERNEL_IO_BYTES = 1 << 16
-Binding = tuple[Buffer, int, int]
-
-
-class Program(Protocol):
-    """Real work behind the splits (functional simulation, GPU). Optional.
-
-    ``bindings`` map names to ``(buffer, offset, nbytes)``: ``window:<input>``
-    for each staged input as the kernel will read it, ``small:<input>`` for
-    ordered inputs, ``host_cache`` and ``io`` buffers.
-    """
-
-    def setup(self, backend: Backend, host_cache: Buffer) -> None: ...
-
-    def gpu_run(self, split: Split, bindings: dict[str, Binding]) -> Callable[[Any], None] | None: ...
-
-    def cpu_run(self, split: Split, bindings: dict[str, Binding]) -> Callable[[Any], None] | None: ...
-
-    def graph_inputs(self, graph: DecodeGraph) -> dict[str, Any]:
-        """Bytes (uint8 arrays) of named small inputs, written into the host io buffer before their copy."""
-        ...
-
-    def host_update_run(self, graph: DecodeGraph) -> Callable[[Any], None] | None: ...
-
-
 @dataclass
 class _DevicePlan:
     """One device's staged splits this graph: is the ring on, what a slot needs, and the deliveries."""
@@ -138,10 +115,13 @@ class TransportScheduler(OrderedPath, SchedulePolicies):
         self._last_gpu_device = 0
         self._producers: set[int] = set()
         self._inputs: dict[str, Any] = {}
-        self.schedule = config.schedule if config.arm == "transport" else Schedule()  # the reference arms run the reference
+        self.schedule = config.schedule if config.arm in ("transport", "copy-only") else Schedule()  # copy-only: its bytes
         self._plans: dict[int, _DevicePlan] = {}
         self._rows_down: dict[int, Any] = {}
         self._deferred: list[tuple[Split, Any]] = []
+        self._next_slot: dict[int, int] = {}
+        self._ahead: dict[int, Any] = {}  # device -> the plan whose first delivery went ahead, for ``self.upcoming``
+        self.upcoming: DecodeGraph | None = None  # the next graph, when the decode loop knows it
         if program is not None:
             program.setup(backend, host_cache)
 
@@ -214,9 +194,13 @@ class TransportScheduler(OrderedPath, SchedulePolicies):
                 return stable_early(p._replace(prefix_bytes=min(ring.stale_prefix(f"{inp.name}#{i}", prefix), nbytes)))
 
         fresh = fresh_rows(graph, plan.order) if self.schedule.fresh_on_device else None
+        first = self._next_slot.get(dev, 0)  # 0 unless the slots go on round across tokens
         plan.deliveries = plan_deliveries(plan.order, plan.entries, ring.n_slots, lambda slot: slot * slot_bytes, self.span[dev],
-                                          early_of, one_cell_early=not self.policy.stream_sized_ranges, fresh=fresh)
+                                          early_of, one_cell_early=not self.policy.stream_sized_ranges, fresh=fresh,
+                                          first_slot=first)
         plan.fresh_of = {d.split - 2: d for d in plan.deliveries if d.fresh}
+        if self.schedule.across_tokens:
+            self._next_slot[dev] = (first + len(plan.deliveries)) % ring.n_slots
 
     def _reserve_graph(self, graph: DecodeGraph, plans: dict[int, _DevicePlan], stats: GraphStats) -> HostOp:
         """Allocate each device's graph memory next to its ring; fall back to ordered once on failure."""
@@ -294,15 +278,17 @@ class TransportScheduler(OrderedPath, SchedulePolicies):
         yield from self._reserve_graph(graph, plans, stats)
         self._account_idle(plans)
         for dev, plan in plans.items():
-            if plan.active:
+            if plan.active and not self._take_ahead(dev, plan, graph):
                 self._plan_deliveries(dev, plan, graph)
         yield from self._prime_all(stats, at_inputs=False)
+        yield from self._deliver_ahead(graph, stats, at_end=False)  # only under its mutation: before the rows are written
         for split in graph.splits:
             if split.kind == "gpu":
                 yield from self._gpu_split(split, plans.get(split.device), stats)
             elif self.cfg.arm in ("transport", "host-attention") or (self.cfg.arm == "resident" and not split.stores_rows):
                 yield from self._cpu_split_or_defer(split, graph, stats)  # resident: the kernels store the rows
         yield from self._run_deferred(stats)
+        yield from self._deliver_ahead(graph, stats, at_end=True)
         # The decode loop reads the logits: the host waits for every device still running
         # (not after an intermediate ubatch, whose output nobody reads: the boundary wait covers it).
         if graph.reads_output:
