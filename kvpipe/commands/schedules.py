@@ -14,12 +14,13 @@ from typing import Any
 
 from kvpipe.commands.args import UsageError, parse_list
 
-GRIDS = ("h200", "reference", "all")
+GRIDS = ("h200", "h200-calibrated", "reference", "all")
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("schedules", help="rank delivery schedules by simulated ceiling share (docs/schedules.md)")
-    p.add_argument("--grid", default="all", help=f"which grid: {', '.join(GRIDS)} (default all)")
+    p.add_argument("--grid", default="all", help=f"which grid: {', '.join(GRIDS)} (default all; h200-calibrated reads "
+                   "validate/results/h200/run11/calibrated.json from the repository)")
     p.add_argument("--hardware", default="", help="the H200 grid on this profile instead (a preset or calibrated .json)")
     p.add_argument("--depth", default="1,2", help="look-ahead depths tried per schedule (comma list, 1..14)")
     p.add_argument("--tokens", type=int, default=4, help="decode tokens simulated per run (default 4)")
@@ -41,7 +42,11 @@ def run(args: argparse.Namespace) -> int:
     if any(not 1 <= d <= 14 for d in depths):
         raise UsageError(f"--depth {args.depth}: out of range; allowed: integers 1..14")
     h200 = tuple(replace(g, hardware=args.hardware) for g in S.H200_GRID) if args.hardware else S.H200_GRID
-    grid = {"h200": h200, "reference": S.REFERENCE_GRID, "all": h200 + S.REFERENCE_GRID}[args.grid]
+    calibrated = S.H200_CALIBRATED_GRID
+    if args.grid in ("h200-calibrated", "all") and not Path(S.H200_CALIBRATION).is_file():
+        raise UsageError(f"--grid {args.grid}: {S.H200_CALIBRATION} not found; run from the repository root, or --grid h200,reference")
+    grid = {"h200": h200, "h200-calibrated": calibrated, "reference": S.REFERENCE_GRID,
+            "all": h200 + calibrated + S.REFERENCE_GRID}[args.grid]
     rows = [r for gp in grid for r in S.evaluate(gp, depths=depths, tokens=args.tokens)]
     rank = S.ranking(rows)
     best = rank[0]["schedule"] if rank[0]["schedule"] != "reference" else rank[1]["schedule"]

@@ -39,6 +39,7 @@ class OrderedPath:
     _producers: set[int]
     _last_gpu_device: int
     _ahead: dict[int, Any]
+    _rows_done: set[int]
 
     def _boundary_wait(self, stats: GraphStats) -> HostOp:
         """After a graph that delivered, wait for its rings' streams (its last deliveries may still be in flight)."""
@@ -127,6 +128,7 @@ class OrderedPath:
                     bindings[f"cache:{inp.name}" if len(rows) == 1 else f"cache:{inp.name}#{t}"] = (cache, row_off, row_bytes)
             off += n
         run = self.program.cpu_run(split, bindings) if self.program else None
+        self._rows_done.update(split.layers)  # the host runs it next: these layers' rows are final after it
         return Work(split.name, split.compute_s, 0, run, tuple(accesses), "cpu")
 
     def _small_inputs(self, split: Split, stats: GraphStats, bindings: dict[str, Binding]) -> HostOp:

@@ -4,13 +4,14 @@
 priming behind the first GPU split's small inputs (:meth:`SchedulePolicies._prime_all`);
 ``late_first`` and ``piece_bytes`` are two lines of the scheduler's own
 (when ``_prefetch`` runs, how a delivery's early ranges are cut).
-``across_tokens`` issues the next graph's first delivery at the end of this one
-(:meth:`SchedulePolicies._deliver_ahead`): only where nothing about the ring
-changes between the two graphs (same slots, big enough, not declined, the next
-graph writes no host cell at its start), after every CPU split of this graph
-ran (the window's bytes are final: the rows the next graph writes are late, or
-fresh holes, never early), into the slot after this graph's last (the slots go
-on round), behind that slot's release. The rest of this module is the fresh
+``across_tokens`` issues the next graph's first delivery within this one
+(:meth:`SchedulePolicies._deliver_ahead`), right behind this graph's last
+delivery on the transfer stream: only where nothing about the ring changes
+between the two graphs (same slots, big enough, not declined, the next graph
+writes no host cell at its start), once the CPU split that writes that layer's
+row this graph has run (the window's bytes are final: the rows the next graph
+writes are late, or fresh holes, never early), into the slot after this
+graph's last (the slots go on round), behind that slot's release. The rest of this module is the fresh
 rows (``fresh_on_device``): no late copy, and the CPU split off the GPU's path.
 
 In the reference mechanism a layer's new K/V rows make a round trip through the
@@ -99,31 +100,42 @@ class SchedulePolicies:
 
     _next_slot: dict[int, int]
     _ahead: dict[int, Any]
+    _ahead_tried: bool
+    _rows_done: set[int]
     upcoming: DecodeGraph | None
     rings: dict[int, Any]
     cfg: Any
     _slot_needs: Callable[[DecodeGraph], list[Any]]
     _plan_deliveries: Callable[[int, Any, DecodeGraph], None]
 
-    def _deliver_ahead(self, graph: DecodeGraph, stats: GraphStats, at_end: bool) -> HostOp:
-        """``across_tokens``: the next graph's first delivery (its plan kept for it in ``self._ahead``), at the end of
-        this graph -- or at its start, under the ``ahead-before-rows`` mutation, before its CPU splits write rows the
-        next window holds."""
-        if at_end != self.policy.ahead_after_rows:
-            return
-        self._ahead = {}
+    def _deliver_ahead(self, stats: GraphStats, when: str) -> HostOp:
+        """``across_tokens``: the next graph's first delivery, once per graph, its plan kept for it in ``self._ahead``.
+
+        ``when`` is ``ready`` (after each GPU split: issued once every delivery of this graph is issued and the CPU
+        split of the layer it delivers has run, so the engine goes on from this graph's last delivery to it) or
+        ``end`` (the same, at the graph's end); ``start`` only under the ``ahead-before-rows`` mutation (at graph
+        start, before this graph's CPU splits write rows the next window holds).
+        """
         nxt = self.upcoming
-        if not self.schedule.across_tokens or nxt is None or nxt.host_writes_at_start or nxt.device_kv_bytes:
+        if self._ahead_tried or not self.schedule.across_tokens or (when == "start") == self.policy.ahead_after_rows:
             return
-        for dev, splits, need, entries, full in self._slot_needs(nxt):
+        if nxt is None or nxt.host_writes_at_start or nxt.device_kv_bytes:
+            return
+        if when != "start" and any(p.active and p.issued < len(p.deliveries) for p in self._plans.values()):
+            return
+        needs = self._slot_needs(nxt)
+        if when != "start" and any(splits[0].attn_layer not in self._rows_done for _, splits, *_ in needs):
+            return
+        self._ahead_tried = True
+        for dev, splits, need, entries, full in needs:
             plan, ring = self._plans.get(dev), self.rings.get(dev)
             if (plan is None or not plan.active or ring is None or ring.buffer is None or need > ring.slot_alloc_bytes
                     or ring.decline_reason(self.cfg, self.be, need, full)):
                 continue
             ahead = type(plan)(True, need, entries, splits)
             self._plan_deliveries(dev, ahead, nxt)
-            yield from self._prefetch(ahead, stats, -self.cfg.depth)  # o <= 0: the first delivery
             self._ahead[dev] = (nxt, ahead, ring.buffer)
+            yield from self._prefetch(ahead, stats, -self.cfg.depth)  # o <= 0: the first delivery
 
     def _take_ahead(self, dev: int, plan: Any, graph: DecodeGraph) -> bool:
         """Whether ``plan`` (this graph's, device ``dev``) takes the deliveries planned and begun ahead for it."""

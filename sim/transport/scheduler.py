@@ -121,6 +121,7 @@ class TransportScheduler(OrderedPath, SchedulePolicies):
         self._deferred: list[tuple[Split, Any]] = []
         self._next_slot: dict[int, int] = {}
         self._ahead: dict[int, Any] = {}  # device -> the plan whose first delivery went ahead, for ``self.upcoming``
+        self._ahead_tried, self._rows_done = False, set[int]()  # this graph: ahead issued?, layers whose rows were written
         self.upcoming: DecodeGraph | None = None  # the next graph, when the decode loop knows it
         if program is not None:
             program.setup(backend, host_cache)
@@ -280,15 +281,16 @@ class TransportScheduler(OrderedPath, SchedulePolicies):
         for dev, plan in plans.items():
             if plan.active and not self._take_ahead(dev, plan, graph):
                 self._plan_deliveries(dev, plan, graph)
+        self._ahead, self._ahead_tried, self._rows_done = {}, False, set()
         yield from self._prime_all(stats, at_inputs=False)
-        yield from self._deliver_ahead(graph, stats, at_end=False)  # only under its mutation: before the rows are written
+        yield from self._deliver_ahead(stats, "start")  # only under its mutation: before the rows are written
         for split in graph.splits:
             if split.kind == "gpu":
                 yield from self._gpu_split(split, plans.get(split.device), stats)
             elif self.cfg.arm in ("transport", "host-attention") or (self.cfg.arm == "resident" and not split.stores_rows):
                 yield from self._cpu_split_or_defer(split, graph, stats)  # resident: the kernels store the rows
         yield from self._run_deferred(stats)
-        yield from self._deliver_ahead(graph, stats, at_end=True)
+        yield from self._deliver_ahead(stats, "end")
         # The decode loop reads the logits: the host waits for every device still running
         # (not after an intermediate ubatch, whose output nobody reads: the boundary wait covers it).
         if graph.reads_output:
@@ -350,6 +352,7 @@ class TransportScheduler(OrderedPath, SchedulePolicies):
                 yield from self._prefetch(plan, stats, limit_extra=0)
         if self._deferred:  # fresh rows: the CPU splits behind the split just launched
             yield from self._run_deferred(stats)
+        yield from self._deliver_ahead(stats, "ready")
 
     def _prefetch(self, plan: _DevicePlan, stats: GraphStats, limit_extra: int) -> HostOp:
         """Issue deliveries while ``o <= consumed + N`` (+ ``limit_extra`` for the issue-before-enqueue mutation).

@@ -128,18 +128,19 @@ def test_inputs_first_copies_the_small_inputs_before_the_first_delivery() -> Non
         assert copies[0] == first
 
 
-def test_across_tokens_issues_the_next_first_delivery_before_the_logits_wait_into_the_next_slot() -> None:
-    """Token 0's 16 deliveries use slots 0, 1, 2, 0, ...; token 1's first goes out before token 0 ends, into slot 16 mod 3."""
+def test_across_tokens_issues_the_next_first_delivery_behind_this_token_s_last_into_the_next_slot() -> None:
+    """Token 0's 16 deliveries use slots 0, 1, 2, 0, ...; token 1's first follows its last on the transfer stream, before
+    token 0's last split is launched and its logits waited for, into slot 16 mod 3; token 1 does not deliver it again."""
     rec = recorded(BEST)
-    calls = [(c.op, c.target, c.detail) for c in rec.calls if c.op in ("copy", "launch", "synchronize", "record")]
-    head = min(i for i, c in enumerate(calls) if c[0] == "launch" and c[1] == "gpu_attn_l63")  # token 0's last split
-    end = next(i for i in range(head, len(calls)) if calls[i][0] == "synchronize")  # the wait for its logits
-    ahead = [c for c in calls[head:end] if c[0] == "copy" and c[1].startswith("delivery")]
-    assert [c[1] for c in ahead] == ["delivery0"]
-    readies = [c[1] for c in calls[head:end] if c[0] == "record" and c[1].startswith("ready")]
-    assert readies == ["ready0.1"]  # slot (16 + 0) mod 3
+    calls = [(c.op, c.target) for c in rec.calls if c.op in ("copy", "launch", "synchronize", "record")]
+    last = calls.index(("copy", "delivery15"))
+    nxt = next(i for i in range(last + 1, len(calls)) if calls[i][0] == "copy" and calls[i][1].startswith("delivery"))
+    head = calls.index(("launch", "gpu_attn_l63"))
+    end = next(i for i in range(head, len(calls)) if calls[i][0] == "synchronize")  # the wait for token 0's logits
+    assert calls[nxt][1] == "delivery0" and nxt < head < end
+    assert ("record", "ready0.1") in calls[nxt:nxt + 2]  # slot (16 + 0) mod 3
     token1 = [c[1] for c in calls[end:] if c[0] == "copy"]
-    assert token1[0] == "inp_0" and "delivery0" not in token1  # not delivered twice
+    assert token1[0] == "inp_0" and "delivery0" not in token1
 
 
 def test_late_first_issues_delivery_o_only_after_split_o_minus_n_late_copy() -> None:
