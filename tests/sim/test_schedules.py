@@ -194,10 +194,11 @@ def test_a_scheduled_point_goes_to_the_simulator_not_the_evaluator() -> None:
     assert in_envelope(replace(point, transport=TransportConfig(depth=1))) is None or True  # the reference: the graph decides
 
 
-@pytest.mark.parametrize("argv", [["--kv-schedule", "fresh,bogus"], ["--kv-pipeline-piece", "0.01"],
-                                  ["--kv-schedule", "fresh", "--kv-fresh-on-device"]])
+@pytest.mark.parametrize("argv", [["simulate", "--kv-schedule", "fresh,bogus"], ["simulate", "--kv-pipeline-piece", "0.01"],
+                                  ["simulate", "--kv-schedule", "fresh", "--kv-fresh-on-device"], ["schedules", "--grid", "x"],
+                                  ["schedules", "--depth", "0"]])
 def test_bad_schedule_flags_are_one_line_and_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["simulate", "--tokens", "1", *argv]) == 2
+    assert main([*argv, "--tokens", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("kvpipe: error:")
 
