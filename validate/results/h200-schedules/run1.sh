@@ -11,6 +11,8 @@
 #    copy-only arms beside them (the measured ceiling), 5 repetitions, traced;
 # 3. the timing-race gate: margin0,no-release-wait under both schedules (3 repetitions), which must fail exactness;
 # 4. llama-3.1-8b q8_0 (32 attention layers): calibrated, then 8,192 (copy ~ compute) and 65,536 (copy-bound).
+# Warm-up 4 graphs: across tokens the slots go on round (16 deliveries a token over 3 slots at depth 1), so each
+# split meets each slot address once in the first 3 graphs, and its CUDA graph is captured there, not in a timed one.
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 R=$OUT/h200-schedules; mkdir -p $R
@@ -29,14 +31,14 @@ timeout 100 $KV calibrate --model qwen3.8-27b --cache-type f16,q8_0 --reps 5 --r
 at calibrate $?
 run() {  # model cache contexts reps calibration keep-seconds
   timeout $(left $6) $KV validate --hardware $5 --model $1 --cache-type $2 --context $3 --depth 0,1,2 --budget 0 \
-    --kv-schedule reference,$BEST --tokens 8 --warmup 2 --reps $4 --trace $R/trace-$1-$2.json --out $R/$1-$2 \
+    --kv-schedule reference,$BEST --tokens 8 --warmup 4 --reps $4 --trace $R/trace-$1-$2.json --out $R/$1-$2 \
     2>>$R/validate.err | tee -a $R/validate.txt
   at "validate $1 $2 $3" $?
 }
 run qwen3.8-27b f16 8192,24576,49152 5 $R/calibrated.json 190
 run qwen3.8-27b q8_0 4096,16384,24576 5 $R/calibrated.json 125
 timeout $(left 105) $KV validate --hardware $R/calibrated.json --model qwen3.8-27b --cache-type q8_0 --context 16384 \
-  --depth 0,1,2 --budget 0 --kv-schedule reference,$BEST --tokens 6 --warmup 2 --reps 3 --mutate margin0,no-release-wait \
+  --depth 0,1,2 --budget 0 --kv-schedule reference,$BEST --tokens 6 --warmup 4 --reps 3 --mutate margin0,no-release-wait \
   --no-reference-arms --out $R/mutate 2>$R/mutate.err | tee $R/mutate.txt
 at mutate $?
 timeout $(left 65) $KV calibrate --model llama-3.1-8b --cache-type q8_0 --reps 5 --rounds 2 --out $R/calibrated-llama.json \
