@@ -12,7 +12,8 @@ executes. Three jobs, three modules:
   docstring walks one delivery from plan to slot to event);
 * **execute** -- this module issues them, as llama.cpp's scheduler does;
 * **mutations** -- ``sim.transport.config.Mutations``, a policy consulted at
-  named decision points.
+  named decision points; **schedules** -- ``sim.transport.config.Schedule``, when
+  the copies go (all off: the reference; ``sim.transport.policies``, docs/schedules.md).
 
 Two paths:
 
