@@ -49,10 +49,11 @@ class Schedule:
     into that layer's staged slot (single-stream windows), so the slot's delivery is the window less those rows, all
     early, and no late copy crosses the link; the rows still go down to the host cache, through a copy the host
     waits on only after it has launched the split that reads them (the CPU split off the GPU's critical path).
-    ``inputs_first``: a graph's first split copies its small inputs before the ring is primed, so they do not queue
-    behind the first deliveries on the one H2D engine. ``across_tokens``: the next graph's first delivery is issued at
-    the end of this one, once its last split is launched and its CPU splits have run (the window's bytes are final),
-    so the copy engine works while the GPU computes the token's last layers and the output head.
+    ``inputs_first``: a graph's first split copies its small inputs and is launched before the ring is primed, so
+    they do not queue behind the first deliveries on the one H2D engine (nor, on the H200, the split behind them).
+    ``across_tokens``: the next graph's first delivery is issued right behind this graph's last one, once the CPU
+    split that writes its layer's row has run (the window's bytes are final), so the copy engine works while the GPU
+    computes the token's last layers and the output head.
     """
 
     piece_bytes: int = 0

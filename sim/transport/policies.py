@@ -1,7 +1,10 @@
 """The delivery schedules' executor pieces (``sim.transport.config.Schedule``; docs/schedules.md).
 
 ``TransportScheduler`` inherits them. ``inputs_first`` moves the ring's
-priming behind the first GPU split's small inputs (:meth:`SchedulePolicies._prime_all`);
+priming behind the first GPU split's small inputs and its launch
+(:meth:`SchedulePolicies._prime_all`; on the H200, a first split launched behind
+queued deliveries did not start before the engine had drained them, run 1 of
+docs/schedules.md);
 ``late_first`` and ``piece_bytes`` are two lines of the scheduler's own
 (when ``_prefetch`` runs, how a delivery's early ranges are cut).
 ``across_tokens`` issues the next graph's first delivery within this one
@@ -148,7 +151,7 @@ class SchedulePolicies:
 
     def _prime_all(self, stats: GraphStats, at_inputs: bool) -> HostOp:
         """The graph's first deliveries on every active ring (once per graph; ``o <= N``, ``o <= N - 1`` when
-        late-first): at graph start, or, with ``inputs_first``, behind the first GPU split's small inputs."""
+        late-first): at graph start, or, with ``inputs_first``, behind the first GPU split's small inputs and launch."""
         if at_inputs != self.schedule.inputs_first:
             return
         for plan in self._plans.values():

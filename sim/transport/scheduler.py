@@ -310,8 +310,9 @@ class TransportScheduler(OrderedPath, SchedulePolicies):
         pieces: dict[str, Binding] = {}  # per-stream parts of the windows (inside their window's range)
         if split.ordered:
             yield from self._small_inputs(split, stats, bindings)
-        yield from self._prime_all(stats, at_inputs=True)
         pipelined = plan is not None and plan.active and bool(split.staged)
+        if pipelined:  # inputs-first: a staged first split needs its delivery now; any other primes once it is launched
+            yield from self._prime_all(stats, at_inputs=True)
         if self.cfg.arm == "resident":
             self._bind_device_kv(bindings, pieces, split.staged + split.resident, self.resident[dev], self.resident_base)
         elif split.staged and not pipelined:
@@ -345,6 +346,7 @@ class TransportScheduler(OrderedPath, SchedulePolicies):
             run = self.program.gpu_run(split, bindings) if self.program else None
             work = Work(split.name, split.compute_s, split.n_launches, run, tuple(accesses), tag="gpu")
             yield from self.be.launch(self.consumer[dev], work)
+        yield from self._prime_all(stats, at_inputs=True)
         if pipelined:
             assert plan is not None
             yield from self.be.record(self.rings[dev].release[plan.deliveries[plan.consumed].slot], self.consumer[dev])
