@@ -196,7 +196,7 @@ def test_a_scheduled_point_goes_to_the_simulator_not_the_evaluator() -> None:
 
 @pytest.mark.parametrize("argv", [["simulate", "--kv-schedule", "fresh,bogus"], ["simulate", "--kv-pipeline-piece", "0.01"],
                                   ["simulate", "--kv-schedule", "fresh", "--kv-fresh-on-device"], ["schedules", "--grid", "x"],
-                                  ["schedules", "--depth", "0"]])
+                                  ["schedules", "--depth", "0"], ["sweep", "--kv-fresh-on-device"]])
 def test_bad_schedule_flags_are_one_line_and_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*argv, "--tokens", "1"]) == 2
     err = capsys.readouterr().err.strip()
