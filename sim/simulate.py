@@ -195,10 +195,11 @@ def run_decode(
     stats = []
     it = iter(graphs(point))
     g = next(it, None)
+    peek = point.transport.schedule.across_tokens  # only then is the next graph taken before this one runs
     while g is not None:
-        sched.upcoming = nxt = next(it, None)  # the next graph, for a schedule that delivers across tokens
+        sched.upcoming = nxt = next(it, None) if peek else None
         stats.append((yield from sched.run_graph(g)))
-        g = nxt
+        g = nxt if peek else next(it, None)
     return sched, stats
 
 
