@@ -22,7 +22,7 @@ from backends.files import clear_inputs
 from kvpipe.commands.paths import check_paths
 from sim.errors import InputError as UsageError
 
-COMMANDS = ("simulate", "bench", "sweep", "plan", "plot", "calibrate", "validate", "run", "report")
+COMMANDS = ("simulate", "bench", "sweep", "plan", "plot", "calibrate", "validate", "run", "report", "schedules")
 
 
 class _Parser(argparse.ArgumentParser):

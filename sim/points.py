@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from backends.profile import HardwareProfile, for_workload, load_profile
 from sim.errors import InputError
 from sim.simulate import Point
-from sim.transport.config import TransportConfig
+from sim.transport.config import Schedule, TransportConfig
 from sim.workload import ALL_LAYERS, CacheType, ModelShape, Workload, cache_type, layers_of_ngl, load_model
 
 
@@ -46,6 +46,7 @@ class GridSpec:
     mutations: frozenset[str] = frozenset()
     kv_gpu_layers: tuple[int, ...] = (0,)  # the fork's --kv-gpu-layers: the first N attention layers' KV on the device
     n_gpu_layers: tuple[int, ...] = (ALL_LAYERS,)  # llama.cpp -ngl: the last N layers on the GPU
+    schedules: tuple[Schedule, ...] = (Schedule(),)  # delivery schedules (docs/schedules.md); the first also at depth 0
 
 
 def model(spec: str) -> ModelShape:
@@ -85,7 +86,7 @@ MAX_POINTS = 10_000_000
 def size(spec: GridSpec) -> int:
     """How many points the grid's axes multiply to (the resident arm's are fewer: an upper bound). Pure."""
     axes = (spec.models, spec.hardware, spec.cache_types, spec.cache_types_v or ("",), spec.kv_offload, spec.contexts,
-            spec.parallels, spec.depths, spec.budgets_mib)
+            spec.parallels, spec.depths, spec.budgets_mib, spec.schedules)
     return math.prod(len(a) for a in axes)
 
 
@@ -104,13 +105,16 @@ def points(spec: GridSpec) -> list[Point]:
     caches_v: list[CacheType | None] = [cache(c) for c in spec.cache_types_v] or [None]
     out = []
     made: dict[tuple[int | tuple[int, ...], ...], tuple[Workload, HardwareProfile]] = {}
-    configs: dict[tuple[int, float, str], TransportConfig] = {}
+    configs: dict[tuple[int, float, str, Schedule], TransportConfig] = {}
     try:
         workloads = itertools.product(models, hws, caches, caches_v, spec.contexts, spec.parallels)
-        placements = list(itertools.product(spec.kv_gpu_layers, spec.n_gpu_layers, spec.kv_offload, spec.depths, spec.budgets_mib))
-        for (m, h, c, cv, ctx, npar), (kv, ngl, off, d, b) in itertools.product(workloads, placements):
-            if not off and (d, b, kv) != (spec.depths[0], spec.budgets_mib[0], spec.kv_gpu_layers[0]):
+        placements = list(itertools.product(spec.kv_gpu_layers, spec.n_gpu_layers, spec.kv_offload, spec.depths, spec.budgets_mib,
+                                            spec.schedules))
+        for (m, h, c, cv, ctx, npar), (kv, ngl, off, d, b, sched) in itertools.product(workloads, placements):
+            if not off and (d, b, kv, sched) != (spec.depths[0], spec.budgets_mib[0], spec.kv_gpu_layers[0], spec.schedules[0]):
                 continue  # the resident arm has no depth or budget, and every layer's KV on the device: one point per context
+            if d == 0 and sched != spec.schedules[0]:
+                continue  # a schedule times the pipelined path's copies: the ordered path is one point
             try:
                 gpu_layers = layers_of_ngl(ngl, m.n_layers)  # the flag is llama.cpp's -ngl (the output layer counts)
             except ValueError as exc:
@@ -130,11 +134,11 @@ def points(spec: GridSpec) -> list[Point]:
                 raise InputError(f"--depth {d} on {h.name}: its llama.cpp runs -nkvo attention on the CPU (upstream, no "
                                  "pipelined path); allowed: --depth 0")
             arm = ("host-attention" if host_attn else "transport") if off else "resident"
-            tc = configs.get((d, b, arm))
-            if tc is None:  # one config per depth, budget and arm (frozen, shared by every workload)
-                tc = configs[d, b, arm] = TransportConfig(depth=d if off else 0, budget_mib=b if off else 0.0, arm=arm,
-                                                          mutations=spec.mutations if off else frozenset(),
-                                                          pack_streams=spec.pack_streams)
+            tc = configs.get((d, b, arm, sched))
+            if tc is None:  # one config per depth, budget, arm and schedule (frozen, shared by every workload)
+                tc = configs[d, b, arm, sched] = TransportConfig(
+                    depth=d if off else 0, budget_mib=b if off else 0.0, mutations=spec.mutations if off else frozenset(),
+                    pack_streams=spec.pack_streams, arm=arm, schedule=sched if arm == "transport" else Schedule())
             out.append(Point(wl, profile, tc))
     except InputError:
         raise

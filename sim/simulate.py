@@ -193,8 +193,13 @@ def run_decode(
     """The host program: set up the scheduler, run every graph, return (scheduler, stats list)."""
     sched = new_scheduler(backend, point, next(iter(graphs(point))), program, host_cache)
     stats = []
-    for g in graphs(point):
+    it = iter(graphs(point))
+    g = next(it, None)
+    peek = point.transport.schedule.across_tokens  # only then is the next graph taken before this one runs
+    while g is not None:
+        sched.upcoming = nxt = next(it, None) if peek else None
         stats.append((yield from sched.run_graph(g)))
+        g = nxt if peek else next(it, None)
     return sched, stats
 
 
@@ -277,6 +282,7 @@ def row(result: RunResult, model: str = "", hardware: str = "", cache_type: str 
         # the compute model's terms of the first step (weights once, attention, what each sequence past the first adds)
         "batch_ms": cost_terms_ms(p.workload, p.hardware.devices[0].compute, graph_at(p, 0)),
         **placement_fields(p.workload, p.hardware.devices[0].compute),
+        **({"schedule": p.transport.schedule.name} if p.transport.schedule.active else {}),  # docs/schedules.md
         **result.extra,
     }
 

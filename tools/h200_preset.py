@@ -392,10 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     if Path(args.out) == PRESET_PATH:
         outputs[GH200_PATH] = gh200_json()
         outputs[UPSTREAM_PATH] = upstream_json()
-    code = write_or_check(outputs, "tools/h200_preset.py", args.check)
-    if code or args.check:
-        return code
-    return 0
+    return write_or_check(outputs, "tools/h200_preset.py", args.check)
 
 
 if __name__ == "__main__":

@@ -141,11 +141,14 @@ def reference_arms_of(arms: Sequence[Any]) -> list[Any]:
     """The reference arms beside a group's transport arms: ``resident``, and ``copy-only`` at the deepest depth (>= 1).
 
     Both drop the mutations (they measure the machine, not the schedule under
-    test) and cap nothing, so the copy-only ring is never declined.
+    test) and cap nothing, so the copy-only ring is never declined. The
+    copy-only arm moves the last arm's schedule's deliveries (docs/schedules.md:
+    a schedule that moves fewer bytes, or overlaps tokens, raises the ceiling
+    every arm of the group is held to).
     """
     from dataclasses import replace
 
-    base = arms[0]
+    base = arms[-1]
     deepest = max(1, max(a.depth for a in arms))
     return [replace(base, arm="resident", depth=0, budget_mib=0.0, mutations=frozenset()),
             replace(base, arm="copy-only", depth=deepest, budget_mib=0.0, mutations=frozenset())]

@@ -43,7 +43,8 @@ def arm_label(t: TransportConfig) -> str:
     if t.arm == "resident":
         return "resident"
     head = "copy-only " if t.arm == "copy-only" else ""
-    return f"{head}depth={t.depth} budget={t.budget_mib:g}" + (f" mutate={','.join(sorted(t.mutations))}" if t.mutations else "")
+    return (f"{head}depth={t.depth} budget={t.budget_mib:g}" + (f" mutate={','.join(sorted(t.mutations))}" if t.mutations else "")
+            + (f" schedule={t.schedule.name}" if t.schedule.active else ""))
 
 
 def trim_pool(xp: Any) -> None:

@@ -141,6 +141,7 @@ def points(groups: Sequence[GroupResult], profile: HardwareProfile, meta: dict[s
                 "parallel": n_seq, "unified": g.workload.unified, **placement_fields(g.workload),
                 "arm": transport.arm, "depth": transport.depth, "budget_mib": transport.budget_mib,
                 "mutations": sorted(transport.mutations), "pack_streams": transport.pack_streams,
+                **({"schedule": transport.schedule.name} if transport.schedule.active else {}),
                 "repetitions": len(runs), "tokens_per_run": g.workload.tokens,
                 "measured_tps": med, "measured_tps_min": tps[0], "measured_tps_max": tps[-1],
                 "measured_tps_all": [r.tokens_per_s for r in runs],

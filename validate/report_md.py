@@ -81,7 +81,8 @@ def _arm(p: dict[str, Any]) -> str:
     if p["arm"] == "resident":
         return "resident"
     name = f"{'copy-only ' if p['arm'] == 'copy-only' else ''}N={p['depth']}"
-    return name + (f" b={p['budget_mib']:g}" if p["budget_mib"] else "") + (f" {','.join(p['mutations'])}" if p["mutations"] else "")
+    return (name + (f" b={p['budget_mib']:g}" if p["budget_mib"] else "") + (f" {','.join(p['mutations'])}" if p["mutations"] else "")
+            + (f" {p['schedule']}" if p.get("schedule") else ""))
 
 
 def _points(pts: Sequence[dict[str, Any]]) -> list[str]:

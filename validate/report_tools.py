@@ -15,6 +15,7 @@ from typing import Any
 from backends.base import is_split_launch
 from backends.profile import HardwareProfile
 from sim.safe_write import write_output
+from sim.transport.config import Schedule
 from sim.transport.scheduler import TransportConfig
 
 
@@ -29,7 +30,7 @@ def label(p: dict[str, Any]) -> str:
 def transport_of(p: dict[str, Any]) -> TransportConfig:
     """The arm a report point ran (reports made before arms existed: the transport arm of its depth and budget)."""
     return TransportConfig(depth=p["depth"], budget_mib=p["budget_mib"], arm=p.get("arm", "transport"),
-                           mutations=frozenset(p.get("mutations") or ()))
+                           mutations=frozenset(p.get("mutations") or ()), schedule=Schedule.parse(p.get("schedule", "reference")))
 
 
 def calibrated_split_launch_us(profile: HardwareProfile, model: str, cache: str) -> float:

@@ -19,7 +19,7 @@ from typing import TypeVar
 from sim.errors import InputError
 from sim.points import GridSpec, points
 from sim.simulate import Point
-from sim.transport.config import MAX_BUDGET_MIB, MAX_DEPTH, MUTATIONS
+from sim.transport.config import MAX_BUDGET_MIB, MAX_DEPTH, MIB, MUTATIONS, Schedule
 from sim.workload import ALL_LAYERS, CACHE_TYPES, MAX_CONTEXT
 
 T = TypeVar("T")
@@ -103,8 +103,46 @@ def add_grid_args(p: argparse.ArgumentParser, exact: bool = True) -> None:
     p.add_argument("--n-gpu-layers", "-ngl", dest="n_gpu_layers", default=str(ALL_LAYERS),
                    help="llama.cpp -ngl: the last N layers on the GPU, the layers before them on the CPU (default "
                         f"{ALL_LAYERS}: every layer), comma list or START..STOP/STEP")
+    add_schedule_args(p)
     if exact:
         p.add_argument("--exact", action="store_true", help=EXACT_HELP)
+
+
+def add_schedule_args(p: argparse.ArgumentParser) -> None:
+    """The delivery-schedule flags (docs/schedules.md), default off: the reference schedule."""
+    p.add_argument("--kv-fresh-on-device", "-kvfd", dest="kv_fresh", action="store_true",
+                   help="the split that computes a layer's new K/V rows also writes them into its staged slot: no late "
+                        "copy, the CPU split off the GPU's path (one-stream caches; others keep the late copy)")
+    p.add_argument("--kv-inputs-first", "-kvif", dest="kv_inputs_first", action="store_true",
+                   help="copy a graph's first small inputs before priming the ring (not behind the first deliveries)")
+    p.add_argument("--kv-across-tokens", "-kvat", dest="kv_across", action="store_true",
+                   help="issue the next token's first delivery while this token's last layers and head compute")
+    p.add_argument("--kv-late-first", dest="kv_late_first", action="store_true",
+                   help="issue the next early delivery only after the current split's late rows are on the engine")
+    p.add_argument("--kv-pipeline-piece", "-kvpp", dest="kv_piece", type=float, default=0.0, metavar="MIB",
+                   help="cut each early delivery into copies of at most MIB (0: whole; >= 0.0625)")
+    p.add_argument("--kv-schedule", dest="kv_schedule", default="",
+                   help="schedules by name, comma list (reference, or late-first, fresh, inputs-first, across-tokens, "
+                        "piece<MiB> joined by '+'; e.g. reference,fresh+inputs-first+across-tokens): instead of the flags above")
+
+
+def schedules_from_args(args: argparse.Namespace) -> tuple[Schedule, ...]:
+    """The schedules the flags ask for (one unless ``--kv-schedule`` lists several). Raises UsageError."""
+    piece = getattr(args, "kv_piece", 0.0) or 0.0
+    flags = (getattr(args, "kv_fresh", False), getattr(args, "kv_inputs_first", False), getattr(args, "kv_late_first", False), piece,
+             getattr(args, "kv_across", False))
+    names = str(getattr(args, "kv_schedule", "") or "")
+    if names and any(flags):
+        raise UsageError("--kv-schedule names whole schedules; give it or the --kv-* policy flags, not both")
+    try:
+        if names:
+            return tuple(dict.fromkeys(Schedule.parse(n) for n in names.split(",")))
+        if not 0 <= piece <= MAX_BUDGET_MIB:
+            raise ValueError(f"--kv-pipeline-piece {piece:g} MiB out of range; allowed: 0 (whole) or 0.0625..{MAX_BUDGET_MIB}")
+        return (Schedule(piece_bytes=int(piece * MIB), late_first=flags[2], fresh_on_device=flags[0], inputs_first=flags[1],
+                         across_tokens=flags[4]),)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def spec_from_args(args: argparse.Namespace) -> GridSpec:
@@ -133,6 +171,7 @@ def spec_from_args(args: argparse.Namespace) -> GridSpec:
         mutations=frozenset(m for m in str(getattr(args, "mutate", "") or "").split(",") if m),
         kv_gpu_layers=tuple(parse_list(text["kv_gpu_layers"], _int, "--kv-gpu-layers", "integers 0..the model's attention layers")),
         n_gpu_layers=tuple(parse_list(text["n_gpu_layers"], _int, "--n-gpu-layers", f"integers >= 1 ({ALL_LAYERS}: every layer)")),
+        schedules=schedules_from_args(args),
     )
 
 

@@ -42,8 +42,15 @@ def register(sub: Any) -> None:
 
 
 def grid_points(args: argparse.Namespace) -> list[Any]:
-    """The grid flags (ranges expanded), as points. Raises UsageError on bad input."""
-    return points_from_args(args)
+    """The grid flags (ranges expanded), as points. Raises UsageError on bad input, and on a delivery schedule other
+    than the reference: a sweep's rows are keyed and resumed without one (docs/schedules.md; simulate and validate
+    take them)."""
+    points = points_from_args(args)
+    other = sorted({p.transport.schedule.name for p in points if p.transport.schedule.active})
+    if other:
+        raise UsageError(f"sweep: schedule {other[0]} not supported (a sweep's rows do not record it); allowed: the "
+                         "reference; kvpipe simulate, validate and schedules take --kv-schedule")
+    return points
 
 
 def run(args: argparse.Namespace) -> int:

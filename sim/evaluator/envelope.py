@@ -25,6 +25,7 @@ def in_envelope(point: Point) -> str | None:
     checks = (
         (cfg.arm != "transport", f"arm {cfg.arm} (the evaluator runs the transport arm)"),
         (bool(cfg.mutations), f"mutated ({', '.join(sorted(cfg.mutations))})"),
+        (cfg.schedule.active, f"schedule {cfg.schedule.name} (the evaluator models the reference schedule)"),
         (len(hw.devices) != 1 or wl.split_mode != "none", f"{len(hw.devices)} devices, split mode {wl.split_mode}"),
         (not wl.pinned, "pageable host cache"),
         (not 2 <= cfg.margin_slots <= 32, f"ring margin {cfg.margin_slots} (the evaluator needs 2..32)"),

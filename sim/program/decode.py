@@ -317,8 +317,17 @@ class DecodeProgram:
             next_kv=nxt if nxt < m.n_attn else -1,
             io=bindings["io"],
             inputs=self._inputs,
-            store=self._store_of(bindings.get("resident:cache"), nxt),
+            store=self._store_of(bindings.get("resident:cache"), nxt) or self._fresh_of(bindings, nxt),
         )
+
+    def _fresh_of(self, bindings: dict[str, Binding], j: int) -> tuple[Binding, Binding] | None:
+        """The staged slot windows of attention layer ``j`` the scheduler asks this split to write its new rows into
+        (``fresh:cache_k_l<a>``: the fresh-rows schedule, one-stream windows, a row at its cell), or None. Pure."""
+        if j >= self.model.n_attn:
+            return None
+        a = self.model.attn_layers[j]
+        k, v = bindings.get(f"fresh:cache_k_l{a}"), bindings.get(f"fresh:cache_v_l{a}")
+        return (k, v) if k is not None and v is not None else None
 
     def _store_of(self, resident: Binding | None, j: int) -> tuple[Binding, Binding] | None:
         """Where attention layer ``j``'s K and V blocks lie in the device's KV buffer (``resident:cache``), or None

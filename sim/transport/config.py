@@ -26,6 +26,9 @@ MUTATIONS = (
     "stale-prefix",
     "allocator-staging",
     "one-cell-range",
+    "no-fresh-store",
+    "no-rows-wait",
+    "ahead-before-rows",
 )
 #: What a run measures: ``transport`` (the decode loop, ordered or pipelined), ``resident`` (the windows already in
 #: device memory: no transport, the kernels alone -- what ``-nkvo 0`` runs) and ``copy-only`` (the same deliveries,
@@ -33,6 +36,74 @@ MUTATIONS = (
 #: ``host-attention`` is upstream llama.cpp's ``-nkvo``: attention runs on the CPU over the host cache (each attention
 #: layer's Q/K/V rows go D2H, its output H2D), no window crosses the link, and there is no pipelined path (depth 0).
 ARMS = ("transport", "resident", "copy-only", "host-attention")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When the pipelined path's copies go, beyond the reference mechanism (docs/schedules.md). All off: the reference.
+
+    ``piece_bytes``: cut each early delivery into copies of at most this many bytes (0: one copy per range), so a
+    copy another stream queues behind it waits for one piece. ``late_first``: issue the next early delivery only
+    after the current split's late rows are on the engine (delivery o after split o - N's late copy, not after
+    split o - N - 1's enqueue). ``fresh_on_device``: the split that computes a layer's new K/V rows also writes them
+    into that layer's staged slot (single-stream windows), so the slot's delivery is the window less those rows, all
+    early, and no late copy crosses the link; the rows still go down to the host cache, through a copy the host
+    waits on only after it has launched the split that reads them (the CPU split off the GPU's critical path).
+    ``inputs_first``: a graph's first split copies its small inputs and is launched before the ring is primed, so
+    they do not queue behind the first deliveries on the one H2D engine (nor, on the H200, the split behind them).
+    ``across_tokens``: the next graph's first delivery is issued right behind this graph's last one, once the CPU
+    split that writes its layer's row has run (the window's bytes are final), so the copy engine works while the GPU
+    computes the token's last layers and the output head.
+    """
+
+    piece_bytes: int = 0
+    late_first: bool = False
+    fresh_on_device: bool = False
+    inputs_first: bool = False
+    across_tokens: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.piece_bytes, int) or self.piece_bytes < 0:
+            raise ValueError(f"piece {self.piece_bytes!r} B out of range; allowed: 0 (whole deliveries) or > 0 bytes")
+        if 0 < self.piece_bytes < 64 * 1024:
+            raise ValueError(f"piece {self.piece_bytes / MIB:g} MiB out of range; allowed: 0 (whole) or >= 0.0625 MiB")
+
+    @property
+    def name(self) -> str:
+        """A short name: ``reference`` when every policy is off, else the policies joined by ``+``."""
+        parts = [n for n, on in (("late-first", self.late_first), ("fresh", self.fresh_on_device),
+                                 ("inputs-first", self.inputs_first), ("across-tokens", self.across_tokens)) if on]
+        if self.piece_bytes:
+            parts.append(f"piece{self.piece_bytes / MIB:g}")
+        return "+".join(parts) or "reference"
+
+    @property
+    def active(self) -> bool:
+        return self != Schedule()
+
+    @staticmethod
+    def parse(name: str) -> Schedule:
+        """A schedule from its name (:attr:`name`: ``reference``, or policies joined by ``+``: ``late-first``,
+        ``fresh``, ``inputs-first``, ``piece<MiB>``). Raises ValueError naming the allowed values."""
+        kw: dict[str, object] = {}
+        for part in name.strip().split("+"):
+            flag = {"late-first": "late_first", "fresh": "fresh_on_device", "inputs-first": "inputs_first",
+                    "across-tokens": "across_tokens"}.get(part)
+            if flag:
+                kw[flag] = True
+            elif part.startswith("piece") and _positive(part[5:]):
+                kw["piece_bytes"] = int(float(part[5:]) * MIB)
+            elif part != "reference" or name.strip() != "reference":
+                raise ValueError(f"schedule {name!r} unknown; allowed: reference, or late-first, fresh, inputs-first, "
+                                 "across-tokens, piece<MiB> joined by '+'")
+        return Schedule(**kw)  # type: ignore[arg-type]
+
+
+def _positive(text: str) -> bool:
+    try:
+        return float(text) > 0
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -48,6 +119,7 @@ class TransportConfig:
     pack_streams: bool = True
     mutations: frozenset[str] = frozenset()
     arm: str = "transport"
+    schedule: Schedule = Schedule()
 
     def __post_init__(self) -> None:
         if not isinstance(self.depth, int) or not 0 <= self.depth <= MAX_DEPTH:
@@ -92,7 +164,14 @@ class Mutations:
     (off: keep the first graph's). ``ring_staging``: deliver into the ring
     (off: into the graph allocator's recycled input region).
     ``stream_sized_ranges``: size each stream's early range from its window
-    (off: from one cell).
+    (off: from one cell). ``fresh_store``: under ``Schedule.fresh_on_device``,
+    the producing split writes the fresh rows into the slot (off: it does not,
+    and the slot's rows are whatever it held). ``rows_wait``: under the same
+    policy, the host waits for the rows' copy down before the CPU split reads
+    them (off: it reads the host io buffer while the copy may be in flight).
+    ``ahead_after_rows``: under ``Schedule.across_tokens``, the next graph's
+    first delivery is issued after this graph's CPU splits ran (off: before,
+    while the host still writes rows its window holds).
     """
 
     issue_before_enqueue: bool = False
@@ -101,6 +180,9 @@ class Mutations:
     refresh_prefix: bool = True
     ring_staging: bool = True
     stream_sized_ranges: bool = True
+    fresh_store: bool = True
+    rows_wait: bool = True
+    ahead_after_rows: bool = True
 
     @staticmethod
     def of(names: frozenset[str]) -> Mutations:
@@ -111,6 +193,9 @@ class Mutations:
             refresh_prefix="stale-prefix" not in names,
             ring_staging="allocator-staging" not in names,
             stream_sized_ranges="one-cell-range" not in names,
+            fresh_store="no-fresh-store" not in names,
+            rows_wait="no-rows-wait" not in names,
+            ahead_after_rows="ahead-before-rows" not in names,
         )
 
 

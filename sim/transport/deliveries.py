@@ -28,7 +28,7 @@ Units: bytes.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,9 @@ class Delivery:
     early: tuple[CopyRange, ...]
     late: tuple[CopyRange, ...]
     parts: tuple[tuple[tuple[WindowEntry, ...], tuple[WindowEntry, ...]], ...]  # per staged input, window_parts
+    #: ``Schedule.fresh_on_device``: (offset in the target, bytes) of each row the producing split writes into the
+    #: slot itself (the rows written this graph); the early ranges are the window less these rows, and nothing is late.
+    fresh: tuple[tuple[int, int], ...] = ()
 
     @property
     def windows(self) -> tuple[WindowEntry, ...]:
@@ -187,9 +190,44 @@ def ordered_copy(inp: StagedInput, start: int, span: SpanFn) -> tuple[tuple[Copy
     return make() if inp.layout_id < 0 else _kept(_ORDERED, (inp.layout_id, start, span), make)  # type: ignore[no-any-return]
 
 
+def fresh_eligible(split: Split) -> bool:
+    """Whether the fresh-rows schedule can serve ``split``: every staged input one contiguous piece (one stream, whole
+    rows), so a row's offset in the window is its offset in the cache block. Pure."""
+    return bool(split.staged) and all(len(inp.pieces) == 1 and inp.pieces[0].rows == 1 for inp in split.staged)
+
+
+def _holes(p: WindowPiece, start: int, rows: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The ``rows`` (cache offset, bytes) inside piece ``p`` at or past byte ``start`` of it, as (start, end) in it."""
+    out = []
+    for off, n in rows:
+        a = off - p.src_offset
+        if a >= start and a + n <= p.nbytes:
+            out.append((a, a + n))
+    return sorted(out)
+
+
+def in_pieces(ranges: Sequence[CopyRange], piece_bytes: int) -> list[tuple[CopyRange, ...]]:
+    """``ranges`` cut into copies of at most ``piece_bytes`` (0: one copy of them all); a strided range is cut at
+    whole rows. Pure."""
+    if not piece_bytes:
+        return [tuple(ranges)]
+    out: list[tuple[CopyRange, ...]] = []
+    for r in ranges:
+        if r.rows == 1:
+            out += [(CopyRange(r.src_offset + a, r.dst_offset + a, min(piece_bytes, r.nbytes - a)),)
+                    for a in range(0, r.nbytes, piece_bytes)]
+            continue
+        per = max(1, piece_bytes // r.width)
+        for i in range(0, r.rows, per):
+            k = min(per, r.rows - i)
+            out.append((CopyRange(r.src_offset + i * r.src_pitch, r.dst_offset + i * r.width, k * r.width, k, r.src_pitch),))
+    return out
+
+
 def plan_deliveries(order: Sequence[Split], entries: dict[int, list[tuple[StagedInput, int]]], n_slots: int,
                     slot_base: Callable[[int], int], span: SpanFn, early_of: PrefixFn | None = None,
-                    one_cell_early: bool = False) -> list[Delivery]:
+                    one_cell_early: bool = False, fresh: Mapping[int, Sequence[tuple[int, int]]] | None = None,
+                    first_slot: int = 0) -> list[Delivery]:
     """One delivery per staged split of ``order``. Pure: reads no backend.
 
     ``slot_base(slot)`` is the slot's byte offset in the buffer deliveries go
@@ -199,18 +237,42 @@ def plan_deliveries(order: Sequence[Split], entries: dict[int, list[tuple[Staged
     ``one_cell_early`` sizes each stream's early range from one cell (the
     ``one-cell-range`` mutation): the late ranges still start where the full
     prefix ends, so the rest of the prefix is never delivered.
+    ``fresh`` (``Schedule.fresh_on_device``): staged split index -> the cache
+    rows (offset, bytes) its layer's CPU split writes this graph; such a
+    split's delivery is all early: the window up to its top written row, less
+    those rows past the stable prefix, which ``Delivery.fresh`` names in the
+    slot (the producing split writes them). The rows above the top written row
+    are the window's padding (the window is sized from that row): no sequence
+    attends them this graph, and they are not sent (the reference sends them
+    late, with the rows).
+    ``first_slot``: delivery o goes to slot ``(first_slot + o) mod n_slots``
+    (``Schedule.across_tokens``: the slots go on round from the last graph's).
     """
     out = []
     for o, split in enumerate(order):
-        slot = o % n_slots
+        slot = (first_slot + o) % n_slots
         base = slot_base(slot)
         early: list[CopyRange] = []
         late: list[CopyRange] = []
         parts: list[tuple[tuple[WindowEntry, ...], tuple[WindowEntry, ...]]] = []
+        rows = fresh.get(split.index) if fresh else None
+        own: list[tuple[int, int]] = []
         for inp, entry_off in entries[split.index]:
             off = base + entry_off
             for i, p in enumerate(inp.pieces):
                 e = early_of(inp, i, p.prefix_bytes, p.nbytes) if early_of else stable_early(p)
+                if rows is not None:  # the window less the rows its producer writes into the slot: all early
+                    own += [(off + a, b - a) for a, b in _holes(p, 0, rows)]  # what the producer writes, all of it
+                    at = 0  # early: the piece less the rows past e (a stale e would deliver rows the producer writes)
+                    cuts = _holes(p, e, rows)
+                    for a, b in cuts:
+                        if a > at:
+                            early.append(piece_range(p, off, at, a))
+                        at = b
+                    if p.nbytes > at and not cuts:  # above the top row written: padding no sequence attends, not sent
+                        early.append(piece_range(p, off, at, p.nbytes))
+                    off += span(p.nbytes, p.reserve_bytes)
+                    continue
                 if p.nbytes > e:
                     late.append(piece_range(p, off, e, p.nbytes))
                 if e and len(inp.pieces) > 1 and one_cell_early:
@@ -219,5 +281,5 @@ def plan_deliveries(order: Sequence[Split], entries: dict[int, list[tuple[Staged
                     early.append(piece_range(p, off, 0, e))
                 off += span(p.nbytes, p.reserve_bytes)
             parts.append(window_parts(inp, base + entry_off, span))
-        out.append(Delivery(o, split.index, slot, base, tuple(early), tuple(late), tuple(parts)))
+        out.append(Delivery(o, split.index, slot, base, tuple(early), tuple(late), tuple(parts), tuple(own)))
     return out

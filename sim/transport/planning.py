@@ -223,6 +223,25 @@ def next_pow2(n: Arr) -> Arr:
 # ------------------------------------------------------------------ the three steps
 
 
+def decline_codes(ring: RingState, free_bytes: Arr, pol: Policy, need: Arr) -> tuple[Arr, Arr, Arr, Arr]:
+    """Whether a ring of ``need``-byte slots may run (``RUNS``) or why not (frozen, over the budget, no headroom), with
+    the ring's bytes, the bytes free counting its own slots, and its slots (at least 1). Pure."""
+    n = np.maximum(pol.n_slots, 1)
+    ring_need = need * n
+    avail = free_bytes + ring.alloc * n
+    code = np.where(ring.frozen, FROZEN, np.where((pol.budget > 0) & (ring_need > pol.budget), OVER_BUDGET,
+                                                  np.where(avail - ring_need < pol.headroom, NO_HEADROOM, RUNS)))
+    return code, ring_need, avail, n
+
+
+def decline_reason(ring: RingState, free_bytes: int, cfg: TransportConfig, device: int, need: int, full: int) -> str:
+    """One point's ring of ``need``-byte slots: why it may not run, in words ('' if it may), as :func:`plan_ring`
+    decides it, changing nothing (the across-tokens schedule asks before delivering ahead). Pure."""
+    code, ring_need, avail, n = decline_codes(ring, np.array([free_bytes]), policy_of(cfg), np.array([need]))
+    c = int(code[0])
+    return decline_message(c, device, int(ring_need[0]), int(full * n[0] if c == OVER_BUDGET else avail[0] - ring_need[0]), cfg)
+
+
 def plan_ring(plan: GraphPlan, ring: RingState | None, mem: Memory, pol: Policy, device: int, staged: Arr, n_splits: Arr,
               need: Arr, full: Arr, alignment: Arr | int, rank: Arr | int = 0) -> None:
     """One device's staged splits in one graph (``staged``: the points where the device stages): count them, and
@@ -238,12 +257,8 @@ def plan_ring(plan: GraphPlan, ring: RingState | None, mem: Memory, pol: Policy,
     if ring is None or not on.any():
         return
     ring.made = ring.made | on
-    n = np.maximum(pol.n_slots, 1)
     plan.ring_slots = np.where(on, pol.n_slots, plan.ring_slots)
-    ring_need = need * n
-    avail = mem.free_bytes(device) + ring.alloc * n
-    code = np.where(ring.frozen, FROZEN, np.where((pol.budget > 0) & (ring_need > pol.budget), OVER_BUDGET,
-                                                  np.where(avail - ring_need < pol.headroom, NO_HEADROOM, RUNS)))
+    code, ring_need, avail, n = decline_codes(ring, mem.free_bytes(device), pol, need)
     grow = on & (code == RUNS) & ~((mem.held(device, "ring") >= 0) & (ring.alloc >= need))
     if grow.any():
         caps = np.minimum(np.maximum(full, need), (avail - pol.headroom) // n)

@@ -7,7 +7,7 @@ it). What the ring decides about its memory each graph -- declined, grown,
 released after idling -- is ``sim.transport.planning``'s, the one set of rules
 the point planner and the evaluator run too; the ring keeps that state as a
 ``planning.RingState`` of one point (:attr:`Ring.state`), which its properties
-read, and its buffer.
+read, and its buffer; :meth:`Ring.decline_reason` asks the rule without acting.
 
 Units: bytes.
 """
@@ -15,8 +15,11 @@ Units: bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from backends.base import Buffer, Event, Stream
+from sim.transport import planning
+from sim.transport.config import TransportConfig
 from sim.transport.planning import RingState
 
 
@@ -56,6 +59,11 @@ class Ring:
     def idle_graphs(self) -> int:
         """Graphs since the ring last delivered."""
         return int(self.state.idle[0])
+
+    def decline_reason(self, cfg: TransportConfig, be: Any, need: int, full_need: int) -> str:
+        """Why a ring of ``need``-byte slots cannot run a graph now ('' if it can): ``sim.transport.planning``'s rule
+        for this ring, changing nothing. Reads ``be.free_bytes``; does not block."""
+        return planning.decline_reason(self.state, be.free_bytes(self.device), cfg, self.device, need, full_need)
 
     def stale_prefix(self, name: str, prefix: int) -> int:
         """The stale-prefix mutation: the prefix bytes piece ``name`` had in the first graph that asked, never updated

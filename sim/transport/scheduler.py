@@ -12,7 +12,8 @@ executes. Three jobs, three modules:
   docstring walks one delivery from plan to slot to event);
 * **execute** -- this module issues them, as llama.cpp's scheduler does;
 * **mutations** -- ``sim.transport.config.Mutations``, a policy consulted at
-  named decision points.
+  named decision points; **schedules** -- ``sim.transport.config.Schedule``, when
+  the copies go (all off: the reference; ``sim.transport.policies``, docs/schedules.md).
 
 Two paths:
 
@@ -44,17 +45,18 @@ All times in seconds, sizes in bytes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from backends.base import Access, Backend, BackendError, Buffer, HostOp, OutOfDeviceMemory, Work, WorkKind
 from sim.graph import DecodeGraph, Split, StagedInput
 from sim.transport import planning
-from sim.transport.config import ARMS, MAX_BUDGET_MIB, MAX_DEPTH, MIB, MUTATIONS, GraphStats, Mutations, TransportConfig
+from sim.transport.config import ARMS, MAX_BUDGET_MIB, MAX_DEPTH, MIB, MUTATIONS, GraphStats, Mutations, Schedule, TransportConfig
 from sim.transport.deliveries import (
     Delivery,
     align_up,
+    in_pieces,
     next_pow2,
     piece_range,
     plan_deliveries,
@@ -62,36 +64,14 @@ from sim.transport.deliveries import (
     stable_early,
 )
 from sim.transport.ordered_path import OrderedPath
+from sim.transport.policies import SchedulePolicies, fresh_rows
+from sim.transport.program import Binding, Program
 from sim.transport.ring import Ring
 
 __all__ = ["ARMS", "KERNEL_IO_BYTES", "MAX_BUDGET_MIB", "MAX_DEPTH", "MIB", "MUTATIONS", "GraphStats", "Mutations", "Program",
            "TransportConfig", "TransportScheduler", "align_up", "next_pow2", "piece_range"]
 
 KERNEL_IO_BYTES = 1 << 16
-Binding = tuple[Buffer, int, int]
-
-
-class Program(Protocol):
-    """Real work behind the splits (functional simulation, GPU). Optional.
-
-    ``bindings`` map names to ``(buffer, offset, nbytes)``: ``window:<input>``
-    for each staged input as the kernel will read it, ``small:<input>`` for
-    ordered inputs, ``host_cache`` and ``io`` buffers.
-    """
-
-    def setup(self, backend: Backend, host_cache: Buffer) -> None: ...
-
-    def gpu_run(self, split: Split, bindings: dict[str, Binding]) -> Callable[[Any], None] | None: ...
-
-    def cpu_run(self, split: Split, bindings: dict[str, Binding]) -> Callable[[Any], None] | None: ...
-
-    def graph_inputs(self, graph: DecodeGraph) -> dict[str, Any]:
-        """Bytes (uint8 arrays) of named small inputs, written into the host io buffer before their copy."""
-        ...
-
-    def host_update_run(self, graph: DecodeGraph) -> Callable[[Any], None] | None: ...
-
-
 @dataclass
 class _DevicePlan:
     """One device's staged splits this graph: is the ring on, what a slot needs, and the deliveries."""
@@ -104,9 +84,11 @@ class _DevicePlan:
     target: Buffer | None = None
     issued: int = 0
     consumed: int = 0
+    primed: bool = False
+    fresh_of: dict[int, Delivery] = field(default_factory=dict)  # producing split index -> the delivery it stores into
 
 
-class TransportScheduler(OrderedPath):
+class TransportScheduler(OrderedPath, SchedulePolicies):
     """Runs decode graphs on a backend, ordered or pipelined.
 
     ``alignment_bytes`` and ``graph_base_bytes`` come from the caller (per
@@ -133,6 +115,14 @@ class TransportScheduler(OrderedPath):
         self._last_gpu_device = 0
         self._producers: set[int] = set()
         self._inputs: dict[str, Any] = {}
+        self.schedule = config.schedule if config.arm in ("transport", "copy-only") else Schedule()  # copy-only: its bytes
+        self._plans: dict[int, _DevicePlan] = {}
+        self._rows_down: dict[int, Any] = {}
+        self._deferred: list[tuple[Split, Any]] = []
+        self._next_slot: dict[int, int] = {}
+        self._ahead: dict[int, Any] = {}  # device -> the plan whose first delivery went ahead, for ``self.upcoming``
+        self._ahead_tried, self._rows_done = False, set[int]()  # this graph: ahead issued?, layers whose rows were written
+        self.upcoming: DecodeGraph | None = None  # the next graph, when the decode loop knows it
         if program is not None:
             program.setup(backend, host_cache)
 
@@ -173,7 +163,7 @@ class TransportScheduler(OrderedPath):
         the graph (``sim.transport.planning.slot_needs``)."""
         return planning.slot_needs(graph, self.span, (self.cfg.pack_streams, tuple(self.align)))
 
-    def _plan_deliveries(self, dev: int, plan: _DevicePlan) -> None:
+    def _plan_deliveries(self, dev: int, plan: _DevicePlan, graph: DecodeGraph) -> None:
         """The deliveries of an active plan, into the ring (or, mutated, the graph allocator's input region)."""
         ring = self.rings[dev]
         if self.policy.ring_staging:
@@ -188,8 +178,14 @@ class TransportScheduler(OrderedPath):
                 p = inp.pieces[i]
                 return stable_early(p._replace(prefix_bytes=min(ring.stale_prefix(f"{inp.name}#{i}", prefix), nbytes)))
 
+        fresh = fresh_rows(graph, plan.order) if self.schedule.fresh_on_device else None
+        first = self._next_slot.get(dev, 0)  # 0 unless the slots go on round across tokens
         plan.deliveries = plan_deliveries(plan.order, plan.entries, ring.n_slots, lambda slot: slot * slot_bytes, self.span[dev],
-                                          early_of, one_cell_early=not self.policy.stream_sized_ranges)
+                                          early_of, one_cell_early=not self.policy.stream_sized_ranges, fresh=fresh,
+                                          first_slot=first)
+        plan.fresh_of = {d.split - 2: d for d in plan.deliveries if d.fresh}
+        if self.schedule.across_tokens:
+            self._next_slot[dev] = (first + len(plan.deliveries)) % ring.n_slots
 
     def _reserve_graph(self, graph: DecodeGraph, plans: dict[int, _DevicePlan], stats: GraphStats) -> HostOp:
         """Allocate each device's graph memory next to its ring; fall back to ordered once on failure
@@ -242,18 +238,22 @@ class TransportScheduler(OrderedPath):
         if graph.host_writes_at_start:
             yield from self._host_writes(graph, stats)
         self._inputs = self.program.graph_inputs(graph) if self.program else {}
-        plans = self._plan(graph, stats)
+        plans = self._plans = self._plan(graph, stats)
         yield from self._reserve_graph(graph, plans, stats)
         self._account_idle(plans)
         for dev, plan in plans.items():
-            if plan.active:
-                self._plan_deliveries(dev, plan)
-                yield from self._prefetch(plan, stats, limit_extra=0)
+            if plan.active and not self._take_ahead(dev, plan, graph):
+                self._plan_deliveries(dev, plan, graph)
+        self._ahead, self._ahead_tried, self._rows_done = {}, False, set()
+        yield from self._prime_all(stats, at_inputs=False)
+        yield from self._deliver_ahead(stats, "start")  # only under its mutation: before the rows are written
         for split in graph.splits:
             if split.kind == "gpu":
                 yield from self._gpu_split(split, plans.get(split.device), stats)
             elif self.cfg.arm in ("transport", "host-attention") or (self.cfg.arm == "resident" and not split.stores_rows):
-                yield from self._cpu_split(split, stats)  # resident: the kernels store the rows, the CPU layers still run
+                yield from self._cpu_split_or_defer(split, graph, stats)  # resident: the kernels store the rows
+        yield from self._run_deferred(stats)
+        yield from self._deliver_ahead(stats, "end")
         # The decode loop reads the logits: the host waits for every device still running
         # (not after an intermediate ubatch, whose output nobody reads: the boundary wait covers it).
         if graph.reads_output:
@@ -273,6 +273,8 @@ class TransportScheduler(OrderedPath):
         if split.ordered:
             yield from self._small_inputs(split, stats, bindings)
         pipelined = plan is not None and plan.active and bool(split.staged)
+        if pipelined:  # inputs-first: a staged first split needs its delivery now; any other primes once it is launched
+            yield from self._prime_all(stats, at_inputs=True)
         if self.cfg.arm == "resident":
             self._bind_device_kv(bindings, pieces, split.staged + split.resident, self.resident[dev], self.resident_base)
         elif split.staged and not pipelined:
@@ -288,6 +290,8 @@ class TransportScheduler(OrderedPath):
             if d.late:
                 yield from self.be.copy(self.consumer[dev], plan.target, self.host_cache, d.late, tag="late")
                 stats.late_bytes += d.late_bytes
+            if self.schedule.late_first:  # delivery o after split o - N's late copy: nothing of it queued ahead
+                yield from self._prefetch(plan, stats, limit_extra=0)
             yield from self.be.wait_event(self.consumer[dev], self.rings[dev].ready[d.slot])
         if split.resident and self.cfg.arm != "resident":  # --kv-gpu-layers: these layers' windows where the device keeps them
             self._bind_device_kv(bindings, pieces, split.resident, self.resident[dev])
@@ -296,18 +300,24 @@ class TransportScheduler(OrderedPath):
         accesses.append(Access(io, 0, self.kernel_io_bytes, True))
         for rows in split.resident_rows:
             accesses += [Access(self.resident[dev], o, n, True, count, pitch) for o, n, count, pitch in rows.row_pattern]
+        if plan is not None and plan.active and split.index in plan.fresh_of:
+            self._bind_fresh(plan, plan.fresh_of[split.index], pieces, accesses)
         bindings.update(pieces)
         bindings["io"] = (io, 0, io.nbytes)
         if self.cfg.arm != "copy-only":
             run = self.program.gpu_run(split, bindings) if self.program else None
             work = Work(split.name, split.compute_s, split.n_launches, run, tuple(accesses), WorkKind.GPU_SPLIT)
             yield from self.be.launch(self.consumer[dev], work)
+        yield from self._prime_all(stats, at_inputs=True)
         if pipelined:
             assert plan is not None
             yield from self.be.record(self.rings[dev].release[plan.deliveries[plan.consumed].slot], self.consumer[dev])
             plan.consumed += 1
-            if not self.policy.issue_before_enqueue:
+            if not self.policy.issue_before_enqueue and not self.schedule.late_first:
                 yield from self._prefetch(plan, stats, limit_extra=0)
+        if self._deferred:  # fresh rows: the CPU splits behind the split just launched
+            yield from self._run_deferred(stats)
+        yield from self._deliver_ahead(stats, "ready")
 
     def _prefetch(self, plan: _DevicePlan, stats: GraphStats, limit_extra: int) -> HostOp:
         """Issue deliveries while ``o <= consumed + N`` (+ ``limit_extra`` for the issue-before-enqueue mutation).
@@ -330,7 +340,8 @@ class TransportScheduler(OrderedPath):
                     stats.recycle_waits += 1
             if d.early:
                 assert plan.target is not None
-                yield from be.copy(ring.transfer, plan.target, self.host_cache, d.early, tag=f"delivery{d.o}")
+                for piece in in_pieces(d.early, self.schedule.piece_bytes):  # one copy, unless cut in pieces
+                    yield from be.copy(ring.transfer, plan.target, self.host_cache, piece, tag=f"delivery{d.o}")
                 stats.early_bytes += d.early_bytes
             yield from be.record(ring.ready[d.slot], ring.transfer)
             ring.slot_used[d.slot] = True

@@ -76,7 +76,11 @@ def test_one_ring_step_by_step() -> None:
     gp = _plan(ledger, ring, cfg, 11 * MIB, 20 * MIB)  # 33 MiB > 30: declined, the slots kept
     assert not gp.active[0][0] and gp.reason(0, cfg) == "ring needs 33.0 MiB > budget 30 MiB (60.0 MiB at full context)"
     huge = TransportConfig(depth=1, budget_mib=0.0)
+    used = ledger.used.copy()  # asking the rule (as the across-tokens schedule does) decides the same, changing nothing
+    asked = planning.decline_reason(ring, int(ledger.free_bytes(0)[0]), huge, 0, 200 * MIB, 400 * MIB)
+    assert (ledger.used == used).all() and ring.alloc[0] == 8 * MIB
     gp = _plan(ledger, ring, huge, 200 * MIB, 400 * MIB)  # 1,024 MiB free + the 24 it holds - 600: 448 < 512
+    assert asked == gp.reason(0, huge)
     assert gp.reason(0, huge) == "ring needs 600.0 MiB but device 0 would keep 448.0 MiB free < headroom 512 MiB"
     for _ in range(5):  # idle past idle_release_graphs: the slots go back
         planning.account_idle(planning.GraphPlan.empty(1), {0: ring}, ledger, planning.policy_of(cfg))
