@@ -131,8 +131,7 @@ def evaluator_run(point: Point, n_contexts: int = 16) -> tuple[int, float]:
     """Evaluate a small sweep around ``point``: ``n_contexts`` contexts from its own, 1,024 apart, x depths 0..7 x
     budgets 0 and 128 MiB (planning, graphs and rows included; every cache cleared first). Returns (points, wall s);
     (0, 0.0) if the point is outside the evaluator's envelope."""
-    from sim.evaluator import evaluate, in_envelope
-    from sim.evaluator.costs import clear_costs
+    from sim.evaluator import clear_caches, evaluate, in_envelope
 
     if in_envelope(point) is not None:
         return 0, 0.0
@@ -140,7 +139,7 @@ def evaluator_run(point: Point, n_contexts: int = 16) -> tuple[int, float]:
     pts = [replace(point, workload=replace(wl, context=(point.context + 1024 * i,)), transport=replace(cfg, depth=d, budget_mib=b))
            for i in range(n_contexts) for d in range(8) for b in (0.0, 128.0)]
     clear_graph_cache()
-    clear_costs()
+    clear_caches()
     t = time.perf_counter()
     evaluate(pts)
     return len(pts), time.perf_counter() - t

@@ -38,7 +38,7 @@ from sim.memory import (
     kv_layer_bytes,
     weights_on_devices,
 )
-from sim.simulate import GRAPH_BASE_BYTES, Point, io_bytes_for
+from sim.simulate import GRAPH_BASE_BYTES, Point, interval_fields, io_bytes_for, placement_fields
 from sim.transport.config import TransportConfig
 from sim.workload import Workload, ngl_of
 
@@ -177,15 +177,17 @@ def candidates(point: Point, limits: Limits, max_depth: int, rings_mib: dict[int
     return out
 
 
-def choice_of(pt: Point, row: dict[str, Any], limits: Limits) -> Choice:
-    """A simulated candidate's row as a Choice, with its memory account."""
+def choice_of(pt: Point, figs: Any, i: int, limits: Limits) -> Choice:
+    """Candidate ``i`` of ``figs`` (``kvpipe.plan_run.Figures``) as a Choice, with its memory account and the row's
+    interval and CPU-layers pricing (``sim.simulate.interval_fields``, ``placement_fields``)."""
     wl, tc = pt.workload, pt.transport
-    resident = tc.arm == "resident"
-    ring = 0 if row["declined"] else int(row["ring_alloc_mib"] * MIB)
+    resident, declined, tps = tc.arm == "resident", bool(figs.declined[i]), float(figs.tokens_per_s[i])
+    ring = 0 if declined else int(float(figs.ring_alloc_mib[i]) * MIB)
     mem = device_memory(wl, limits.vram_bytes, pt.hardware.devices[0].memory_reserved_bytes, kv_offload=resident, ring_bytes=ring)
-    return Choice(resident, ngl_of(wl), wl.kv_gpu_layers, wl.pinned, tc.depth,
-                  tc.budget_mib, float(row["tokens_per_s"]), row.get("tokens_per_s_interval"), mem,
-                  host_need_bytes(wl, resident), bool(row["declined"]), str(row.get("cpu_layers_cost", "")))
+    interval = interval_fields(pt, tps)["tokens_per_s_interval"]
+    cost = placement_fields(wl, pt.hardware.devices[0].compute).get("cpu_layers_cost", "")
+    return Choice(resident, ngl_of(wl), wl.kv_gpu_layers, wl.pinned, tc.depth, tc.budget_mib, tps, interval, mem,
+                  host_need_bytes(wl, resident), declined, str(cost))
 
 
 def flags(c: Choice, context: int, cache_k: str, cache_v: str) -> tuple[str, str]:
@@ -240,7 +242,8 @@ class FitPlan:
     pinned: bool = True
     n_layers: int = 0
     check_n: int = 0
-    check: tuple[int, float] = (0, 0.0)  # (the evaluator's rows in the plan, the sample check's largest disagreement)
+    check: tuple[int, float] = (0, 0.0)  # (the evaluator's points in the plan, the sample check's largest disagreement)
+    checked: int = 0  # the points the sample check re-simulated
 
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model, "hardware": self.hardware, "vram_gib": self.limits.vram_bytes / GIB,
@@ -250,7 +253,8 @@ class FitPlan:
                 "largest_host_cache_context": self.largest_host_context,
                 "largest_resident_context": self.largest_resident_context,
                 "min_tps": self.min_tps, "largest_context_at_min_tps": self.largest_at_min_tps,
-                "evaluated_rows": self.check[0], "sample_check_max_disagreement": self.check[1]}
+                "evaluated_rows": self.check[0], "sample_check_resimulated": self.checked,
+                "sample_check_max_disagreement": self.check[1]}
 
 
 def _with_context(pt: Point, context: int) -> Point:
@@ -258,30 +262,40 @@ def _with_context(pt: Point, context: int) -> Point:
 
 
 def ring_estimate_mib(wl: Workload, depth: int) -> float:
-    """The ring of ``depth`` for a one-sequence window: (depth + 2) slots of one attention layer's K+V window, MiB."""
+    """The ring of ``depth`` for a one-sequence window: its slots (``TransportConfig.n_slots``) of one attention layer's
+    K+V window, MiB."""
     rows = wl.window_rows(max(wl.contexts) + wl.tokens - 1)
-    return (depth + 2) * rows * wl.row_bytes / MIB if depth else 0.0
+    return TransportConfig(depth=depth).n_slots * rows * wl.row_bytes / MIB if depth else 0.0
 
 
 def best_choices(req: Any, base: Point, contexts: list[int], limits: Limits, rings: dict[int, dict[int, float]],
-                 run: Callable[[list[Point]], list[dict[str, Any] | None]], auto_ngl: bool = False) -> list[ContextFit]:
-    """Simulate every context's candidates in one run and keep each context's fastest (ties: fewer resident layers,
-    then the shallower depth). ``rings``: per context, the ring MiB of each depth. ``auto_ngl``: each context at the
-    largest -ngl that fits it."""
+                 run: Callable[[list[Point]], Any], auto_ngl: bool = False,
+                 mark: Callable[[list[Point]], None] | None = None) -> list[ContextFit]:
+    """Answer every context's candidates in one run (``run``: their ``kvpipe.plan_run.Figures``) and keep each
+    context's fastest (ties: fewer resident layers, then the shallower depth). ``rings``: per context, the ring MiB of
+    each depth. ``auto_ngl``: each context at the largest -ngl that fits it. ``mark``: given the best candidates of
+    the contexts where the choice (arm, depth, resident layers, decline) changes from the next or previous context."""
     per: list[list[Point]] = []
     for c in contexts:
         pt = _with_context(base, c)
         per.append(candidates(pt, limits, req.max_depth, rings.get(c) or {d: ring_estimate_mib(pt.workload, d)
                                                                          for d in range(req.max_depth + 1)}, req.build,
                               auto_ngl))
-    rows = run([p for ps in per for p in ps]) if any(per) else []
+    figs: Any = run([p for ps in per for p in ps]) if any(per) else None
     out, i = [], 0
+    picked: list[Point | None] = []  # each context's best candidate
     for c, ps in zip(contexts, per, strict=True):
-        choices = [choice_of(p, r, limits) for p, r in zip(ps, rows[i:i + len(ps)], strict=True) if r is not None]
+        choices = [(choice_of(p, figs, i + k, limits), p) for k, p in enumerate(ps) if figs.fits[i + k]]
         i += len(ps)
-        best = max(choices, key=lambda ch: (round(ch.tokens_per_s, 9), -ch.kv_gpu_layers, -ch.depth), default=None)
+        best = max(choices, key=lambda cp: (round(cp[0].tokens_per_s, 9), -cp[0].kv_gpu_layers, -cp[0].depth), default=None)
+        picked.append(best[1] if best else None)
         reason = "" if best else _why_nothing_fits(_with_context(base, c).workload, limits, base.hardware.devices[0].memory_reserved_bytes)
-        out.append(ContextFit(c, best, choices, reason))
+        out.append(ContextFit(c, best[0] if best else None, [ch for ch, _ in choices], reason))
+    if mark is not None:  # where the answer changes from one context to the next, the sample check re-simulates both
+        how = [(p.transport.arm, p.transport.depth, p.workload.kv_gpu_layers, f.best.declined) if p and f.best else None
+               for p, f in zip(picked, out, strict=True)]
+        mark([p for k, p in enumerate(picked) if p is not None and (
+            (k > 0 and how[k - 1] != how[k]) or (k + 1 < len(how) and how[k + 1] != how[k]))])
     return out
 
 
@@ -309,21 +323,19 @@ def weights_verdict(wl: Workload, limits: Limits, reserved: int) -> tuple[str, i
 
 
 def plan_fit(req: Any) -> FitPlan:
-    """The plan under the memory cap for ``req`` (a ``kvpipe.plan.PlanRequest``), its evaluated rows held to the
-    simulator once at the end (``FitPlan.check``). Blocks for the simulations. Raises EvaluatorDisagreement."""
-    from kvpipe import plan as gain_plan
+    """The plan under the memory cap for ``req`` (a ``kvpipe.plan.PlanRequest``), its evaluated points held to the
+    simulator once at the end (``FitPlan.check``). Blocks for the evaluation and simulations. Raises
+    EvaluatorDisagreement."""
+    from kvpipe.plan_run import Runner
 
-    collected = gain_plan.Evaluated()
-    gain_plan.EVALUATED.append(collected)
-    try:
-        out = _plan_fit(req, gain_plan)
-    finally:
-        gain_plan.EVALUATED.remove(collected)
-    out.check = (len(collected.rows), collected.check(req.check_n) if collected.rows and req.check_n else 0.0)
+    runner = Runner(req)
+    out = _plan_fit(req, runner)
+    out.check, out.checked = runner.check(req.check_n), runner.checked
     return out
 
 
-def _plan_fit(req: Any, gain_plan: Any) -> FitPlan:
+def _plan_fit(req: Any, runner: Any) -> FitPlan:
+    from kvpipe import plan as gain_plan
     from sim.memory import host_memory_bytes
 
     base = gain_plan.points(req, [req.contexts[0]], [0], 0)[0]
@@ -333,22 +345,14 @@ def _plan_fit(req: Any, gain_plan: Any) -> FitPlan:
     reserved = dev.memory_reserved_bytes
     verdict, ngl = weights_verdict(base.workload, limits, reserved)
     base = replace(base, workload=replace(base.workload, n_gpu_layers=ngl))
-
-    def run(pts: list[Point]) -> list[dict[str, Any] | None]:
-        """The candidates' rows in order; None where the simulation found the point does not fit."""
-        from kvpipe.sweep import key_of_point, key_of_row
-
-        res = gain_plan.run_points(req, pts)
-        by_key = {key_of_row(r): r for r in res.rows}
-        rows = [by_key.get(key_of_point(p)) for p in pts]
-        return [r if r is not None and r.get("fits", True) and r["tokens_per_s"] > 0 else None for r in rows]
+    run = runner.run
 
     plans: list[Any] = []
     rings: dict[int, dict[int, float]] = {}
     if not verdict and ngl >= base.workload.model.n_layers:
-        plans = gain_plan.plan(req)
+        plans = gain_plan.plan(req, runner)
         rings = {p.context: {0: 0.0, **p.ring_mib_by_depth} for p in plans}
-    fits = best_choices(req, base, list(req.contexts), limits, rings, run, auto_ngl=bool(verdict))
+    fits = best_choices(req, base, list(req.contexts), limits, rings, run, auto_ngl=bool(verdict), mark=runner.mark)
     out = FitPlan(req.model, req.hardware, limits, ngl, fits, plans, verdict, min_tps=req.min_tps, build=req.build,
                   pinned=req.pinned, n_layers=base.workload.model.n_layers, check_n=req.check_n)
     wl = base.workload
@@ -361,8 +365,10 @@ def _plan_fit(req: Any, gain_plan: Any) -> FitPlan:
 
         hi = max(out.largest_host_context, out.largest_resident_context)
         out.largest_at_min_tps = largest_context(fast_enough, hi)
-    for p, f in zip(plans, fits, strict=bool(plans)):
-        if f.best is not None:
+    by_context = {p.context: p for p in plans}
+    for f in fits:
+        p = by_context.get(f.context)
+        if p is not None and f.best is not None:
             fl, build = flags(f.best, f.context, req.cache_type, req.cache_type)
             p.extra["llama_cpp"] = {"flags": fl, "build": build, **f.best.to_json()}
     return out

@@ -54,10 +54,10 @@ def render_fit(fp: FitPlan, cache_type: str) -> str:
             lines.append(f"  {'':>7}  # {build}")
     lines.append("buffer~: llama.cpp's compute buffer, estimated (sim.memory); KV dev: KV cache on the device")
     if fp.check[0] and not fp.check_n:
-        lines.append(f"sample check: off (--check 0); {fp.check[0]:,} rows from the evaluator, none re-simulated")
+        lines.append(f"sample check: off (--check 0); {fp.check[0]:,} points from the evaluator, none re-simulated")
     elif fp.check[0]:
-        lines.append(f"sample check: {fp.check[0]:,} rows from the evaluator, a sample re-simulated exact, largest "
-                     f"disagreement {fp.check[1]:.2g} (tolerance 1e-9)")
+        lines.append(f"sample check: {fp.check[0]:,} points from the evaluator, {fp.checked:,} re-simulated exact ({fp.check_n} "
+                     f"drawn and every change of best depth or decline), largest disagreement {fp.check[1]:.2g} (tolerance 1e-9)")
     if any(f.best is not None and f.best.cpu_layers_cost == "estimate" for f in fp.fits):
         lines.append("CPU layers (-ngl) priced at an estimated host rate: the profile has none (calibrate from llama-bench "
                      "runs at several -ngl)")

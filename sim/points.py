@@ -104,6 +104,8 @@ def points(spec: GridSpec) -> list[Point]:
     caches = [cache(c) for c in spec.cache_types]
     caches_v: list[CacheType | None] = [cache(c) for c in spec.cache_types_v] or [None]
     out = []
+    made: dict[tuple[int | tuple[int, ...], ...], tuple[Workload, HardwareProfile]] = {}
+    configs: dict[tuple[int, float, str, Schedule], TransportConfig] = {}
     try:
         workloads = itertools.product(models, hws, caches, caches_v, spec.contexts, spec.parallels)
         placements = list(itertools.product(spec.kv_gpu_layers, spec.n_gpu_layers, spec.kv_offload, spec.depths, spec.budgets_mib,
@@ -117,9 +119,14 @@ def points(spec: GridSpec) -> list[Point]:
                 gpu_layers = layers_of_ngl(ngl, m.n_layers)  # the flag is llama.cpp's -ngl (the output layer counts)
             except ValueError as exc:
                 raise InputError(f"--n-gpu-layers: {exc}") from None
-            wl = Workload(m, c, cv or c, ctx, tokens=spec.tokens, pinned=spec.pinned, n_parallel=npar, unified=spec.unified,
-                          ctx_size=spec.ctx_size, split_mode=spec.split_mode, tensor_split=spec.tensor_split,
-                          flat_prefix=spec.flat_prefix, kv_gpu_layers=kv if off else 0, n_gpu_layers=gpu_layers)
+            key = (id(m), id(h), id(c), id(cv), ctx, npar, kv if off else 0, gpu_layers)
+            if key not in made:  # one Workload and profile for the depths and budgets of a workload (frozen, shared)
+                made[key] = (Workload(m, c, cv or c, ctx, tokens=spec.tokens, pinned=spec.pinned, n_parallel=npar,
+                                      unified=spec.unified, ctx_size=spec.ctx_size, split_mode=spec.split_mode,
+                                      tensor_split=spec.tensor_split, flat_prefix=spec.flat_prefix,
+                                      kv_gpu_layers=kv if off else 0, n_gpu_layers=gpu_layers),
+                             for_workload(h, m.name, c.name, (cv or c).name))  # a calibrated file's entry for this program
+            wl, profile = made[key]
             if wl.split_mode != "none" and len(h.devices) < 2:
                 raise InputError(f"--split-mode {wl.split_mode} needs several devices; give --hardware A+B (got {h.name})")
             host_attn = off and nkvo_attention(h) == "host"
@@ -127,9 +134,12 @@ def points(spec: GridSpec) -> list[Point]:
                 raise InputError(f"--depth {d} on {h.name}: its llama.cpp runs -nkvo attention on the CPU (upstream, no "
                                  "pipelined path); allowed: --depth 0")
             arm = ("host-attention" if host_attn else "transport") if off else "resident"
-            tc = TransportConfig(depth=d if off else 0, budget_mib=b if off else 0.0, mutations=spec.mutations if off else frozenset(),
-                                 pack_streams=spec.pack_streams, arm=arm, schedule=sched if arm == "transport" else Schedule())
-            out.append(Point(wl, for_workload(h, m.name, c.name, (cv or c).name), tc))  # a calibrated file's entry for this program
+            tc = configs.get((d, b, arm, sched))
+            if tc is None:  # one config per depth, budget, arm and schedule (frozen, shared by every workload)
+                tc = configs[d, b, arm, sched] = TransportConfig(
+                    depth=d if off else 0, budget_mib=b if off else 0.0, mutations=spec.mutations if off else frozenset(),
+                    pack_streams=spec.pack_streams, arm=arm, schedule=sched if arm == "transport" else Schedule())
+            out.append(Point(wl, profile, tc))
     except InputError:
         raise
     except ValueError as exc:

@@ -132,7 +132,7 @@ def _peak_marks(rows: list[dict[str, Any]]) -> list[tuple[str, float]]:
     if len(combos) != 1:
         raise UsageError("--peak needs rows of one model, one hardware and one cache type")
     model, hardware, cache = combos.pop()
-    cf = closed_form(points(PlanRequest(model=model, hardware=hardware, cache_type=cache), [4096], [1], 0, tokens=1)[0], 3)
+    cf = closed_form(points(PlanRequest(model=model, hardware=hardware, cache_type=cache), [4096], [1], 0, tokens=1)[0])
     return [(f"closed-form peak: {cf.rows:,.0f} rows (copy = compute)", cf.rows - 1)]
 
 

@@ -5,7 +5,9 @@ A steady decode token is a fixed program once its ring decision is known: the ho
 Its timing is then a max-plus recurrence that needs no event queue. This package evaluates that recurrence for
 many points at once: every (point, token) is a lane; lanes whose graphs have the same shape and whose rings made the
 same decision run as one NumPy matrix, the copy engine's serving order decided per lane with ``np.where``. The ring
-decisions are not made here: they are ``sim.distinct.plan_point``'s replay of the scheduler's own planning.
+decisions are not made here: ``sim.replay.plan_points`` runs the scheduler's own planning rules
+(``sim.transport.planning``) for the whole batch at once, and the points of a line (the same but for depth and budget)
+whose decision at a token is the same share that token's lane.
 
 API (what a caller such as the planner or ``kvpipe sweep`` uses)::
 
@@ -15,17 +17,18 @@ API (what a caller such as the planner or ``kvpipe sweep`` uses)::
     rows = evaluate(inside)                                  # one row per point, in order
     worst = check_sample(inside, rows)                       # re-simulates >= 32 points and every boundary
 
-* ``in_envelope(point) -> str | None``: phase 1 answers one device, pinned host memory, one sequence, the
-  ``transport`` arm at depth 0 (ordered) or 1..14 (pipelined) and any budget, no mutation (functional runs and
-  traces are the simulator's); anything else gets a one-line reason, and the caller simulates it
-  (``sim.checks.run_checked``).
-* ``evaluate(points, plans=None) -> list[dict]``: the row ``sim.simulate.row`` makes for a simulated point -- every
-  field of it, each token evaluated (none extrapolated) -- plus ``engine: "evaluator"``, ``tokens_simulated: 0``,
+* ``in_envelope(point) -> str | None``: it answers one device, pinned host memory, any number of sequences, any
+  ``--kv-gpu-layers`` and ``-ngl``, the ``transport`` arm at depth 0 (ordered) or 1..14 (pipelined) and any budget,
+  no mutation (functional runs and traces are the simulator's); anything else gets a one-line reason, and the caller
+  simulates it (``sim.checks.run_checked``).
+* ``evaluate(points) -> list[dict]``: the row ``sim.simulate.row`` makes for a simulated point -- every field of
+  it, each token evaluated (none extrapolated) -- plus ``engine: "evaluator"``, ``tokens_simulated: 0``,
   ``simulated_as`` (the point's own depth and budget) and ``shared_with_n: 1``; no ``hazards`` (no race checker
-  ran). ``plans``: the points' ``plan_point`` results, if the caller has them. Raises ValueError for a point
-  outside the envelope and ``backends.base.OutOfDeviceMemory`` for one whose graph does not fit (as the simulator
-  does). Pure and deterministic; CPU only; about 0.1 ms per point and token on a grid.
-* ``evaluate_stats(points, plans=None) -> list[list[GraphStats]]``: the per-token stats behind the rows.
+  ran). Raises ValueError for a point outside the envelope and ``backends.base.OutOfDeviceMemory`` for one whose
+  graph does not fit (as the simulator does). Pure and deterministic; CPU only.
+* ``evaluate_stats(points) -> list[list[GraphStats]]``: the per-token stats behind the rows.
+* ``summarize(points) -> Summary``: every point's figures as arrays (t/s, ms, declined, ring, ...), no rows: what a
+  plan of half a million points reads.
 * ``check_sample(points, rows, n=32, seed=0) -> float``: re-simulates, exact, ``n`` rows drawn with ``seed`` plus
   every row where the best depth or the decline changes between neighbouring contexts, returns the largest
   relative disagreement, raises ``EvaluatorDisagreement`` above 1e-9. Blocks for the simulations (tens of ms each).
@@ -43,6 +46,18 @@ from __future__ import annotations
 
 from sim.evaluator.check import EvaluatorDisagreement, check_sample, row_disagreement
 from sim.evaluator.envelope import in_envelope
-from sim.evaluator.evaluate import evaluate, evaluate_stats
+from sim.evaluator.evaluate import Summary, evaluate, evaluate_stats, summarize
 
-__all__ = ["EvaluatorDisagreement", "check_sample", "evaluate", "evaluate_stats", "in_envelope", "row_disagreement"]
+
+def clear_caches() -> None:
+    """Forget every kept number, shape and envelope verdict (a timing that must build them, as ``kvpipe bench`` does)."""
+    from sim.evaluator import costs, envelope
+    from sim.replay import clear_shapes
+
+    costs.clear_costs()
+    envelope.clear_reasons()
+    clear_shapes()
+
+
+__all__ = ["EvaluatorDisagreement", "Summary", "check_sample", "clear_caches", "evaluate", "evaluate_stats", "in_envelope",
+           "row_disagreement", "summarize"]

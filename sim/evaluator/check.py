@@ -8,7 +8,8 @@ differs. Fields that say which engine made the row or how (``engine``, ``hazards
 :func:`check_sample` re-simulates (exact, every token: ``sim.checks.run_checked``) at least ``n`` of the
 evaluator's points, drawn with ``seed``, plus every point where a neighbour along the context axis (the same
 model, hardware, cache and budget at the next context asked for) has another best depth or another decline, and
-raises :class:`EvaluatorDisagreement` when any row differs by more than ``TOLERANCE``.
+raises :class:`EvaluatorDisagreement` when any row differs by more than ``TOLERANCE``. The changes are found over arrays
+(:func:`boundaries`), which a plan of half a million points calls without making rows.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from sim.simulate import Point, row
 
 TOLERANCE = 1e-9
+TIE_TPS = 1e-9  # t/s within this fraction of the best are a tie (the plan's TIE_GAIN, relative to the best)
 IGNORED = frozenset({"engine", "hazards", "hazard_examples", "tokens_simulated", "simulated_as", "shared_with_n", "wall_s",
                      "sim_wall_s"})
 #: Row fields that name a point's line (everything but context, depth and budget).
@@ -54,24 +58,42 @@ def row_disagreement(got: Any, want: Any, ignore: frozenset[str] = IGNORED) -> f
 
 
 def boundary_points(rows: Sequence[dict[str, Any]]) -> set[int]:
-    """Indices of the rows where the best depth (highest t/s at a budget) or a decline changes from one context to
-    the next asked for on the same line (model, hardware, cache, ...; ``LINE_FIELDS``). Pure."""
-    lines: dict[Any, dict[int, dict[tuple[int, float], int]]] = {}
-    for i, r in enumerate(rows):
-        line = tuple(str(r.get(f)) for f in LINE_FIELDS)
-        lines.setdefault(line, {}).setdefault(int(r["context"]), {})[(int(r["depth"]), float(r["budget_mib"]))] = i
+    """Indices of the rows where the best depth (highest t/s at a budget) or a decline changes from one context to the
+    next asked for on the same line (model, hardware, cache, ...; ``LINE_FIELDS``): :func:`boundaries` of the rows'
+    figures. Pure."""
+    lines: dict[Any, int] = {}
+    line = [lines.setdefault(tuple(str(r.get(f)) for f in LINE_FIELDS), len(lines)) for r in rows]
+    return boundaries(np.array(line, dtype=np.int64), np.array([int(r["context"]) for r in rows], dtype=np.int64),
+                      np.array([int(r["depth"]) for r in rows], dtype=np.int64),
+                      np.array([float(r["budget_mib"]) for r in rows]), np.array([float(r["tokens_per_s"]) for r in rows]),
+                      np.array([bool(r["declined"]) for r in rows], dtype=bool))
+
+
+def boundaries(line: np.ndarray, context: np.ndarray, depth: np.ndarray, budget: np.ndarray, tokens_per_s: np.ndarray,
+               declined: np.ndarray) -> set[int]:
+    """Indices of the points (one array element each) where, along the contexts of one ``line``, a point's decline
+    changes at a (depth, budget), or the best depth at a budget changes: the best as a plan picks it, the shallowest
+    within ``TIE_TPS`` of the highest t/s (depths that run the same schedule differ by float noise, which must not
+    count as a change). Both points of each change. Pure."""
+    n = len(line)
     out: set[int] = set()
-    for by_ctx in lines.values():
-        ctxs = sorted(by_ctx)
-        for a, b in zip(ctxs, ctxs[1:], strict=False):
-            pa, pb = by_ctx[a], by_ctx[b]
-            for budget in {bud for _, bud in pa} & {bud for _, bud in pb}:
-                best_a, best_b = (_best(rows, pts, budget) for pts in (pa, pb))
-                if best_a is not None and best_b is not None and rows[best_a]["depth"] != rows[best_b]["depth"]:
-                    out |= {best_a, best_b}
-            for key in set(pa) & set(pb):
-                if bool(rows[pa[key]]["declined"]) != bool(rows[pb[key]]["declined"]):
-                    out |= {pa[key], pb[key]}
+    if not n:
+        return out
+    order = np.lexsort((context, budget, depth, line))
+    same = (line[order][1:] == line[order][:-1]) & (depth[order][1:] == depth[order][:-1]) & (budget[order][1:] == budget[order][:-1])
+    flip = same & (declined[order][1:] != declined[order][:-1])
+    out |= set(order[1:][flip].tolist()) | set(order[:-1][flip].tolist())
+    order = np.lexsort((depth, context, budget, line))
+    group = np.r_[True, (line[order][1:] != line[order][:-1]) | (budget[order][1:] != budget[order][:-1]) |
+                  (context[order][1:] != context[order][:-1])]
+    starts = np.flatnonzero(group)
+    best = []
+    for lo, hi in zip(starts, [*starts[1:], n], strict=True):
+        tps = tokens_per_s[order[lo:hi]]
+        best.append(int(order[lo + int(np.argmax(tps >= tps.max() * (1 - TIE_TPS)))]))
+    for a, b in zip(best, best[1:], strict=False):
+        if line[a] == line[b] and budget[a] == budget[b] and depth[a] != depth[b]:
+            out |= {a, b}
     return out
 
 
@@ -79,11 +101,6 @@ def _simulated(points: list[Point]) -> list[dict[str, Any]]:
     from sim.checks import run_checked
 
     return [row(run_checked(p, exact=True)) for p in points]
-
-
-def _best(rows: Sequence[dict[str, Any]], pts: dict[tuple[int, float], int], budget: float) -> int | None:
-    here = [i for (_, b), i in sorted(pts.items()) if b == budget]
-    return max(here, key=lambda i: rows[i]["tokens_per_s"]) if here else None
 
 
 def check_sample(points: Sequence[Point], rows: Sequence[dict[str, Any]], n: int = 32, seed: int = 0,

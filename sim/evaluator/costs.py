@@ -26,8 +26,8 @@ import numpy as np
 from backends.base import CopyRange, copy_calls
 from backends.profile import LinkCurve
 from backends.simpy_copy import calls_seconds
-from sim.distinct import window_rows_at
 from sim.graph import DecodeGraph
+from sim.replay import context_free, window_rows_at
 from sim.simulate import Point, graph_at
 from sim.transport.deliveries import Delivery, SpanFn, ordered_copy, plan_deliveries, slot_entries, span_fn
 
@@ -102,6 +102,10 @@ def build(point: Point, graph: DecodeGraph) -> TokenCosts:
     """The numbers of ``graph`` run by ``point``'s scheduler on its (single) device. Pure."""
     h2d, d2h, span = _links(point)
     deliveries = _deliveries(graph, span)
+    return _build(graph, h2d, d2h, span, deliveries)
+
+
+def _build(graph: DecodeGraph, h2d: LinkCurve, d2h: LinkCurve, span: SpanFn, deliveries: dict[int, Delivery]) -> TokenCosts:
     shape: list[SplitShape] = []
     vals: list[float] = []
     for s in graph.splits:
@@ -149,11 +153,9 @@ class _Block:
     scaled: tuple[tuple[int, int, int, int, tuple[int, ...], tuple[int, ...]], ...] | None
 
 
-def _block(point: Point, graph: DecodeGraph, costs: TokenCosts) -> _Block:
-    h2d, _, span = _links(point)
+def _block(graph: DecodeGraph, costs: TokenCosts, h2d: LinkCurve, deliveries: dict[int, Delivery]) -> _Block:
     row = graph.positions[0]
     late_rows = graph.window_rows - row
-    deliveries = _deliveries(graph, span)
     out = []
     for s, c in zip(graph.splits, costs.layout.splits, strict=True):
         if not s.staged:
@@ -183,7 +185,8 @@ def _scaled(block: _Block, row: int) -> TokenCosts:
 
 _KEPT: OrderedDict[Any, dict[int, TokenCosts]] = OrderedDict()  # per workload and machine: step -> numbers
 _BLOCKS: OrderedDict[Any, _Block] = OrderedDict()
-KEPT_POINTS = 1 << 12
+KEPT_POINTS = 1 << 9  # lines whose step numbers are kept (a batch reads each line once, in order)
+KEPT_BLOCKS = 1 << 14  # windows whose first step's numbers are kept (every context of a workload shares them)
 
 
 def token_costs(point: Point, step: int) -> TokenCosts:
@@ -195,11 +198,13 @@ def point_costs(point: Point) -> list[TokenCosts]:
     """The numbers of every decode step of ``point`` (kept for the points that differ only in depth and budget).
 
     The first step of each window size is built from its graph (``sim.simulate.graph_at``); a later step of the same
-    window differs from it only in the row its sequence writes, which splits each window into early and late bytes,
-    so its deliveries are the first step's calls scaled to the new row (:class:`_Block`;
-    ``tests/sim/test_evaluator.py`` holds every step to its own graph)."""
+    window -- of this point, or of another context of the same workload (``sim.distinct.context_free``: a copy's
+    seconds depend on its calls' bytes, not on where the cache's blocks start) -- differs from it only in the row its
+    sequence writes, which splits each window into early and late bytes, so its deliveries are the first step's calls
+    scaled to the new row (:class:`_Block`; ``tests/sim/test_evaluator.py`` holds every step to its own graph)."""
     cfg, hw, wl = point.transport, point.hardware, point.workload
     base = (wl, hw.devices[0], cfg.pack_streams, cfg.min_alignment_bytes)
+    family = (context_free(wl, cells=False), *base[1:])  # a window's numbers do not depend on the context otherwise
     kept = _KEPT.get(base)
     if kept is None:
         kept = {}
@@ -209,12 +214,14 @@ def point_costs(point: Point) -> list[TokenCosts]:
         got = kept.get(step)
         if got is None:
             rows = window_rows_at(wl, step)
-            block = _BLOCKS.get((base, rows))
+            block = _BLOCKS.get((family, rows))
             if block is None or block.scaled is None:
                 graph = graph_at(point, step)
-                got = build(point, graph)
+                h2d, d2h, span = _links(point)
+                deliveries = _deliveries(graph, span)
+                got = _build(graph, h2d, d2h, span, deliveries)
                 if block is None:
-                    _keep(_BLOCKS, (base, rows), _block(point, graph, got))
+                    _keep(_BLOCKS, (family, rows), _block(graph, got, h2d, deliveries), KEPT_BLOCKS)
             else:
                 got = _scaled(block, wl.writes(step)[0][1])
             kept[step] = got
@@ -228,7 +235,7 @@ def clear_costs() -> None:
     _BLOCKS.clear()
 
 
-def _keep(cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+def _keep(cache: OrderedDict[Any, Any], key: Any, value: Any, most: int = KEPT_POINTS) -> None:
     cache[key] = value
-    while len(cache) > KEPT_POINTS:
+    while len(cache) > most:
         cache.popitem(last=False)

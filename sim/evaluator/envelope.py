@@ -1,16 +1,21 @@
-"""Which points the compiled evaluator answers (phase 1), and why not the others.
+"""Which points the compiled evaluator answers, and why not the others.
 
-Inside: one device, the host cache in pinned memory, one sequence, the ``transport`` arm at any depth (0 = ordered,
-1..14 pipelined) and budget, no mutation, no functional run, a machine with one FIFO copy engine per direction
-that drains a stream's queued copies first (every preset), a ring margin of at least two slots, and the decode
-graph the evaluator's token program is written for: split 0 on the GPU with the small inputs, then per attention
-layer a CPU split (the new rows come back) and a GPU split that reads the layer's window. Outside, callers use the
-simulator. Pure; builds at most the point's first graph (kept, see ``sim.simulate.graph_at``).
+Inside: one device, the host cache in pinned memory, the ``transport`` arm at any depth (0 = ordered, 1..14
+pipelined) and budget, no mutation, no functional run, a machine with one FIFO copy engine per direction that drains
+a stream's queued copies first (every preset), a ring margin of 2..32 slots, and the decode graph the evaluator's
+token program is written for: the -ngl CPU layers' split (if any), split 0 on the GPU with the small inputs, then per
+host-cache attention layer a CPU split (the new rows come back) and a GPU split that reads the layer's window. Any
+number of sequences (unified or split cache), ``--kv-gpu-layers`` and ``-ngl`` are inside, each held to the
+simulator by ``tests/sim/test_evaluator.py``. Outside (a pageable host cache, several devices, the other arms),
+callers use the simulator. Pure; builds at most the point's first graph (kept per workload at any context).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from sim.graph import DecodeGraph
+from sim.replay import context_free
 from sim.simulate import Point, graph_at
 
 
@@ -23,10 +28,7 @@ def in_envelope(point: Point) -> str | None:
         (cfg.schedule.active, f"schedule {cfg.schedule.name} (the evaluator models the reference schedule)"),
         (len(hw.devices) != 1 or wl.split_mode != "none", f"{len(hw.devices)} devices, split mode {wl.split_mode}"),
         (not wl.pinned, "pageable host cache"),
-        (wl.n_parallel != 1, f"{wl.n_parallel} sequences"),
-        (getattr(wl, "kv_gpu_layers", 0) != 0, "kv_gpu_layers set (KV on the device for some layers)"),
-        (getattr(wl, "gpu_layer_start", 0) != 0, "some layers on the CPU (n_gpu_layers)"),
-        (cfg.margin_slots < 2, f"ring margin {cfg.margin_slots} (the evaluator needs >= 2)"),
+        (not 2 <= cfg.margin_slots <= 32, f"ring margin {cfg.margin_slots} (the evaluator needs 2..32)"),
     )
     for bad, why in checks:
         if bad:
@@ -37,21 +39,34 @@ def in_envelope(point: Point) -> str | None:
     return _graph_reason(point)
 
 
+_REASONS: dict[Any, str | None] = {}
+
+
+def clear_reasons() -> None:
+    """Forget the graph verdicts kept (a timing that must build them)."""
+    _REASONS.clear()
+
+
 def _graph_reason(point: Point) -> str | None:
-    """Why the point's decode graph is not the shape the evaluator's program runs (None: it is). Kept with the graph."""
-    g = graph_at(point, 0)
-    if "evaluator_reason" not in g.memo:
-        g.memo["evaluator_reason"] = _reason(g)
-    reason: str | None = g.memo["evaluator_reason"]
-    return reason
+    """Why the point's decode graph is not the shape the evaluator's program runs (None: it is). Kept for the points
+    whose graphs share their shape (``sim.distinct.context_free``: the same workload at any context)."""
+    key = (context_free(point.workload, cells=False), tuple(d.compute for d in point.hardware.devices), point.transport.arm)
+    if key not in _REASONS:
+        if len(_REASONS) > 4096:
+            _REASONS.clear()
+        _REASONS[key] = _reason(graph_at(point, 0))
+    return _REASONS[key]
 
 
 def _reason(g: DecodeGraph) -> str | None:
     if g.host_writes_at_start or not g.reads_output:
         return "the graph writes host cells at its start or its output is not read"
-    first, rest = g.splits[0], g.splits[1:]
+    splits = g.splits
+    if splits[0].kind == "cpu" and not splits[0].ordered and not splits[0].stores_rows:  # -ngl: the CPU layers first
+        splits = splits[1:]
+    first, rest = splits[0], splits[1:]
     if first.kind != "gpu" or first.staged or len(rest) % 2:
-        return "the graph does not open with a GPU split of small inputs"
+        return "the graph does not open with a GPU split of small inputs (after the -ngl CPU layers)"
     for cpu, gpu in zip(rest[::2], rest[1::2], strict=True):
         if cpu.kind != "cpu" or gpu.kind != "gpu" or not gpu.staged or gpu.ordered:
             return f"split {gpu.name}: not a CPU split followed by a GPU split that reads a window"

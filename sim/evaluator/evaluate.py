@@ -1,131 +1,232 @@
-"""Evaluate points with the compiled token program: lanes grouped by shape and ring decision, rows as the simulator's.
+"""Evaluate points with the compiled token program: lanes shared by the points that run the same token, rows as the
+simulator's.
 
-Each point is planned by the scheduler's own planning replay (``sim.distinct.plan_point``: per token whether the
-ring runs, its slots, declines); each of its tokens becomes one *lane*: its graph's numbers
-(``sim.evaluator.costs``) and its ring decision (``token.Setup``: ordered or depth N, the slots already used since
-the ring was last allocated, the boundary wait after a token that delivered). Lanes with the same graph shape,
-decision and machine run together as one matrix (``token.run_token``); each token's stats land in a
-``GraphStats``, and ``sim.simulate.row`` makes the row, so every field is computed as the simulator's row is.
+The points are planned together by the scheduler's own rules (``sim.replay.plan_points`` over
+``sim.transport.planning``: per token whether the ring runs, its slots, declines). A token of a point is then a
+*lane*: its graph's numbers (``sim.evaluator.costs``, the same for every depth and budget of a line) and its ring
+decision (``token.Setup``: ordered, or depth N with the ring's slots fresh or already used, and the boundary wait
+after a token that delivered). Points of one line whose decision at a token is the same run the same lane -- every
+budget of an ordered point, every budget that keeps the same ring -- so a lane is evaluated once however many points
+share it. Lanes with the same graph shape, decision and machine run together as one matrix (``token.run_token``).
+
+An :class:`Evaluation` keeps, per (point, token), its lane, and per lane the fields ``GraphStats`` has; from them
+it makes a point's stats, its row (``sim.simulate.row``, so every field is computed as the simulator's row is),
+or a :class:`Summary` of every point's figures as arrays, with no row at all.
 
 Units: seconds and bytes.
 """
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from backends.base import OutOfDeviceMemory
-from sim.distinct import PointPlan, plan_point
-from sim.evaluator.costs import point_costs
+from sim.evaluator.costs import TokenCosts, point_costs
 from sim.evaluator.envelope import in_envelope
 from sim.evaluator.token import Setup, run_token
+from sim.replay import PLAN_FIELDS as _PLAN
+from sim.replay import Plans, plan_points
 from sim.simulate import Point, RunResult, placed_hardware, row
-from sim.transport.config import GraphStats
+from sim.transport.config import MIB, GraphStats
 
 TIME_FIELDS = ("total_s", "blocked_ordered_s", "consumer_wait_s", "issue_s", "boundary_wait_s")
 BYTE_FIELDS = ("early_bytes", "late_bytes", "ordered_bytes")
 COUNT_FIELDS = ("ordered_copies", "depth_stops", "recycle_waits", "deliveries")
-BATCH_POINTS = 4096  # points whose cost matrices are held at once (qwen3.8-27b, 8 tokens: ~60 MB)
+BATCH_POINTS = 1 << 15  # points planned and evaluated at once (their plans, lanes and numbers: ~100 MB at 8 tokens)
 
 
-def setups(point: Point, plan: PointPlan, staged: Sequence[int]) -> list[Setup]:
-    """Each token's ring decision from the plan: ordered, or depth N with the slots used since the ring was (re)allocated
-    (``Ring.ensure_slots`` clears them) and the boundary wait after a token that delivered. ``staged``: each token's
-    staged splits (its deliveries). Pure."""
-    cfg = point.transport
-    n_slots = cfg.n_slots
-    used = [False] * n_slots
-    out: list[Setup] = []
-    prev_alloc, prev_active = 0, False
-    for k, tp in enumerate(plan.tokens):
-        active = bool(tp.active)
-        alloc = tp.rings[0][2] if tp.rings else 0
-        if active:
-            if k == 0 or alloc != prev_alloc:
-                used = [False] * n_slots
-            out.append(Setup(cfg.depth, n_slots, tuple(used), prev_active))
-            for o in range(min(staged[k], n_slots)):
-                used[o] = True
-        else:
-            out.append(Setup(boundary=prev_active))
-        prev_alloc, prev_active = alloc, active
-    return out
+@dataclass(frozen=True)
+class Summary:
+    """Every point's figures as arrays (one element per point): what the rows would say, without the rows.
+
+    ``ms_per_token``, ``tokens_per_s``, ``declined`` (a ring declined and none delivered), ``ring_mib`` (the last
+    token's ring need), ``ring_alloc_mib`` (0 where declined), ``late_mib`` and ``blocked_ms`` (means per token),
+    ``window_rows`` (the first token's), ``fits`` (False: the scheduler refuses the point; its figures are 0)."""
+
+    ms_per_token: np.ndarray
+    tokens_per_s: np.ndarray
+    declined: np.ndarray
+    ring_mib: np.ndarray
+    ring_alloc_mib: np.ndarray
+    late_mib: np.ndarray
+    blocked_ms: np.ndarray
+    window_rows: np.ndarray
+    fits: np.ndarray
+
+    @staticmethod
+    def concat(parts: Sequence[Summary]) -> Summary:
+        return Summary(*(np.concatenate([getattr(s, f) for s in parts]) for f in Summary.__dataclass_fields__))
 
 
-def evaluate_stats(points: Sequence[Point], plans: Sequence[PointPlan] | None = None) -> list[list[GraphStats]]:
-    """Every token's GraphStats of every point (each inside the envelope: ``in_envelope``), as the simulator would
-    report them. Raises ValueError for a point outside the envelope and OutOfDeviceMemory for one that does not fit
-    (as the simulator does). Blocks for the evaluation (CPU); holds one cost matrix of ``BATCH_POINTS`` points at a
-    time."""
-    return [stats for stats, _ in _evaluated(points, plans)]
+class Evaluation:
+    """The evaluator's answer for a batch of points: their plans, each (point, token)'s lane and each lane's fields."""
 
+    def __init__(self, points: Sequence[Point], plans: Plans, lane: np.ndarray, fields: dict[str, np.ndarray]) -> None:
+        self.points, self.plans, self.lane, self.fields = points, plans, lane, fields
 
-def _evaluated(points: Sequence[Point], plans: Sequence[PointPlan] | None) -> list[tuple[list[GraphStats], int]]:
-    """(stats, the first token's window rows) of every point."""
-    out: list[tuple[list[GraphStats], int]] = []
-    for lo in range(0, len(points), BATCH_POINTS):
-        batch = points[lo : lo + BATCH_POINTS]
-        out += _batch(batch, plans[lo : lo + BATCH_POINTS] if plans is not None else None, lo)
-    return out
+    def stats(self, i: int) -> list[GraphStats]:
+        """Point ``i``'s GraphStats, one per token, as the simulator would report them. Raises OutOfDeviceMemory for a
+        point that does not fit (as the simulator does)."""
+        if not self.plans.fits[i]:
+            raise OutOfDeviceMemory(self.plans.reasons.get(i, ""))
+        cfg = self.points[i].transport
+        out = []
+        for k in range(self.points[i].workload.tokens):
+            lane = int(self.lane[i, k])
+            values: dict[str, Any] = {f: (float if f in TIME_FIELDS else int)(self.fields[f][lane]) for f in self.fields}
+            out.append(GraphStats(token=k, **values, **dict(zip(_PLAN, self.plans.graphs[k].fields(i, cfg), strict=True))))
+        return out
 
-
-def _batch(points: Sequence[Point], plans: Sequence[PointPlan] | None, first: int) -> list[tuple[list[GraphStats], int]]:
-    groups: dict[Any, list[tuple[int, int, np.ndarray]]] = {}
-    machines: dict[int, tuple[int, Any]] = {}  # id(profile) -> (its index, the profile, kept alive while its id is a key)
-    planned: list[PointPlan] = []
-    rows: list[int] = []
-    last: tuple[Any, ...] = ()
-    for i, p in enumerate(points):
-        # the envelope: the same verdict as the point before when only depth and budget differ (a grid's inner axes)
-        here = (p.workload, p.hardware, replace(p.transport, depth=0, budget_mib=0.0))
-        if here != last:
-            reason = in_envelope(p)  # first: its graph is then kept for the plan and the costs
-            if reason:
-                raise ValueError(f"point {first + i} is outside the evaluator's envelope: {reason}")
-            last = here
-        plan = plans[i] if plans is not None else plan_point(p)
-        if not plan.fits:
-            raise OutOfDeviceMemory(plan.reason)
-        planned.append(plan)
-        costs = point_costs(p)
-        rows.append(costs[0].window_rows)
-        m = machines.setdefault(id(p.hardware), (len(machines), p.hardware))[0]
-        for k, (c, s) in enumerate(zip(costs, setups(p, plan, [c.layout.staged for c in costs]), strict=True)):
-            groups.setdefault((c.layout, s, m), []).append((i, k, c.values))
-    fields: list[list[dict[str, Any]]] = [[{} for _ in range(p.workload.tokens)] for p in points]
-    profiles = {m: hw for m, hw in machines.values()}
-    for (layout, setup, m), lanes in groups.items():
-        hw = profiles[m]
-        st = run_token(layout, np.stack([v for _, _, v in lanes]), setup, hw.host, hw.devices[0])
-        times = list(zip(*(st[f].tolist() for f in TIME_FIELDS), strict=True))  # type: ignore[union-attr]
-        nbytes = list(zip(*(st[f].astype(np.int64).tolist() for f in BYTE_FIELDS), strict=True))  # type: ignore[union-attr]
-        counts = {f: int(st[f]) for f in COUNT_FIELDS}  # type: ignore[arg-type]
-        for (i, k, _), t, b in zip(lanes, times, nbytes, strict=True):
-            fields[i][k] = {**dict(zip(TIME_FIELDS, t, strict=True)), **dict(zip(BYTE_FIELDS, b, strict=True)), **counts}
-    out = []
-    for plan, per_token, window_rows in zip(planned, fields, rows, strict=True):
-        out.append(([GraphStats(token=k, **f, **tp.fields()) for k, (f, tp) in enumerate(zip(per_token, plan.tokens, strict=True))],
-                    window_rows))
-    return out
-
-
-def evaluate(points: Sequence[Point], plans: Sequence[PointPlan] | None = None) -> list[dict[str, Any]]:
-    """The row of every point (``sim.simulate.row``'s fields, plus ``engine: evaluator``, ``tokens_simulated: 0``,
-    ``simulated_as`` its own depth and budget, ``shared_with_n: 1``). See :func:`evaluate_stats` for what it raises.
-    Blocks for the evaluation (CPU)."""
-    t = time.perf_counter()
-    evaluated = _evaluated(points, plans)
-    wall = (time.perf_counter() - t) / max(1, len(points))
-    rows = []
-    for p, (graphs, window_rows) in zip(points, evaluated, strict=True):
+    def row(self, i: int, wall_s: float = 0.0) -> dict[str, Any]:
+        """Point ``i``'s row (``sim.simulate.row`` of its stats, plus ``engine: evaluator``, ``tokens_simulated: 0``,
+        ``simulated_as`` its own depth and budget, ``shared_with_n: 1``). Raises OutOfDeviceMemory as :meth:`stats`."""
+        p = self.points[i]
         placed = p if len(p.hardware.devices) == 1 else replace(p, hardware=placed_hardware(p))
-        result = RunResult(placed, graphs, [], window_rows, wall)
+        result = RunResult(placed, self.stats(i), [], int(self.plans.rows[0][i]), wall_s)
         result.extra.update(tokens_simulated=0, simulated_as={"depth": p.transport.depth, "budget_mib": p.transport.budget_mib},
                             shared_with_n=1, engine="evaluator")
-        rows.append(row(result))
-    return rows
+        return row(result)
+
+    def summary(self) -> Summary:
+        """Every point's figures (:class:`Summary`), computed as ``sim.simulate.row`` computes them. Pure."""
+        n, plans = len(self.points), self.plans
+        tokens = plans.tokens
+        n_par = np.array([p.workload.n_parallel for p in plans.lines], dtype=np.float64)[plans.line_of]
+        sums = {f: np.zeros(n) for f in ("total_s", "late_bytes", "blocked_ordered_s")}
+        any_declined, any_delivered = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+        last_need, last_alloc = np.zeros(n), np.zeros(n)
+        for k in range(self.lane.shape[1]):
+            here = tokens > k
+            lane = np.where(here, self.lane[:, k], 0)
+            for f, acc in sums.items():
+                acc += np.where(here, self.fields[f][lane], 0.0)  # token by token, as Python's sum adds them
+            g = plans.graphs[k]
+            any_declined |= here & g.declined
+            any_delivered |= here & (self.fields["deliveries"][lane] > 0)
+            last = tokens == k + 1
+            last_need = np.where(last, g.slot_need * g.ring_slots, last_need)
+            last_alloc = np.where(last, g.slot_alloc * g.ring_slots, last_alloc)
+        ms = sums["total_s"] / np.maximum(tokens, 1) * 1e3
+        declined = any_declined & ~any_delivered
+        fits = np.asarray(plans.fits, dtype=bool)
+        tps = np.where(ms > 0, n_par * 1e3 / np.where(ms > 0, ms, 1.0), 0.0)
+        return Summary(np.where(fits, ms, 0.0), np.where(fits, tps, 0.0), declined & fits, last_need / MIB,
+                       np.where(declined, 0.0, last_alloc / MIB), sums["late_bytes"] / np.maximum(tokens, 1) / MIB,
+                       sums["blocked_ordered_s"] / np.maximum(tokens, 1) * 1e3, plans.rows[0].copy(), fits)
+
+
+def evaluate_batch(points: Sequence[Point], first: int = 0) -> Evaluation:
+    """Plan and evaluate ``points`` (each inside the envelope: ``in_envelope``). Points that do not fit are kept
+    (``plans.fits`` False; their lanes are a placeholder). Raises ValueError for a point outside the envelope
+    (``first``: the index the messages count from). Blocks for the evaluation (CPU)."""
+    costs: list[list[TokenCosts]] = []
+
+    def line(p: Point) -> None:  # each line in turn, while its graphs are kept
+        reason = in_envelope(p)
+        if reason:
+            raise ValueError(f"point {first + list(points).index(p)} is outside the evaluator's envelope: {reason}")
+        costs.append(point_costs(p))
+
+    plans = plan_points(points, line)
+    n, n_tok = len(points), max(p.workload.tokens for p in points)
+    depth, n_slots, tokens = plans.policy.depth, plans.policy.n_slots, plans.tokens
+    # each (point, token)'s lane key: its line and token, and its ring decision as one number
+    keys = np.full((n, n_tok), -1, dtype=np.int64)
+    used, before = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    live = plans.fits.copy()
+    for k in range(n_tok):
+        active = plans.active(k)
+        used &= ~plans.graphs[k].fresh.get(0, np.zeros(n, dtype=bool))
+        code = np.where(active, 2 + (((depth * 64 + n_slots) * 2 + used) * 2 + before), before)
+        keys[:, k] = np.where(live & (tokens > k), (plans.line_of * n_tok + k) * (1 << 24) + code, -1)
+        used |= active
+        before = active
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    lane = inverse.reshape(n, n_tok) - (1 if uniq.size and uniq[0] < 0 else 0)
+    wanted = uniq[uniq >= 0]
+    fields = _run_lanes(plans, costs, wanted, n_tok)
+    lane[keys < 0] = 0
+    if not wanted.size:  # nothing fits: placeholder lanes
+        fields = {f: np.zeros(1) for f in (*TIME_FIELDS, *BYTE_FIELDS, *COUNT_FIELDS)}
+    return Evaluation(points, plans, lane, fields)
+
+
+def _run_lanes(plans: Plans, costs_of: list[list[TokenCosts]], keys: np.ndarray, n_tok: int) -> dict[str, np.ndarray]:
+    """Each lane's GraphStats fields: lanes of one graph shape, decision and machine run as one matrix."""
+    out = {f: np.zeros(len(keys), dtype=np.float64 if f in TIME_FIELDS else np.int64)
+           for f in (*TIME_FIELDS, *BYTE_FIELDS, *COUNT_FIELDS)}
+    groups: dict[Any, list[tuple[int, np.ndarray]]] = {}
+    machines: dict[int, Any] = {}
+    for j, key in enumerate(keys.tolist()):
+        code, rest = key % (1 << 24), key >> 24
+        li, k = divmod(rest, n_tok)
+        line = plans.lines[li]
+        costs = costs_of[li][k]
+        setup = _setup(code, costs.layout.staged)
+        machines.setdefault(id(line.hardware), line.hardware)
+        groups.setdefault((costs.layout, setup, id(line.hardware)), []).append((j, costs.values))
+    for (layout, setup, hw_id), lanes in groups.items():
+        hw = machines[hw_id]
+        st = run_token(layout, np.stack([v for _, v in lanes]), setup, hw.host, hw.devices[0])
+        idx = np.fromiter((j for j, _ in lanes), dtype=np.intp, count=len(lanes))
+        for f in TIME_FIELDS:
+            out[f][idx] = st[f]
+        for f in BYTE_FIELDS:
+            out[f][idx] = np.asarray(st[f]).astype(np.int64)
+        for f in COUNT_FIELDS:
+            out[f][idx] = int(st[f])  # type: ignore[call-overload]
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _setup(code: int, staged: int) -> Setup:
+    """The ring decision a lane key's code names (see ``evaluate_batch``): ordered, or depth N over ``n_slots`` slots,
+    fresh or already used by ``staged`` deliveries, with or without the boundary wait."""
+    if code < 2:
+        return Setup(boundary=bool(code))
+    code -= 2
+    before, code = code % 2, code // 2
+    used, code = code % 2, code // 2
+    depth, n_slots = divmod(code, 64)
+    return Setup(depth, n_slots, tuple(bool(used) and o < min(staged, n_slots) for o in range(n_slots)), bool(before))
+
+
+def evaluations(points: Sequence[Point]) -> Iterator[tuple[int, Evaluation]]:
+    """``points`` evaluated in batches of ``BATCH_POINTS``, one batch at a time (a batch's plans are dropped once the
+    caller moves on): (the batch's first index, its Evaluation). Blocks (CPU)."""
+    for lo in range(0, len(points), BATCH_POINTS):
+        yield lo, evaluate_batch(points[lo : lo + BATCH_POINTS], lo)
+
+
+def evaluate_stats(points: Sequence[Point]) -> list[list[GraphStats]]:
+    """Every token's GraphStats of every point (each inside the envelope: ``in_envelope``), as the simulator would
+    report them. Raises ValueError for a point outside the envelope and OutOfDeviceMemory for one that does not fit
+    (as the simulator does). Blocks for the evaluation (CPU)."""
+    return [ev.stats(i) for _, ev in evaluations(points) for i in range(len(ev.points))]
+
+
+def evaluate(points: Sequence[Point]) -> list[dict[str, Any]]:
+    """The row of every point (:meth:`Evaluation.row`; ``wall_s``: its batch's wall time per point). See
+    :func:`evaluate_stats` for what it raises. Blocks for the evaluation (CPU)."""
+    out: list[dict[str, Any]] = []
+    for lo in range(0, len(points), BATCH_POINTS):
+        t = time.perf_counter()
+        ev = evaluate_batch(points[lo : lo + BATCH_POINTS], lo)
+        wall = (time.perf_counter() - t) / len(ev.points)
+        out += [ev.row(i, wall) for i in range(len(ev.points))]
+    return out
+
+
+def summarize(points: Sequence[Point]) -> Summary:
+    """Every point's figures as arrays (:class:`Summary`), no rows. Raises ValueError for a point outside the
+    envelope; a point that does not fit has ``fits`` False. Blocks for the evaluation (CPU); holds one batch of
+    ``BATCH_POINTS`` points' plans at a time."""
+    if not points:
+        return Summary(*(np.zeros(0) for _ in Summary.__dataclass_fields__))
+    return Summary.concat([ev.summary() for _, ev in evaluations(points)])

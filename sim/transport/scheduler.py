@@ -51,16 +51,15 @@ from typing import Any
 
 from backends.base import Access, Backend, BackendError, Buffer, HostOp, OutOfDeviceMemory, Work, WorkKind
 from sim.graph import DecodeGraph, Split, StagedInput
+from sim.transport import planning
 from sim.transport.config import ARMS, MAX_BUDGET_MIB, MAX_DEPTH, MIB, MUTATIONS, GraphStats, Mutations, Schedule, TransportConfig
 from sim.transport.deliveries import (
     Delivery,
     align_up,
-    full_need,
     in_pieces,
     next_pow2,
     piece_range,
     plan_deliveries,
-    slot_entries,
     span_fn,
     stable_early,
 )
@@ -146,39 +145,23 @@ class TransportScheduler(OrderedPath, SchedulePolicies):
         return ring
 
     def _plan(self, graph: DecodeGraph, stats: GraphStats) -> dict[int, _DevicePlan]:
+        """Each staged device's ring decision for this graph (``sim.transport.planning.plan_ring``)."""
         plans: dict[int, _DevicePlan] = {}
+        gp, mem, pol = planning.GraphPlan.empty(1), planning.memory_of(self), planning.policy_of(self.cfg)
         for dev, splits, need, entries, full in self._slot_needs(graph):
-            stats.staged_splits += len(splits)
             ring = self._ring(dev)
-            stats.slot_need_bytes = max(stats.slot_need_bytes, need)
-            stats.full_slot_need_bytes = max(stats.full_slot_need_bytes, full)
-            plan = plans[dev] = _DevicePlan(False, need, entries, splits)
-            if ring is None:
-                continue
-            stats.ring_slots = ring.n_slots
-            reason = ring.decline_reason(self.cfg, self.be, need, full) or ring.ensure_slots(self.cfg, self.be, self.align[dev], need, full)
-            if reason:
-                stats.declined, stats.decline_reason = True, reason
-                continue
-            plan.active = True
-            stats.slot_alloc_bytes = max(stats.slot_alloc_bytes, ring.slot_alloc_bytes)
+            here, n_splits, need_a, full_a = planning.one(True, len(splits), need, full)
+            planning.plan_ring(gp, ring.state if ring else None, mem, pol, dev, here, n_splits, need_a, full_a, self.align[dev])
+            if ring is not None and gp.fresh[dev][0]:
+                ring.slot_used = [False] * ring.n_slots
+            plans[dev] = _DevicePlan(bool(gp.active[dev][0]), need, entries, splits)
+        gp.to_stats(stats, self.cfg)
         return plans
 
-    def _slot_needs(self, graph: DecodeGraph) -> list[tuple[int, list[Split], int, dict[int, list[tuple[StagedInput, int]]], int]]:
-        """Per device with staged splits: (device, its staged splits, slot need, entries, full-context need). A pure
-        function of the graph and the slot layout, kept with the graph (read, never changed)."""
-        key = ("slot_needs", self.cfg.pack_streams, tuple(self.align))
-        kept = graph.memo.get(key)
-        if kept is None:
-            by_dev: dict[int, list[Split]] = {}
-            for s in graph.staged_splits:
-                by_dev.setdefault(s.device, []).append(s)
-            kept = []
-            for dev, splits in by_dev.items():
-                need, entries = slot_entries(splits, self.span[dev])
-                kept.append((dev, splits, need, entries, max(full_need(s, graph, self.span[dev]) for s in splits)))
-            graph.memo[key] = kept
-        return kept
+    def _slot_needs(self, graph: DecodeGraph) -> list[planning.SlotNeed]:
+        """Per device with staged splits: (device, its staged splits, slot need, entries, full-context need), kept with
+        the graph (``sim.transport.planning.slot_needs``)."""
+        return planning.slot_needs(graph, self.span, (self.cfg.pack_streams, tuple(self.align)))
 
     def _plan_deliveries(self, dev: int, plan: _DevicePlan, graph: DecodeGraph) -> None:
         """The deliveries of an active plan, into the ring (or, mutated, the graph allocator's input region)."""
@@ -205,29 +188,21 @@ class TransportScheduler(OrderedPath, SchedulePolicies):
             self._next_slot[dev] = (first + len(plan.deliveries)) % ring.n_slots
 
     def _reserve_graph(self, graph: DecodeGraph, plans: dict[int, _DevicePlan], stats: GraphStats) -> HostOp:
-        """Allocate each device's graph memory next to its ring; fall back to ordered once on failure."""
-        devices = {s.device for s in graph.splits if s.kind == "gpu"}
-        for dev in sorted(devices):
+        """Allocate each device's graph memory next to its ring; fall back to ordered once on failure
+        (``sim.transport.planning.reserve_graph``); the resident arm's cache once."""
+        devices = sorted({s.device for s in graph.splits if s.kind == "gpu"})
+        gp, mem, pol = planning.GraphPlan.empty(1), planning.memory_of(self), planning.policy_of(self.cfg)
+        gp.active = {dev: planning.one(p.active)[0] for dev, p in plans.items()}
+        rings = {dev: ring.state for dev, ring in self.rings.items()}
+        for dev in devices:
             plan = plans.get(dev)
-            inputs_here = plan is not None and (not plan.active or not self.policy.ring_staging) and self.cfg.arm != "resident"
-            need = self.graph_base[dev] + (plan.slot_need if inputs_here and plan else 0)
-            if not self._grow_graph_mem(dev, need):
-                ring = self.rings.get(dev)
-                if ring is None or ring.buffer is None:
-                    raise self._does_not_fit(dev, need)
-                ring.free(self.be)
-                ring.frozen_ordered = True
-                if plan is not None:
-                    plan.active = False
-                stats.declined = True
-                stats.decline_reason = f"graph reservation failed next to the ring on device {dev}; retried ordered"
-                need = self.graph_base[dev] + (plan.slot_need if plan else 0)
-                if not self._grow_graph_mem(dev, need):
-                    raise self._does_not_fit(dev, need)
-            if dev not in self.io_dev:
-                self.io_dev[dev] = self.be.alloc(dev, self.io_bytes, f"io{dev}")
+            gpu, staged, need = planning.one(True, plan is not None, plan.slot_need if plan else 0)
+            planning.reserve_graph(gp, rings, mem, pol, dev, gpu, staged, need, self.graph_base[dev], self.io_bytes)
+            if plan is not None:
+                plan.active = bool(gp.active[dev][0])
+        gp.to_stats(stats, self.cfg, declines_only=True)
         if self.cfg.arm == "resident":  # past the -ngl CPU layers' blocks, which stay in host memory
-            yield from self._make_resident(sorted(devices), stats, start=graph.host_only_kv_bytes)
+            yield from self._make_resident(devices, stats, start=graph.host_only_kv_bytes)
 
     def _does_not_fit(self, dev: int, need: int) -> OutOfDeviceMemory:
         free = self.be.free_bytes(dev) + (self.graph_mem[dev].nbytes if dev in self.graph_mem else 0)
@@ -235,28 +210,15 @@ class TransportScheduler(OrderedPath, SchedulePolicies):
                                  f"{need / MIB:,.1f} MiB, the device has {free / MIB:,.1f} MiB free beside the model")
 
     def _grow_graph_mem(self, dev: int, need: int) -> bool:
-        cur = self.graph_mem.get(dev)
-        if cur is not None and cur.nbytes >= need:
-            return True
-        if cur is not None:
-            self.be.free(cur)
-            del self.graph_mem[dev]
-        try:
-            self.graph_mem[dev] = self.be.alloc(dev, max(need, 1), f"graph{dev}")
-        except OutOfDeviceMemory:
-            return False
-        return True
+        """Make device ``dev``'s graph memory hold ``need`` bytes (``sim.transport.planning.grow_graph``)."""
+        return bool(planning.grow_graph(planning.memory_of(self), dev, *planning.one(need, True))[0])
 
     def _account_idle(self, plans: dict[int, _DevicePlan]) -> None:
-        for dev, ring in self.rings.items():
-            plan = plans.get(dev)
-            if plan is not None and plan.active:
-                ring.idle_graphs, ring.delivered_last_graph = 0, True
-                continue
-            ring.delivered_last_graph = False
-            ring.idle_graphs += 1
-            if ring.idle_graphs > self.cfg.idle_release_graphs:
-                ring.free(self.be)
+        """Count idle graphs; release a ring idle too long (``sim.transport.planning.account_idle``)."""
+        gp = planning.GraphPlan.empty(1)
+        gp.active = {dev: planning.one(p.active)[0] for dev, p in plans.items()}
+        planning.account_idle(gp, {dev: r.state for dev, r in self.rings.items()}, planning.memory_of(self),
+                              planning.policy_of(self.cfg))
 
     # ---------------------------------------------------------- execute
 

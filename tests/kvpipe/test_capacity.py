@@ -138,15 +138,16 @@ def test_the_plan_holds_its_evaluated_rows_to_the_simulator_once(monkeypatch: py
     fp = plan_fit(req)
     n, worst = fp.check
     assert n > 0 and 0.0 <= worst <= 1e-9  # the evaluator answered, and a sample agreed with the simulator
-    from sim import evaluator
     from sim.evaluator import EvaluatorDisagreement
+    from sim.evaluator.evaluate import Evaluation
 
-    real = evaluator.evaluate
+    real = Evaluation.row
 
-    def off_by_a_little(points, plans=None):  # type: ignore[no-untyped-def]
-        return [{**r, "tokens_per_s": r["tokens_per_s"] * (1 + 1e-6)} for r in real(points, plans)]
+    def off_by_a_little(self, i, wall_s=0.0):  # type: ignore[no-untyped-def]
+        r = real(self, i, wall_s)
+        return {**r, "tokens_per_s": r["tokens_per_s"] * (1 + 1e-6)}
 
-    monkeypatch.setattr(evaluator, "evaluate", off_by_a_little)
+    monkeypatch.setattr(Evaluation, "row", off_by_a_little)
     with pytest.raises(EvaluatorDisagreement):
         plan_fit(req)
     assert plan_fit(replace(req, check_n=0)).check[1] == 0.0  # --check 0: nothing re-simulated

@@ -5,7 +5,8 @@
   (``run_sweep(..., exact=True)``, what ``kvpipe sweep --exact`` runs) and the declined flags equal -- 200 points
   drawn with a fixed seed in the default run, the whole grid under ``-m benchmark`` (it simulates for ~45 s);
 * random points of the envelope (every model preset, four hardware presets, contexts 1..200,000, depths 0..8,
-  budgets 0..1,024 MiB) against ``sim.checks.run_checked(point, exact=True)``;
+  budgets 0..1,024 MiB) against ``sim.checks.run_checked(point, exact=True)``; and as many of each extension of it:
+  ``--kv-gpu-layers`` or ``-ngl``, and several sequences (2-8, unified or split, one context or one each);
 * ``check_sample``: what it re-simulates, what it returns, that it raises on a disagreement;
 * ``in_envelope``: each reason.
 """
@@ -70,6 +71,12 @@ def envelope_points(draw: Any) -> Point:
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(envelope_points())
 def test_random_envelope_points_match_the_simulator(point: Point) -> None:
+    _held(point)
+
+
+def _held(point: Point) -> None:
+    """The evaluator's row of ``point`` equals the simulator's (every token simulated) within TOL; both refuse a point
+    that does not fit."""
     assert in_envelope(point) is None
     try:
         want = row(run_checked(point, exact=True))
@@ -79,7 +86,42 @@ def test_random_envelope_points_match_the_simulator(point: Point) -> None:
         return
     got = evaluate([point])[0]
     assert got["declined"] == want["declined"]
-    assert row_disagreement(got, want) <= TOL
+    assert row_disagreement(got, want) <= TOL, (point.context, point.transport, point.workload)
+
+
+@st.composite
+def placed_points(draw: Any) -> Point:
+    """--kv-gpu-layers (the first N attention layers' KV on the device) or -ngl (the first layers on the CPU)."""
+    model = draw(st.sampled_from(MODELS))
+    kv, ngl = (draw(st.integers(1, 12)), 999) if draw(st.booleans()) else (0, draw(st.integers(2, 60)))
+    spec = GridSpec(models=(model,), hardware=(draw(st.sampled_from(HARDWARE)),), contexts=((draw(st.integers(1, 150_000)),),),
+                    depths=(draw(st.integers(0, 8)),), budgets_mib=(float(draw(st.integers(0, 1024))),),
+                    tokens=draw(st.integers(1, 6)), kv_gpu_layers=(kv,), n_gpu_layers=(ngl,))
+    return points(spec)[0]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(placed_points())
+def test_random_kv_gpu_layers_and_ngl_points_match_the_simulator(point: Point) -> None:
+    _held(point)
+
+
+@st.composite
+def sequences_points(draw: Any) -> Point:
+    """Several sequences, a unified cache or one stream each, the same context or one each."""
+    n = draw(st.sampled_from([2, 3, 4, 8]))
+    each = draw(st.booleans())
+    ctx = tuple(draw(st.integers(1, 60_000)) for _ in range(n)) if each else (draw(st.integers(1, 100_000)),)
+    spec = GridSpec(models=(draw(st.sampled_from(MODELS[:3])),), hardware=(draw(st.sampled_from(HARDWARE[:3])),),
+                    contexts=(ctx,), parallels=(n,), unified=draw(st.booleans()), depths=(draw(st.integers(0, 8)),),
+                    budgets_mib=(float(draw(st.sampled_from([0, 32, 128, 512]))),), tokens=draw(st.integers(1, 5)))
+    return points(spec)[0]
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sequences_points())
+def test_random_several_sequence_points_match_the_simulator(point: Point) -> None:
+    _held(point)
 
 
 def test_every_token_and_field_of_a_point_with_a_decline_midway() -> None:
@@ -91,15 +133,20 @@ def test_every_token_and_field_of_a_point_with_a_decline_midway() -> None:
     assert {r["engine"] for r in rows} == {"evaluator"} and all("hazards" not in r for r in rows)
 
 
-@pytest.mark.parametrize("hardware,cache_v", [("rtx4070-gen4x16", ()), ("h200-gen5x16", ("f16",)), ("rtx3060-gen3x4", ("q4_0",))])
-def test_scaled_steps_equal_their_own_graphs(hardware: str, cache_v: tuple[str, ...]) -> None:
+@pytest.mark.parametrize("hardware,cache_v,placed", [("rtx4070-gen4x16", (), {}), ("h200-gen5x16", ("f16",), {}),
+                                                     ("rtx3060-gen3x4", ("q4_0",), {}),
+                                                     ("rtx4070-gen4x16", (), {"kv_gpu_layers": (4,)}),
+                                                     ("h200-gen5x16", (), {"n_gpu_layers": (40,)})])
+def test_scaled_steps_equal_their_own_graphs(hardware: str, cache_v: tuple[str, ...], placed: dict[str, Any]) -> None:
     """A later step of a window is its first step's numbers with the deliveries scaled to its row: equal, to the bit,
-    to the numbers built from its own graph (across a window boundary too)."""
+    to the numbers built from its own graph (across a window boundary too; and from another context's first step of
+    the same window: 4,090 and 4,091 share the 4,096-row window, in caches of 4,096 and 4,352 cells)."""
     from sim.evaluator.costs import build, clear_costs, token_costs
     from sim.simulate import graph_at
 
     clear_costs()
-    for p in points(GridSpec(hardware=(hardware,), cache_types_v=cache_v, contexts=((1000,), (4093,)), depths=(1,), tokens=6)):
+    contexts = ((1000,), (4093,), (4090,), (4091,))
+    for p in points(GridSpec(hardware=(hardware,), cache_types_v=cache_v, contexts=contexts, depths=(1,), tokens=6, **placed)):
         for k in range(p.workload.tokens):
             got, want = token_costs(p, k), build(p, graph_at(p, k))
             assert got.layout is want.layout and got.values.tolist() == want.values.tolist(), (p.context, k)
@@ -134,10 +181,53 @@ def test_in_envelope_reasons() -> None:
         (replace(p, transport=replace(cfg, arm="resident", depth=0)), "arm resident"),
         (replace(p, transport=replace(cfg, mutations=frozenset({"margin0"}))), "mutated"),
         (replace(p, workload=replace(wl, pinned=False)), "pageable"),
-        (replace(p, workload=replace(wl, n_parallel=2)), "2 sequences"),
+        (points(GridSpec(hardware=("rtx4070-gen4x16+rtx3060-gen3x4",), split_mode="layer", contexts=((4096,),), depths=(1,)))[0],
+         "2 devices"),
         (replace(p, transport=replace(cfg, margin_slots=1)), "margin 1"),
     ]
     for q, why in cases:
         assert why in (in_envelope(q) or ""), why
     with pytest.raises(ValueError, match="outside the evaluator's envelope: pageable"):
         evaluate([cases[2][0]])
+
+
+def test_the_summary_a_plan_reads_is_what_the_rows_say() -> None:
+    """``summarize`` (arrays, no rows: what ``kvpipe plan`` reads) gives every point the figures of its row, exactly:
+    the same lanes, summed over tokens as ``sim.simulate.row`` sums them; and a point that does not fit says so."""
+    from sim.evaluator import summarize
+
+    pts = points(GridSpec(contexts=((4096,), (30000,), (80352,)), depths=(0, 1, 3), budgets_mib=(0.0, 40.0), tokens=5))
+    pts += points(GridSpec(models=("llama-3.1-70b",), contexts=((4096,),), depths=(0, 1)))  # 70B on 12 GB: does not fit
+    s = summarize(pts)
+    for i, p in enumerate(pts):
+        if not s.fits[i]:
+            with pytest.raises(OutOfDeviceMemory):
+                evaluate([p])
+            continue
+        r = evaluate([p])[0]
+        assert (s.tokens_per_s[i], s.ms_per_token[i], s.declined[i], s.ring_mib[i], s.ring_alloc_mib[i], s.window_rows[i],
+                s.late_mib[i], s.blocked_ms[i]) == (r["tokens_per_s"], r["ms_per_token"], r["declined"], r["ring_mib"],
+                                                     r["ring_alloc_mib"], r["window_rows"], r["late_mib"],
+                                                     r["breakdown_ms"]["blocked_in_ordered_copies"]), p.transport
+    assert not s.fits[-1] and s.fits[:-2].all() and s.declined.any()
+
+
+def test_boundaries_are_changes_of_best_depth_or_decline_not_float_noise() -> None:
+    """The sample check's boundaries (over arrays, as a plan of half a million points finds them): a decline that
+    flips between neighbouring contexts, and a best depth that changes -- but not two depths within 1e-9 of each
+    other trading places, which is float noise between depths that run the same schedule."""
+    import numpy as np
+
+    from sim.evaluator.check import boundaries
+
+    # one line, one budget, contexts 1..4, depths 0..2 (index = 3 * context + depth)
+    ctx = np.repeat(np.arange(4), 3)
+    depth = np.tile(np.arange(3), 4)
+    tps = np.array([10, 20, 20 * (1 + 1e-12),  # depth 1 and 2 tie: best is 1
+                    10, 20 * (1 + 1e-12), 20,  # tie again, the other way round: still 1
+                    10, 20, 30,  # depth 2 is better: a change
+                    10, 20, 30], dtype=float)
+    declined = np.zeros(12, dtype=bool)
+    declined[[2, 5]] = True  # depth 2 declined at contexts 0 and 1, not after: a flip between contexts 1 and 2
+    got = boundaries(np.zeros(12, dtype=np.int64), ctx, depth, np.zeros(12), tps, declined)
+    assert got == {4, 8} | {5, 8}  # best 1 -> 2 between contexts 1 and 2 (points 4 and 8); the decline flip (5, 8)

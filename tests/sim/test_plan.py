@@ -140,3 +140,14 @@ def test_best_depth_by_budget_is_the_best_of_every_depth_at_that_budget() -> Non
     # 64 MiB holds depth 1's ring at 4,096 (28 MiB) but not at 16,384 (104 MiB): the budget decides, not the depth
     assert got[4096][64.0][0] == 1 and got[16384][64.0] == (0, 0.0) and got[16384][128.0][0] == 1
     assert got[16384][0.0] == (1, pytest.approx(got[16384][128.0][1]))
+
+
+def test_a_context_that_does_not_fit_is_left_out_of_the_gain_analysis_and_the_memory_plan_says_so(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """464,384 cells of the reference model leave the 12 GB card no room for the scheduler's io buffer even ordered
+    (the compute buffer's KQ mask grows with the cells): that context gets no gain row, the others are planned."""
+    assert main(["plan", "--context", "4096,464384", "--max-depth", "1", "--tokens", "1", "--jobs", "1", "--json"]) == 0
+    got = {o["context"]: o for o in json.loads(capsys.readouterr().out)}
+    assert "best_depth" in got[4096] and "best_depth" not in got[464384]
+    assert got[464384]["memory_plan"]["best"] is None and "does not fit" not in got[4096]["memory_plan"]["reason"]
+    assert got[464384]["memory_plan"]["reason"]

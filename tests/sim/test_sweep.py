@@ -54,7 +54,7 @@ def test_default_path_evaluates_within_1e9_and_checks_a_sample(tmp_path: Path, c
     got = json.loads((tmp_path / "rows.json").read_text())
     assert {r["engine"] for r in got} == {"evaluator"}
     assert max(row_disagreement(a, b) for a, b in zip(got, expected, strict=True)) <= 1e-9
-    outside = sweep.run_sweep(sweep_points([*GRID, "--parallel", "2"]), jobs=1, progress=False)
+    outside = sweep.run_sweep(sweep_points([*GRID, "--pageable"]), jobs=1, progress=False)
     assert {r["engine"] for r in outside.rows} == {"simulator"} and outside.check is None
 
 

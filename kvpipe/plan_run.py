@@ -1,0 +1,334 @@
+"""What a plan asks and how its points are answered: the evaluator's figures as arrays where it can, the simulator's
+rows elsewhere, and one sample check at the plan's end.
+
+A :class:`PlanRequest` names one model on one machine over contexts; a plan of it asks for up to millions of points
+(contexts x depths x budgets, then each context's candidates under the memory cap). A :class:`Runner` answers them:
+the points inside the compiled evaluator's envelope (``sim.evaluator.in_envelope``) as arrays of the figures the
+plan reads (:class:`Figures`, from ``sim.evaluator.summarize``: no row is made for them), the others -- and every
+point under ``--exact`` -- by the simulator, through ``kvpipe.sweep.run_sweep``. The evaluated points are held to the
+simulator once, at the plan's end (:meth:`Runner.check`): at least ``check_n`` of them drawn with a fixed seed, plus
+every point where, along the contexts asked, the best depth at a budget or a point's decline changes; only those
+points get rows, which are compared with exact simulations (``sim.evaluator.row_disagreement``).
+
+Units: the figures' own (t/s, MiB, ms, rows).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import numpy as np
+
+from sim.errors import InputError
+from sim.model_files import with_weights_type
+from sim.points import MAX_POINTS, GridSpec
+from sim.points import points as grid_points
+from sim.simulate import Point
+from sim.transport.config import MAX_BUDGET_MIB, MAX_DEPTH, TransportConfig
+from sim.workload import ALL_LAYERS, layers_of_ngl
+
+DEFAULT_BUDGET_MIB = TransportConfig().budget_mib
+CHECK_N = 32  # the evaluator's points the plan re-simulates exact at its end, at least
+PARALLEL_POINTS = 20_000  # the fewest points per worker worth evaluating in a process of its own (pickling them: ~6 us each)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What to plan: one model/hardware/cache type over contexts (grid-flag syntax for the specs)."""
+
+    model: str = "qwen3.8-27b"
+    hardware: str = "rtx4070-gen4x16"
+    cache_type: str = "q8_0"
+    contexts: tuple[int, ...] = (4096, 16384, 32768)
+    max_depth: int = 4
+    tokens: int = 4
+    default_budget_mib: float = DEFAULT_BUDGET_MIB
+    budget_for_gain: float | None = None
+    budgets_mib: tuple[float, ...] = ()  # also: per context, the best depth and its gain at each of these budgets
+    pinned: bool = True
+    jobs: int | None = None
+    llama_cpp: bool = False  # kept for old command lines: the flags are always part of the memory plan now
+    exact: bool = False  # simulate every point and every token (default: the evaluator, else distinct simulations)
+    vram_gib: float | None = None  # the device memory to fit (default: the card's)
+    host_mem_gib: float | None = None  # the host memory to fit (default: this machine's)
+    build: str = "fork"  # the llama.cpp build to plan for: "fork" (the pipelining pull requests) or "upstream"
+    min_tps: float | None = None  # also: the largest context at or above this t/s
+    n_gpu_layers: int = ALL_LAYERS  # llama.cpp's -ngl (default: every layer; lowered by the plan if the weights do not fit)
+    weights_type: str = ""  # the weights' type or bits per weight, for a model file that does not say (a config.json)
+    check_n: int = CHECK_N  # the evaluator's points re-simulated exact at the plan's end, at least (0: none)
+
+    def __post_init__(self) -> None:
+        if not self.contexts:
+            raise InputError("--context: need at least one value")
+        if not 1 <= self.max_depth <= MAX_DEPTH:
+            raise InputError(f"--max-depth {self.max_depth} out of range; allowed: 1..{MAX_DEPTH}")
+        if self.budget_for_gain is not None and not 0 < self.budget_for_gain <= 1:
+            raise InputError(f"--budget-for-gain {self.budget_for_gain:g} out of range; allowed: a fraction in (0, 1]")
+        for b in self.budgets_mib:
+            if not 0 <= b <= MAX_BUDGET_MIB:
+                raise InputError(f"--budget {b:g} out of range; allowed: 0 (no cap) .. {MAX_BUDGET_MIB}")
+        n = len(self.contexts) * (self.max_depth + 1) * (1 + len(self.budgets_mib))
+        if n > MAX_POINTS:
+            raise InputError(f"the plan has {n:,} points (contexts x depths x budgets); allowed: at most {MAX_POINTS:,}")
+        if self.check_n < 0:
+            raise InputError(f"--check {self.check_n} out of range; allowed: >= 0 (0 = no check)")
+        if self.build not in ("fork", "upstream"):
+            raise InputError(f"--build {self.build!r} unknown; allowed: fork (GenerelSchwerz/llama.cpp), upstream")
+        if self.min_tps is not None and not (math.isfinite(self.min_tps) and self.min_tps > 0):
+            raise InputError(f"--min-tps {self.min_tps:g} out of range; allowed: a number of tokens/s > 0")
+        if self.n_gpu_layers < 1:
+            raise InputError(f"-ngl {self.n_gpu_layers} out of range; allowed: a whole number >= 1 (llama.cpp's -ngl; 99: "
+                             "every layer)")
+
+
+def points(req: PlanRequest, contexts: Sequence[int], depths: Sequence[int], budgets_mib: float | Sequence[float],
+           tokens: int | None = None) -> list[Point]:
+    """The plan's points, through the library's grid (same validation, same messages), in the grid's order: contexts x
+    depths x budgets (the points of a context share their workload object). Raises InputError."""
+    budgets = tuple(budgets_mib) if isinstance(budgets_mib, Sequence) else (budgets_mib,)
+    spec = GridSpec(models=(req.model,), hardware=(req.hardware,), cache_types=(req.cache_type,),
+                    contexts=tuple((c,) for c in contexts), depths=tuple(depths), budgets_mib=budgets,
+                    tokens=tokens or req.tokens, pinned=req.pinned)
+    pts = grid_points(spec)
+    if req.weights_type or req.n_gpu_layers != ALL_LAYERS:
+        try:
+            model = with_weights_type(pts[0].workload.model, req.weights_type) if req.weights_type else pts[0].workload.model
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        try:  # the flag is llama.cpp's -ngl, which counts the output layer
+            gpu_layers = layers_of_ngl(req.n_gpu_layers, model.n_layers) if req.n_gpu_layers != ALL_LAYERS else ALL_LAYERS
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        placed: dict[int, Any] = {}
+        pts = [replace(p, workload=placed.setdefault(id(p.workload), replace(p.workload, model=model, n_gpu_layers=gpu_layers)))
+               for p in pts]
+    return pts
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What a plan reads of each point asked, as arrays (one element per point): t/s, declined, the ring it needs and
+    the ring it holds (MiB), the first token's window rows, the late bytes (MiB) and blocking copies (ms) per token,
+    whether it fits, whether the evaluator answered it."""
+
+    tokens_per_s: np.ndarray
+    declined: np.ndarray
+    ring_mib: np.ndarray
+    ring_alloc_mib: np.ndarray
+    window_rows: np.ndarray
+    late_mib: np.ndarray
+    blocked_ms: np.ndarray
+    fits: np.ndarray
+    evaluated: np.ndarray
+
+    @staticmethod
+    def of_rows(rows: Sequence[dict[str, Any] | None]) -> Figures:
+        """The figures of simulated rows (None: the point does not fit, or failed)."""
+        def col(get: Any, dtype: Any = float) -> np.ndarray:
+            return np.array([get(r) if r is not None else 0 for r in rows], dtype=dtype)
+
+        return Figures(col(lambda r: r["tokens_per_s"]), col(lambda r: r["declined"], bool), col(lambda r: r["ring_mib"]),
+                       col(lambda r: r["ring_alloc_mib"]), col(lambda r: r["window_rows"], np.int64),
+                       col(lambda r: r["late_mib"]), col(lambda r: r["breakdown_ms"]["blocked_in_ordered_copies"]),
+                       col(lambda r: r.get("fits", True) and r["tokens_per_s"] > 0, bool), np.zeros(len(rows), dtype=bool))
+
+    @staticmethod
+    def merge(n: int, parts: Sequence[tuple[np.ndarray, Figures]]) -> Figures:
+        """Figures of ``n`` points from parts that each answered the points at its indices."""
+        out = {f.name: np.zeros(n, dtype=getattr(parts[0][1], f.name).dtype if parts else float) for f in fields(Figures)}
+        for idx, part in parts:
+            for name, arr in out.items():
+                arr[idx] = getattr(part, name)
+        return Figures(**out)
+
+    def take(self, idx: np.ndarray | Sequence[int]) -> Figures:
+        return Figures(**{f.name: getattr(self, f.name)[np.asarray(idx, dtype=np.intp)] for f in fields(Figures)})
+
+
+class Runner:
+    """Answers a plan's points (:meth:`run`, :meth:`rows`) and keeps what the evaluator answered for the one sample
+    check at the end (:meth:`check`)."""
+
+    def __init__(self, req: PlanRequest) -> None:
+        self.req = req
+        self.evaluated: list[tuple[Sequence[Point], Figures]] = []  # each run's points and figures
+        self.grids: list[int] = []  # the runs that are grids along contexts (their boundaries are checked)
+        self.marked: set[int] = set()  # ids of points the check re-simulates whatever the draw (see ``mark``)
+        self.checked = 0  # the points the sample check re-simulated
+        self._inside: dict[Any, bool] = {}
+
+    def _in_envelope(self, p: Point) -> bool:
+        from sim.evaluator import in_envelope
+        from sim.replay import config_but_depth_budget
+
+        # the envelope does not depend on depth and budget; ids of objects the runner's points keep alive
+        key = (id(p.workload), id(p.hardware), config_but_depth_budget(p.transport))
+        got = self._inside.get(key)
+        if got is None:
+            got = self._inside[key] = in_envelope(p) is None
+        return got
+
+    def run(self, pts: Sequence[Point], grid: bool = False) -> Figures:
+        """Every point's figures: evaluated in this process where the envelope allows (unless ``--exact``), else
+        simulated (``--jobs`` workers). ``grid``: the points are a grid along contexts, whose boundaries (where the
+        best depth or a decline changes) the check re-simulates. Blocks for the evaluation and the simulations."""
+        inside = np.zeros(len(pts), dtype=bool) if self.req.exact else np.fromiter(
+            (self._in_envelope(p) for p in pts), dtype=bool, count=len(pts))
+        parts: list[tuple[np.ndarray, Figures]] = []
+        idx = np.flatnonzero(inside)
+        if idx.size:
+            mine = [pts[i] for i in idx.tolist()]
+            s = self._summarize(mine)
+            figures = Figures(s.tokens_per_s, s.declined, s.ring_mib, s.ring_alloc_mib, s.window_rows, s.late_mib, s.blocked_ms,
+                              s.fits & (s.tokens_per_s > 0), np.ones(len(mine), dtype=bool))
+            parts.append((idx, figures))
+            if grid:
+                self.grids.append(len(self.evaluated))
+            self.evaluated.append((mine, figures))
+        rest = np.flatnonzero(~inside)
+        if rest.size:
+            parts.append((rest, Figures.of_rows(self._simulated([pts[i] for i in rest.tolist()]))))
+        return Figures.merge(len(pts), parts)
+
+    def _summarize(self, pts: list[Point]) -> Any:
+        """``sim.evaluator.summarize`` of ``pts``: in this process, or split in contiguous pieces over ``--jobs``
+        local workers when there are at least ``PARALLEL_POINTS`` (the pieces' figures joined in order)."""
+        from kvpipe.executors import executor_for
+        from sim.evaluator import Summary, summarize
+
+        workers = min(self.req.jobs or os.cpu_count() or 1, max(1, len(pts) // PARALLEL_POINTS))
+        if workers < 2:
+            return summarize(pts)
+        cuts = [len(pts) * k // workers for k in range(workers + 1)]
+        with executor_for(workers) as ex:
+            futures = [ex.submit(summarize, pts[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]
+            return Summary.concat([f.result() for f in futures])
+
+    def _simulated(self, pts: list[Point]) -> list[dict[str, Any] | None]:
+        """The simulator's rows of ``pts`` in order (None where a point failed: it does not fit)."""
+        from kvpipe.sweep import key_of_point, key_of_row, run_sweep
+
+        if not pts:
+            return []
+
+        res = run_sweep(pts, None, jobs=self.req.jobs, progress=False, exact=self.req.exact, evaluator=False)
+        by_key = {key_of_row(r): r for r in res.rows}
+        return [by_key.get(key_of_point(p)) for p in pts]
+
+    def rows(self, pts: Sequence[Point]) -> list[dict[str, Any] | None]:
+        """Whole rows of a few points (the evaluator's where it answers them, kept for the check; else simulated);
+        None where a point does not fit the device. Blocks."""
+        inside = [not self.req.exact and self._in_envelope(p) for p in pts]
+        mine = [p for p, ok in zip(pts, inside, strict=True) if ok]
+        got = iter(_evaluated_rows(mine))
+        sims = iter(self._simulated([p for p, ok in zip(pts, inside, strict=True) if not ok]))
+        out = [next(got) if ok else next(sims) for ok in inside]
+        kept = [(p, r) for p, r, ok in zip(pts, out, inside, strict=True) if ok and r is not None]
+        if kept:
+            figs = Figures.of_rows([r for _, r in kept])
+            self.evaluated.append(([p for p, _ in kept], replace(figs, evaluated=np.ones(len(kept), dtype=bool))))
+        return out
+
+    def mark(self, pts: Sequence[Point]) -> None:
+        """Points (already run) the check re-simulates whatever it draws: where the plan's answer changes."""
+        self.marked |= {id(p) for p in pts}
+
+    def check(self, n: int) -> tuple[int, float]:
+        """(the evaluator's points in the plan, the largest relative disagreement of the sample re-simulated exact):
+        at least ``n`` of them drawn with a fixed seed plus every boundary (:func:`boundaries`). Raises
+        EvaluatorDisagreement above 1e-9. Blocks for the simulations (``--jobs`` workers)."""
+        total = sum(len(p) for p, _ in self.evaluated)
+        if not total or not n:
+            return total, 0.0
+        pts = [p for ps, _ in self.evaluated for p in ps]
+        figs = Figures.merge(total, [(np.arange(lo, lo + len(ps)), f) for lo, (ps, f) in zip(_starts(self.evaluated),
+                                                                                                self.evaluated, strict=True)])
+        chosen = set(random.Random(0).sample(range(total), min(n, total)))
+        for k, lo in enumerate(_starts(self.evaluated)):
+            if k in self.grids:
+                chosen |= {lo + i for i in boundaries(self.evaluated[k][0], self.evaluated[k][1])}
+        chosen |= {i for i, p in enumerate(pts) if id(p) in self.marked}
+        order = sorted(chosen)
+        sample, rows = [pts[i] for i in order], _evaluated_rows([pts[i] for i in order])
+        _same_as_rows(figs.take(order), rows)
+        self.checked = len(sample)
+        return total, _check_rows(sample, rows, self.req.jobs)
+
+
+def _starts(runs: list[tuple[Sequence[Point], Figures]]) -> list[int]:
+    out, at = [], 0
+    for ps, _ in runs:
+        out.append(at)
+        at += len(ps)
+    return out
+
+
+def _evaluated_rows(pts: Sequence[Point]) -> list[dict[str, Any] | None]:
+    """The evaluator's rows of ``pts`` (None where a point does not fit)."""
+    from sim.evaluator.evaluate import evaluations
+
+    return [ev.row(i) if ev.plans.fits[i] else None for _, ev in evaluations(pts) for i in range(len(ev.points))]
+
+
+def _same_as_rows(figs: Figures, rows: Sequence[dict[str, Any] | None]) -> None:
+    """The figures the plan read are its rows' (the same lanes, summed as ``sim.simulate.row`` sums them): raises
+    EvaluatorDisagreement where one differs, so that holding the rows to the simulator holds the figures too."""
+    from sim.evaluator import EvaluatorDisagreement
+
+    for i, r in enumerate(rows):
+        if r is None:
+            continue
+        got = (float(figs.tokens_per_s[i]), bool(figs.declined[i]), float(figs.ring_mib[i]), float(figs.ring_alloc_mib[i]),
+               int(figs.window_rows[i]), float(figs.late_mib[i]), float(figs.blocked_ms[i]))
+        want = (r["tokens_per_s"], r["declined"], r["ring_mib"], r["ring_alloc_mib"], r["window_rows"], r["late_mib"],
+                r["breakdown_ms"]["blocked_in_ordered_copies"])
+        if got != want:
+            raise EvaluatorDisagreement(f"the plan's figures of a point differ from its row: {got} != {want}")
+
+
+def _check_rows(pts: list[Point], rows: list[dict[str, Any] | None], jobs: int | None) -> float:
+    """Re-simulate ``pts`` exact (on ``jobs`` workers) and compare each with its evaluated row; the largest relative
+    disagreement. Raises EvaluatorDisagreement above the tolerance."""
+    from kvpipe.executors import executor_for
+    from kvpipe.sweep import exact_row
+    from sim.evaluator import check_sample
+
+    keep = [(p, r) for p, r in zip(pts, rows, strict=True) if r is not None]
+
+    def resimulate(chosen: list[Point]) -> list[dict[str, Any]]:
+        with executor_for(jobs) as ex:
+            futures = [ex.submit(exact_row, p) for p in chosen]
+            return [f.result() for f in futures]
+
+    return check_sample([p for p, _ in keep], [r for _, r in keep], n=len(keep), resimulate=resimulate)
+
+
+def boundaries(pts: Sequence[Point], figs: Figures) -> set[int]:
+    """Indices of the points where, along the contexts asked of one line (the same model, machine, cache, sequences,
+    tokens, arm and placement), the best depth at a budget or a point's decline changes from one context to the next
+    (``sim.evaluator.check.boundaries``, the sweep's rule). Pure."""
+    from sim.evaluator.check import boundaries as changes
+
+    lines: dict[Any, int] = {}
+    by_id: dict[Any, int] = {}
+
+    def line(p: Point) -> int:
+        k = (id(p.workload), id(p.hardware), p.transport.arm)
+        got = by_id.get(k)
+        if got is None:
+            wl = p.workload
+            got = by_id[k] = lines.setdefault((wl.model.name, p.hardware.name, wl.cache_k.name, wl.cache_v.name, wl.n_parallel,
+                                               wl.unified, wl.split_mode, wl.tokens, p.transport.arm, wl.kv_gpu_layers,
+                                               wl.n_gpu_layers, wl.pinned), len(lines))
+        return got
+
+    n = len(pts)
+    return changes(np.fromiter((line(p) for p in pts), dtype=np.int64, count=n),
+                   np.fromiter((p.context for p in pts), dtype=np.int64, count=n),
+                   np.fromiter((p.transport.depth for p in pts), dtype=np.int64, count=n),
+                   np.fromiter((p.transport.budget_mib for p in pts), dtype=np.float64, count=n), figs.tokens_per_s, figs.declined)

@@ -1,0 +1,319 @@
+"""The scheduler's planning replayed for many points at once: each token's ring decisions, with no simulation.
+
+Which simulation decides a point, whether the evaluator's token is ordered or pipelined, which tokens of a run may
+stand in for each other -- each follows from the plan the scheduler would make at every token. :func:`plan_points`
+makes it for a whole batch of points: it reads each token's graph once per *line* (the points that differ only in
+depth and budget; a window's graph once per workload at any context, ``context_free``), then runs the scheduler's own
+rules (``sim.transport.planning``: slot need, the ring's decline and sizing, the graph's memory beside it, the idle
+release) over arrays with one element per point, against a ledger of each point's device memory. The result,
+:class:`Plans`, keeps every token's decisions as arrays; :meth:`Plans.point_plan` gives one point's as the records
+the point planner's grouping and the fast path read (:class:`PointPlan` of :class:`TokenPlan`).
+
+Units: bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import numpy as np
+
+from sim.simulate import GRAPH_BASE_BYTES, Point, graph_at, io_bytes_for, placed_hardware
+from sim.transport import planning
+from sim.transport.config import TransportConfig
+from sim.transport.deliveries import span_fn
+from sim.transport.planning import PLAN_FIELDS
+from sim.workload import Workload
+
+__all__ = ["PLAN_FIELDS", "Plans", "PointPlan", "TokenPlan", "config_but_depth_budget", "context_free", "line_key", "plan_point",
+           "plan_points", "window_rows_at"]
+
+
+@dataclass(frozen=True)
+class TokenPlan:
+    """What the scheduler plans for one token: the ``PLAN_FIELDS`` of its stats, and each ring's state after it.
+
+    ``rings``: (device, delivered this token, slot bytes allocated, frozen ordered) per ring, in the order the
+    scheduler made them. ``counts_idle``: a ring holds slots but delivers nothing this token, so the scheduler's
+    count of idle graphs (which releases the ring) depends on every such token being run.
+    """
+
+    rows: int
+    stats: tuple[Any, ...]
+    rings: tuple[tuple[int, bool, int, bool], ...]
+    counts_idle: bool = False
+
+    @property
+    def active(self) -> tuple[int, ...]:
+        return tuple(d for d, on, _, _ in self.rings if on)
+
+    def fields(self) -> dict[str, Any]:
+        return dict(zip(PLAN_FIELDS, self.stats, strict=True))
+
+
+@dataclass(frozen=True)
+class PointPlan:
+    """The plan of every token of a point; ``fits`` False: the scheduler raises OutOfDeviceMemory (``reason``)."""
+
+    tokens: tuple[TokenPlan, ...]
+    fits: bool = True
+    reason: str = ""
+
+    @property
+    def pipelined(self) -> bool:
+        """Some ring delivers at some token."""
+        return any(t.active for t in self.tokens)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def window_rows_at(wl: Workload, step: int) -> int:
+    """Rows the attention of decode step ``step`` reads: the window of the highest row any sequence writes. Pure;
+    kept (every depth and budget of a grid asks it of the same workload)."""
+    return wl.window_rows(max(r for _, r in wl.writes(step)))
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What planning reads of one token's graph: per device with staged splits (in graph order) the slot need, the
+    full-context need and the staged split count; the devices that run GPU splits; the host cache's size."""
+
+    staged: tuple[tuple[int, int, int, int], ...]
+    gpu_devices: tuple[int, ...]
+    host_cache_bytes: int  # the resident arm's device copy: the host cache past the -ngl CPU layers' blocks
+    device_kv: tuple[int, ...] = ()  # the devices that keep the --kv-gpu-layers prefix
+    device_kv_bytes: int = 0
+
+
+_SHAPES: OrderedDict[Any, _Shape] = OrderedDict()  # the last shapes planned: the depths and budgets of a grid share them
+SHAPES_KEPT = 1 << 14  # small records: every context of a workload, and the sample check's points, find theirs
+
+
+def clear_shapes() -> None:
+    """Forget the shapes and keys kept (a timing that must build them)."""
+    _SHAPES.clear()
+    context_free.cache_clear()
+    window_rows_at.cache_clear()
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def context_free(wl: Workload, cells: bool) -> Any:
+    """What a one-sequence workload's graph at a given window depends on, whatever its context: the workload at a
+    context of 1, one token, and (``cells``) a cache of its own size. The graphs of two such workloads with equal keys
+    differ only in the row each step writes (its window's stable prefix): the point planner's shapes and the
+    evaluator's numbers of a window are kept under this key (several sequences: the workload itself). Pure."""
+    if wl.n_parallel != 1:
+        return wl
+    return replace(wl, context=(1,), tokens=1, ctx_size=wl.cells if cells else 0)
+
+
+def _shape(point: Point, step: int, rows: int, spans: list[Any], slot_key: Any) -> _Shape:
+    """The shape of step ``step``'s graph (its window: ``rows``); kept for the next points whose graphs share it
+    (``slot_key``: what the slot spans depend on)."""
+    wl = point.workload
+    key = (context_free(wl, cells=True), tuple(d.compute for d in point.hardware.devices), point.transport.arm, rows, slot_key)
+    shape = _SHAPES.get(key)
+    if shape is None:
+        graph = graph_at(point, step)
+        staged = tuple((dev, need, full, len(splits)) for dev, splits, need, _, full in planning.slot_needs(graph, spans, slot_key))
+        shape = _SHAPES[key] = _Shape(staged, tuple(sorted({s.device for s in graph.splits if s.kind == "gpu"})),
+                                      graph.host_cache_bytes - graph.host_only_kv_bytes,
+                                      tuple(sorted({s.device for s in graph.splits if s.resident})), graph.device_kv_bytes)
+        while len(_SHAPES) > SHAPES_KEPT:
+            _SHAPES.popitem(last=False)
+    return shape
+
+
+@dataclass(frozen=True)
+class _Line:
+    """What planning reads of the points that differ only in depth and budget: their devices' memory as the workload
+    places it, the slot layout, the io buffer; and each token's graph shape (built as planning asks)."""
+
+    point: Point
+    total: tuple[int, ...]
+    used: tuple[int, ...]
+    align: tuple[int, ...]
+    spans: list[Any]
+    slot_key: Any
+    io_bytes: int
+
+    @staticmethod
+    def of(point: Point) -> _Line:
+        cfg, devices = point.transport, placed_hardware(point).devices
+        align = tuple(max(d.alignment_bytes, cfg.min_alignment_bytes) for d in devices)
+        return _Line(point, tuple(d.memory_total_bytes for d in devices), tuple(d.memory_used_bytes for d in devices), align,
+                     [span_fn(cfg.pack_streams, a) for a in align], (cfg.pack_streams, align), io_bytes_for(point.workload))
+
+    def shape(self, step: int) -> _Shape:
+        rows = window_rows_at(self.point.workload, step)
+        return _shape(self.point, step, rows, self.spans, self.slot_key)
+
+
+def line_key(point: Point) -> Any:
+    """Everything planning reads of a point but its depth and budget (the points of one line share their graphs)."""
+    return point.workload, point.hardware, config_but_depth_budget(point.transport)
+
+
+#: A config's fields but depth and budget, as a tuple.
+_rest = operator.attrgetter(*(f.name for f in fields(TransportConfig) if f.name not in ("depth", "budget_mib")))
+
+
+def config_but_depth_budget(cfg: TransportConfig) -> tuple[Any, ...]:
+    """``cfg``'s fields but depth and budget (what a line shares), kept per config object."""
+    got = _RESTS.get(id(cfg))
+    if got is None or got[0] is not cfg:
+        if len(_RESTS) > 4096:
+            _RESTS.clear()
+        got = _RESTS[id(cfg)] = (cfg, _rest(cfg))
+    return got[1]
+
+
+_RESTS: dict[int, tuple[TransportConfig, tuple[Any, ...]]] = {}
+
+
+def _lines(points: Sequence[Point]) -> tuple[np.ndarray, list[Point]]:
+    """Each point's line number, and each line's first point. Points that share their workload and profile objects
+    (a grid's depths and budgets) are told apart without hashing them again."""
+    by_id: dict[Any, int] = {}
+    lines: dict[Any, int] = {}
+    firsts: list[Point] = []
+    line_of = np.empty(len(points), dtype=np.intp)
+    for i, p in enumerate(points):
+        k = (id(p.workload), id(p.hardware), config_but_depth_budget(p.transport))
+        li = by_id.get(k)
+        if li is None:
+            li = by_id[k] = lines.setdefault(line_key(p), len(lines))
+            if li == len(firsts):
+                firsts.append(p)
+        line_of[i] = li
+    return line_of, firsts
+
+
+@dataclass
+class Plans:
+    """Every token's plan of many points (``sim.transport.planning`` over arrays, one element per point).
+
+    ``graphs[k]``: token k's :class:`planning.GraphPlan`; ``rings[k][d]``: device d's ring after token k (made,
+    running, slot bytes, frozen); ``rows[k]``: each point's window rows at token k; ``fits``/``failed_at``/
+    ``reasons``: a point the scheduler refuses (OutOfDeviceMemory) at token ``failed_at``, and why.
+    """
+
+    points: Sequence[Point]
+    line_of: np.ndarray  # each point's line (the points that differ only in depth and budget), numbered from 0
+    lines: list[Point]  # the first point of each line
+    policy: planning.Policy  # each point's TransportConfig as planning reads it (depth, slots, budget, ...)
+    tokens: np.ndarray  # each point's decode tokens
+    graphs: list[planning.GraphPlan]
+    rings: list[dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]]
+    rows: list[np.ndarray]
+    made_at: dict[int, np.ndarray]
+    rank: dict[int, np.ndarray]
+    fits: np.ndarray
+    failed_at: np.ndarray
+    reasons: dict[int, str]
+
+    def active(self, k: int, device: int = 0) -> np.ndarray:
+        """Where device ``device``'s ring delivers at token ``k``."""
+        return self.graphs[k].active.get(device, np.zeros(len(self.points), dtype=bool))
+
+    def point_plan(self, i: int) -> PointPlan:
+        """Point ``i``'s plan as the point planner's records (what ``sim_key`` and the fast path read). Pure."""
+        p = self.points[i]
+        cfg = p.transport
+        n = min(p.workload.tokens, int(self.failed_at[i]))
+        order = sorted((int(self.made_at[d][i]), int(self.rank[d][i]), d) for d in self.made_at if self.made_at[d][i] < n)
+        out = []
+        for k in range(n):
+            g, snap = self.graphs[k], self.rings[k]
+            rings = tuple((d, bool(snap[d][1][i]), int(snap[d][2][i]), bool(snap[d][3][i])) for at, _, d in order if at <= k)
+            out.append(TokenPlan(int(self.rows[k][i]), g.fields(i, cfg), rings, bool(g.counts_idle[i])))  # type: ignore[index]
+        return PointPlan(tuple(out), bool(self.fits[i]), self.reasons.get(i, ""))
+
+
+def plan_points(points: Sequence[Point], each_line: Callable[[Point], Any] | None = None) -> Plans:
+    """Replay the scheduler's plan for every token of every point (``sim.transport.planning``, the scheduler's own
+    rules, over arrays of points: the points' memory on a ``planning.Ledger``), with no simulation. Pure; builds one
+    graph per window size of each line (the points that differ only in depth and budget). ``each_line``: called with
+    each line's first point right after its graphs were built (while ``sim.simulate.graph_at`` keeps them)."""
+    n = len(points)
+    line_of, firsts = _lines(points)
+    info = [_Line.of(p) for p in firsts]
+    shapes = []
+    for x in info:  # line by line, so that each_line finds the line's graphs kept
+        shapes.append([x.shape(k) for k in range(x.point.workload.tokens)])
+        if each_line is not None:
+            each_line(x.point)
+    n_dev = max((len(x.total) for x in info), default=1)
+
+    def per_line(get: Any, dtype: Any = np.int64) -> np.ndarray:
+        return np.array([[get(x, d) for d in range(n_dev)] for x in info], dtype=dtype)[line_of]
+
+    fill = lambda t: lambda x, d: t(x)[d] if d < len(t(x)) else 0  # noqa: E731
+    ledger = planning.Ledger(per_line(fill(lambda x: x.total)), per_line(fill(lambda x: x.used)))
+    align = per_line(fill(lambda x: x.align))
+    align[align == 0] = 1
+    io = np.array([x.io_bytes for x in info], dtype=np.int64)[line_of]
+    pol = planning.Policy.of([p.transport for p in points])
+    tokens = np.array([x.point.workload.tokens for x in info], dtype=np.int64)[line_of]
+    rings = {d: planning.RingState.empty(n) for d in range(n_dev)}
+    made_at = {d: np.full(n, 1 << 30, dtype=np.int64) for d in range(n_dev)}
+    rank = {d: np.zeros(n, dtype=np.int64) for d in range(n_dev)}
+    failed_at = np.full(n, 1 << 30, dtype=np.int64)
+    graphs, snaps, rows = [], [], []
+    for k in range(int(tokens.max(initial=0))):
+        here = {li: sh[k] for li, sh in enumerate(shapes) if len(sh) > k}
+        live = (tokens > k) & ledger.fits
+        arr = _ShapeArrays(here, len(info), n_dev, line_of)
+        rows.append(np.array([window_rows_at(x.point.workload, k) if li in here else 0 for li, x in enumerate(info)],
+                             dtype=np.int64)[line_of])
+        gp = planning.GraphPlan.empty(n)
+        for d in range(n_dev):  # the --kv-gpu-layers prefix is placed before any ring is sized (not on the resident arm)
+            ledger.alloc(d, "resident", arr.kv_bytes, live & arr.kv[:, d] & ~pol.resident_arm &
+                         (ledger.held(d, "resident") < 0), must=True)
+        for d in range(n_dev):
+            here = live & ledger.fits & arr.staged[:, d]
+            planning.plan_ring(gp, rings[d], ledger, pol, d, here, arr.n_splits[:, d], arr.need[:, d], arr.full[:, d],
+                               align[:, d], arr.rank[:, d])
+            first = here & pol.ring & (made_at[d] > k)
+            made_at[d] = np.where(first, k, made_at[d])
+            rank[d] = np.where(first, arr.rank[:, d], rank[d])
+        for d in range(n_dev):
+            gpu = live & ledger.fits & arr.gpu[:, d]
+            planning.reserve_graph(gp, rings, ledger, pol, d, gpu, arr.staged[:, d], arr.need[:, d], GRAPH_BASE_BYTES, io)
+        for d in range(n_dev):
+            ledger.alloc(d, "resident", arr.host_cache, live & ledger.fits & arr.gpu[:, d] & pol.resident_arm &
+                         (ledger.held(d, "resident") < 0), must=True)
+        planning.account_idle(gp, rings, ledger, pol)
+        failed_at = np.where(live & ~ledger.fits & (failed_at > k), k, failed_at)
+        graphs.append(gp)
+        snaps.append({d: (r.made.copy(), gp.active.get(d, np.zeros(n, dtype=bool)) & r.made, r.alloc.copy(), r.frozen.copy())
+                      for d, r in rings.items()})
+    return Plans(points, line_of, [x.point for x in info], pol, tokens, graphs, snaps, rows, made_at, rank, ledger.fits,
+                 failed_at, ledger.reasons)
+
+
+class _ShapeArrays:
+    """One token's graph shapes of every line, as arrays over the points (``line_of``: each point's line)."""
+
+    def __init__(self, shapes: dict[int, _Shape], n_lines: int, n_dev: int, line_of: np.ndarray) -> None:
+        z = np.zeros((n_lines, n_dev), dtype=np.int64)
+        staged, need, full, n_splits, rank = z.astype(bool), z.copy(), z.copy(), z.copy(), z.copy()
+        gpu, kv = z.astype(bool), z.astype(bool)
+        kv_bytes, host_cache = np.zeros(n_lines, dtype=np.int64), np.zeros(n_lines, dtype=np.int64)
+        for li, sh in shapes.items():
+            for r, (d, nd, fl, ns) in enumerate(sh.staged):
+                staged[li, d], need[li, d], full[li, d], n_splits[li, d], rank[li, d] = True, nd, fl, ns, r
+            gpu[li, list(sh.gpu_devices)] = True
+            kv[li, list(sh.device_kv)] = True
+            kv_bytes[li], host_cache[li] = sh.device_kv_bytes, sh.host_cache_bytes
+        self.staged, self.need, self.full, self.n_splits, self.rank = (a[line_of] for a in (staged, need, full, n_splits, rank))
+        self.gpu, self.kv, self.kv_bytes, self.host_cache = gpu[line_of], kv[line_of], kv_bytes[line_of], host_cache[line_of]
+
+
+def plan_point(point: Point) -> PointPlan:
+    """Replay the scheduler's plan for every token of ``point`` (:func:`plan_points` of one point). Pure."""
+    return plan_points([point]).point_plan(0)
