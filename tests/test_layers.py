@@ -86,3 +86,19 @@ def test_the_scheduler_sees_no_machine() -> None:
         mods = _imports(f)
         assert not [m for m in mods if m.startswith("backends.") and not m.startswith("backends.base")], f
         assert "simpy" not in mods and "cupy" not in mods, f
+
+
+def _modules() -> list[Path]:
+    return [p for pkg in FLOORS for p in (ROOT / pkg).rglob("*.py") if "results" not in p.parts]
+
+
+def test_no_module_is_over_400_lines() -> None:
+    files = _modules() + [p for p in (ROOT / "tools").rglob("*.py")]
+    over = {p.relative_to(ROOT).as_posix(): n for p in files if (n := len(p.read_text().splitlines())) > 400}
+    assert over == {}
+
+
+def test_the_design_names_every_module() -> None:
+    design = (ROOT / "docs" / "design.md").read_text()
+    missing = [p.relative_to(ROOT).as_posix() for p in _modules() if f"`{p.relative_to(ROOT).as_posix()}`" not in design]
+    assert missing == [], "regenerate docs/design.md's module map: python tools/module_map.py"
