@@ -31,6 +31,7 @@ import itertools
 from typing import Any
 
 from backends.profile import ComputeModel
+from sim.bindings import cache_input
 from sim.graph_parts import (
     CacheLayout,
     DecodeGraph,
@@ -198,8 +199,8 @@ def decode_graph(
 
     def window_pair(j: int, hr: tuple[int, int] | None = None, suffix: str = "") -> tuple[StagedInput, StagedInput]:
         a = model.attn_layers[j]
-        return (_staged(f"cache_k_l{a}{suffix}", a, wl, layout, j, "k", rows, writes, prefix_row, hr),
-                _staged(f"cache_v_l{a}{suffix}", a, wl, layout, j, "v", rows, writes, prefix_row, hr))
+        return (_staged(cache_input("k", a, suffix), a, wl, layout, j, "k", rows, writes, prefix_row, hr),
+                _staged(cache_input("v", a, suffix), a, wl, layout, j, "v", rows, writes, prefix_row, hr))
 
     def resident_parts(c: ComputeModel, js: list[int]) -> tuple[float, tuple[StagedInput, ...], tuple[SmallInput, ...]]:
         """(GPU seconds, windows, new rows) of the resident attention layers ``js`` inside one split."""

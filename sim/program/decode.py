@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from backends.base import Backend, Buffer
+from sim.bindings import IO, RESIDENT_CACHE, cache_input, cache_rows, fresh, host_input, small, window
 from sim.graph import CacheLayout, DecodeGraph, Split, layout_of
 from sim.program.codecs import encode_rows
 from sim.program.numpy_exec import NumpyExecutor
@@ -257,9 +258,9 @@ class DecodeProgram:
         """The CPU split: copy each sequence's new rows from the host io buffer into the host cache rows it names."""
         moves = []
         for inp in split.ordered:
-            src = bindings.get(inp.name)
+            src = bindings.get(host_input(inp.name))
             for t, (_, nbytes) in enumerate(inp.rows):
-                dst = bindings.get(f"cache:{inp.name}" if len(inp.rows) == 1 else f"cache:{inp.name}#{t}")
+                dst = bindings.get(cache_rows(inp.name, None if len(inp.rows) == 1 else t))
                 if src is not None and dst is not None:
                     moves.append((src[0], src[1] + t * nbytes, dst, nbytes))
 
@@ -280,7 +281,7 @@ class DecodeProgram:
         if self.exec is None:
             return None
         m = self.model
-        inputs = bindings.get(f"small:{INPUT_NAME}")
+        inputs = bindings.get(small(INPUT_NAME))
         if inputs is not None:
             self._inputs = inputs
         starts = ([split.attn_layer] if split.attn_layer >= 0 else [-1]) + sorted({w.layer for w in split.resident})
@@ -305,7 +306,7 @@ class DecodeProgram:
         windows: tuple[tuple[Binding, Binding], ...] = ()
         if attn >= 0:
             several = self.layout.n_streams > 1
-            tag = lambda kv, seq: f"window:cache_{kv}_l{layer}" + (f"#{seq}" if several else "")  # noqa: E731
+            tag = lambda kv, seq: window(cache_input(kv, layer), seq if several else None)  # noqa: E731
             windows = tuple((bindings[tag("k", seq)], bindings[tag("v", seq)]) for seq in range(self.n_seq))
         nxt = attn + 1
         return SplitPlan(
@@ -315,9 +316,9 @@ class DecodeProgram:
             windows=windows,
             ffn_layers=tuple(x for x in layers if x not in m.attn_layers or x == layer),
             next_kv=nxt if nxt < m.n_attn else -1,
-            io=bindings["io"],
+            io=bindings[IO],
             inputs=self._inputs,
-            store=self._store_of(bindings.get("resident:cache"), nxt) or self._fresh_of(bindings, nxt),
+            store=self._store_of(bindings.get(RESIDENT_CACHE), nxt) or self._fresh_of(bindings, nxt),
         )
 
     def _fresh_of(self, bindings: dict[str, Binding], j: int) -> tuple[Binding, Binding] | None:
@@ -326,7 +327,7 @@ class DecodeProgram:
         if j >= self.model.n_attn:
             return None
         a = self.model.attn_layers[j]
-        k, v = bindings.get(f"fresh:cache_k_l{a}"), bindings.get(f"fresh:cache_v_l{a}")
+        k, v = bindings.get(fresh(cache_input("k", a))), bindings.get(fresh(cache_input("v", a)))
         return (k, v) if k is not None and v is not None else None
 
     def _store_of(self, resident: Binding | None, j: int) -> tuple[Binding, Binding] | None:

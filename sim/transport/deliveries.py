@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backends.base import CopyRange, KeptRanges
+from sim.bindings import window
 from sim.graph import DecodeGraph, Split, StagedInput, WindowPiece
 
 SpanFn = Callable[[int, int], int]  # (window bytes, the stream's reserved stride) -> bytes in a slot
@@ -167,13 +168,13 @@ def window_parts(inp: StagedInput, start: int, span: SpanFn) -> tuple[tuple[Wind
 
 def _window_parts(inp: StagedInput, start: int, span: SpanFn) -> tuple[tuple[WindowEntry, ...], tuple[WindowEntry, ...]]:
     if len(inp.pieces) == 1:
-        return ((f"window:{inp.name}", start, inp.nbytes),), ()
+        return ((window(inp.name), start, inp.nbytes),), ()
     out, off, end = [], start, start
     for i, p in enumerate(inp.pieces):
-        out.append((f"window:{inp.name}#{i}", off, p.nbytes))
+        out.append((window(inp.name, i), off, p.nbytes))
         end = off + p.nbytes
         off += span(p.nbytes, p.reserve_bytes)
-    return ((f"window:{inp.name}", start, end - start),), tuple(out)
+    return ((window(inp.name), start, end - start),), tuple(out)
 
 
 def ordered_copy(inp: StagedInput, start: int, span: SpanFn) -> tuple[tuple[CopyRange, ...], int]:

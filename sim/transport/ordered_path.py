@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from backends.base import Access, Backend, Buffer, CopyRange, HostOp, Stream, Work, WorkKind
+from sim.bindings import RESIDENT_CACHE, Binding, cache_rows, host_input, window
+from sim.bindings import small as small_key
 from sim.graph import DecodeGraph, Split, StagedInput
 from sim.transport.config import GraphStats
 from sim.transport.deliveries import SpanFn, WindowEntry, ordered_copy, window_parts
 from sim.transport.ring import Ring
-
-Binding = tuple[Buffer, int, int]
 
 
 class OrderedPath:
@@ -118,14 +118,14 @@ class OrderedPath:
         bind_rows = self.program is not None  # the rows' own names are for the program; the checker reads accesses
         for inp in split.ordered:
             n = inp.nbytes
-            bindings[inp.name] = (io_host, off, n)
+            bindings[host_input(inp.name)] = (io_host, off, n)
             accesses.append(Access(io_host, off, n, False))
             for row_off, row_bytes, count, pitch in inp.row_pattern:
                 accesses.append(Access(cache, row_off, row_bytes, True, count, pitch))
             if bind_rows:
                 rows = inp.rows
                 for t, (row_off, row_bytes) in enumerate(rows):
-                    bindings[f"cache:{inp.name}" if len(rows) == 1 else f"cache:{inp.name}#{t}"] = (cache, row_off, row_bytes)
+                    bindings[cache_rows(inp.name, None if len(rows) == 1 else t)] = (cache, row_off, row_bytes)
             off += n
         run = self.program.cpu_run(split, bindings) if self.program else None
         self._rows_done.update(split.layers)  # the host runs it next: these layers' rows are final after it
@@ -145,7 +145,7 @@ class OrderedPath:
         for small in split.ordered:
             self._set_input(small.name, off, small.nbytes)
             yield from self._blocking_copy(self.consumer[dev], io, self.io_host, [CopyRange(off, off, small.nbytes)], stats, small.name)
-            bindings[f"small:{small.name}"] = (io, off, small.nbytes)
+            bindings[small_key(small.name)] = (io, off, small.nbytes)
             off += small.nbytes
 
     def _ordered_windows(self, split: Split, stats: GraphStats, bindings: dict[str, Binding], pieces: dict[str, Binding]) -> HostOp:
@@ -179,7 +179,7 @@ class OrderedPath:
         ``resident:cache``: the split's kernels write their new rows there."""
         for inp in inputs:
             cls._bind_resident(bindings, pieces, inp, cache, base)
-        bindings["resident:cache"] = (cache, 0, cache.nbytes)
+        bindings[RESIDENT_CACHE] = (cache, 0, cache.nbytes)
 
     @staticmethod
     def _bind_resident(bindings: dict[str, Binding], pieces: dict[str, Binding], inp: StagedInput, cache: Buffer,
@@ -187,12 +187,12 @@ class OrderedPath:
         """Bind ``inp`` where the resident cache holds it: at its host-cache offsets less ``base`` (one range per stream)."""
         first = inp.pieces[0]
         if len(inp.pieces) == 1:
-            bindings[f"window:{inp.name}"] = (cache, first.src_offset - base, first.nbytes)
+            bindings[window(inp.name)] = (cache, first.src_offset - base, first.nbytes)
             return
         for i, p in enumerate(inp.pieces):
-            pieces[f"window:{inp.name}#{i}"] = (cache, p.src_offset - base, p.nbytes)
+            pieces[window(inp.name, i)] = (cache, p.src_offset - base, p.nbytes)
         last = inp.pieces[-1]
-        bindings[f"window:{inp.name}"] = (cache, first.src_offset - base, last.src_offset + last.nbytes - first.src_offset)
+        bindings[window(inp.name)] = (cache, first.src_offset - base, last.src_offset + last.nbytes - first.src_offset)
 
     # pipelined pieces ------------------------------------------------
 

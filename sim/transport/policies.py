@@ -61,11 +61,10 @@ from collections.abc import Callable
 from typing import Any
 
 from backends.base import Access, Backend, Buffer, CopyRange, Event, HostOp, Stream, Work
+from sim.bindings import Binding, fresh
 from sim.graph import DecodeGraph, Split
 from sim.transport.config import GraphStats, Mutations, Schedule
 from sim.transport.deliveries import Delivery, fresh_eligible
-
-Binding = tuple[Buffer, int, int]
 
 
 def fresh_rows(graph: DecodeGraph, order: list[Split]) -> dict[int, tuple[tuple[int, int], ...]]:
@@ -177,7 +176,7 @@ class SchedulePolicies:
         split, target = plan.order[d.o], plan.target
         for inp, (whole, _) in zip(split.staged, d.parts, strict=True):
             _, off, n = whole[0]  # the input's whole window in the slot
-            pieces[f"fresh:{inp.name}"] = (target, off, n)
+            pieces[fresh(inp.name)] = (target, off, n)
         accesses += [Access(target, off, n, True) for off, n in d.fresh]
 
     def _rows_down_async(self, split: Split, device: int, stats: GraphStats) -> HostOp:

@@ -13,9 +13,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from backends.base import Backend, Buffer
+from sim.bindings import Binding
 from sim.graph import DecodeGraph, Split
-
-Binding = tuple[Buffer, int, int]
 
 
 class Program(Protocol):

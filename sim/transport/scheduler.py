@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backends.base import Access, Backend, BackendError, Buffer, HostOp, OutOfDeviceMemory, Work, WorkKind
+from sim.bindings import IO
 from sim.graph import DecodeGraph, Split, StagedInput
 from sim.transport import planning
 from sim.transport.config import ARMS, MAX_BUDGET_MIB, MAX_DEPTH, MIB, MUTATIONS, GraphStats, Mutations, Schedule, TransportConfig
@@ -303,7 +304,7 @@ class TransportScheduler(OrderedPath, SchedulePolicies):
         if plan is not None and plan.active and split.index in plan.fresh_of:
             self._bind_fresh(plan, plan.fresh_of[split.index], pieces, accesses)
         bindings.update(pieces)
-        bindings["io"] = (io, 0, io.nbytes)
+        bindings[IO] = (io, 0, io.nbytes)
         if self.cfg.arm != "copy-only":
             run = self.program.gpu_run(split, bindings) if self.program else None
             work = Work(split.name, split.compute_s, split.n_launches, run, tuple(accesses), WorkKind.GPU_SPLIT)
