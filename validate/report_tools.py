@@ -71,9 +71,11 @@ def host_launch_table(trace: dict[str, Any], calibration: dict[str, Any], cache:
 def plots(pts: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
     """measured_vs_predicted.png and gain_vs_depth.png, one panel per model. Blocks on the file writes.
 
-    One line per (context, budget): the colour is the context, the budget
-    0 (uncapped) line is solid, a capped budget's is dotted with square
-    markers, so a budget's decline shows as its line dropping to depth 0's.
+    One line per (context, budget, delivery schedule): the colour is the
+    context, the budget 0 (uncapped) line is solid, a capped budget's is
+    dotted with square markers, so a budget's decline shows as its line
+    dropping to depth 0's; a schedule other than the reference is dash-dotted
+    with diamonds and named, its line starting at depth 0 (no schedule).
     Gains are over depth 0 of the same context and budget.
     """
     import matplotlib
@@ -93,11 +95,14 @@ def plots(pts: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
         for ax, model in zip(axes.flat, models, strict=False):
             mp = [p for p in pts if label(p) == model and p.get("arm", "transport") == "transport"]
             for i, ctx in enumerate(sorted({p["context"] for p in mp})):
-                for budget in sorted({p["budget_mib"] for p in mp if p["context"] == ctx}):
-                    cp = sorted((p for p in mp if p["context"] == ctx and p["budget_mib"] == budget), key=lambda p: p["depth"])
+                for budget, sched in sorted({(p["budget_mib"], p.get("schedule", "")) for p in mp if p["context"] == ctx}):
+                    # a delivery schedule's line starts at depth 0 (the ordered path, which has no schedule)
+                    cp = sorted((p for p in mp if p["context"] == ctx and p["budget_mib"] == budget
+                                 and (p.get("schedule", "") == sched or (p["depth"] == 0 and not p.get("schedule")))),
+                                key=lambda p: p["depth"])
                     color, capped = f"C{i}", budget > 0
-                    tag = f"{ctx:,}" + (f", {budget:g} MiB" if capped else ", uncapped")
-                    mstyle, pstyle = ("s:", "+:") if capped else ("o-", "x--")
+                    tag = f"{ctx:,}" + (f", {budget:g} MiB" if capped else ", uncapped") + (f", {sched}" if sched else "")
+                    mstyle, pstyle = ("D-.", "d:") if sched else ("s:", "+:") if capped else ("o-", "x--")
                     d = [p["depth"] for p in cp]
                     if kind == "measured_vs_predicted":
                         m = [p["measured_tps"] for p in cp]
@@ -119,7 +124,8 @@ def plots(pts: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
             ax.set_xlabel("look-ahead depth N")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)  # under the axes
+            long = max((len(t) for t in ax.get_legend_handles_labels()[1]), default=0) > 36  # a schedule's name
+            ax.legend(fontsize=7, ncol=1 if long else 2, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
         fig.tight_layout()
         path = folder / f"{kind}.png"
         buf = io.BytesIO()

@@ -84,3 +84,24 @@ def test_host_launch_table_holds_each_traced_arm_s_split_launches_to_the_calibra
     assert main(["--host-launch", str(H200 / "calibrated.json"), str(tmp_path / "t.json.gz")]) == 0
     row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| llama")]
     assert len(row) == 1 and row[0].split("|")[2].strip() == "2" and row[0].split("|")[5].strip() == "2.00"
+
+
+def test_each_delivery_schedule_gets_its_own_named_line_from_depth_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import matplotlib.pyplot as plt
+
+    from validate.report_tools import plots
+
+    figs = []
+    monkeypatch.setattr(plt, "close", figs.append)  # keep the figures the function draws instead of closing them
+
+    def pt(depth: int, tps: float, schedule: str | None = None) -> dict:  # type: ignore[type-arg]
+        p = {"model": "m", "cache_type": "q8_0", "hardware": "h", "context": 4096, "budget_mib": 0.0, "depth": depth,
+             "arm": "transport", "measured_tps": tps, "measured_tps_min": tps, "measured_tps_max": tps, "predicted_tps": tps}
+        return p | ({"schedule": schedule} if schedule else {})
+
+    plots([pt(0, 10.0), pt(1, 15.0), pt(1, 19.0, "fresh"), pt(2, 20.0, "fresh")], tmp_path)
+    gain = figs[1].axes[0]  # gain_vs_depth: one panel for the one model
+    lines = {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in gain.get_lines()}
+    ref, fresh = lines["4,096, uncapped measured"], lines["4,096, uncapped, fresh measured"]
+    assert ref[0] == [0, 1] and ref[1] == pytest.approx([0.0, 50.0])
+    assert fresh[0] == [0, 1, 2] and fresh[1] == pytest.approx([0.0, 90.0, 100.0])  # from the ordered depth 0
