@@ -62,7 +62,9 @@ def executor_for(jobs: int | None = None, dask_address: str | None = None) -> It
     except BaseException:  # interrupted (Ctrl-C, SIGTERM) or failed: the workers end now, not after their chunks
         for proc in list(getattr(pool, "_processes", {}).values()):
             proc.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
+        # wait for the pool's manager thread, which sees the workers gone and ends at once: one left running races the
+        # interpreter's exit hook for the pool's wake-up pipe (CPython 3.11 prints "Bad file descriptor" tracebacks)
+        pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown(wait=True, cancel_futures=True)
 

@@ -36,9 +36,11 @@ def _children(pid: int) -> list[int]:
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_to_the_sweep_ends_its_workers(tmp_path: Path, sig: int, code: int) -> None:
-    # --exact: the simulator in the workers for long enough to be signalled (the evaluator answers this grid in ~1 s)
-    proc = subprocess.Popen([sys.executable, "-m", "kvpipe.cli", "sweep", "--context", "1024..65536/1024", "--depth", "0..4",
-                             "--budget", "0,64", "--jobs", "2", "--quiet", "--exact", "--out", str(tmp_path / "out")],
+    # --exact: the simulator in the workers, on a grid far longer than the test waits (~30 min of simulation on two
+    # cores), so the signal always lands mid-sweep however loaded the machine is; the evaluator would answer it in
+    # seconds
+    proc = subprocess.Popen([sys.executable, "-m", "kvpipe.cli", "sweep", "--context", "1024..262144/1024", "--depth", "0..8",
+                             "--budget", "0,64,128", "--jobs", "2", "--quiet", "--exact", "--out", str(tmp_path / "out")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     workers: list[int] = []
