@@ -38,7 +38,9 @@ from sim.memory import (
     kv_layer_bytes,
     weights_on_devices,
 )
-from sim.simulate import GRAPH_BASE_BYTES, Point, interval_fields, io_bytes_for, placement_fields
+from sim.run.decode import GRAPH_BASE_BYTES, io_bytes_for
+from sim.run.point import Point
+from sim.run.row import interval_fields, placement_fields
 from sim.transport.config import TransportConfig
 from sim.workload import Workload, ngl_of
 
@@ -179,7 +181,7 @@ def candidates(point: Point, limits: Limits, max_depth: int, rings_mib: dict[int
 
 def choice_of(pt: Point, figs: Any, i: int, limits: Limits) -> Choice:
     """Candidate ``i`` of ``figs`` (``kvpipe.plan_run.Figures``) as a Choice, with its memory account and the row's
-    interval and CPU-layers pricing (``sim.simulate.interval_fields``, ``placement_fields``)."""
+    interval and CPU-layers pricing (``sim.run.row.interval_fields``, ``placement_fields``)."""
     wl, tc = pt.workload, pt.transport
     resident, declined, tps = tc.arm == "resident", bool(figs.declined[i]), float(figs.tokens_per_s[i])
     ring = 0 if declined else int(float(figs.ring_alloc_mib[i]) * MIB)

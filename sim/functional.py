@@ -50,7 +50,7 @@ from dataclasses import replace
 from sim.errors import InputError
 from sim.graph import DecodeGraph, decode_graph, layout_of
 from sim.program import PROGRAM_CACHE_TYPES
-from sim.simulate import Point
+from sim.run.point import Point
 from sim.workload import ModelShape, Workload
 
 FUNCTIONAL_ATTN = 6

@@ -1,6 +1,6 @@
 """One row schema: which fields of a result row identify its point, and the one rule for a row's gain.
 
-A row (``sim.simulate.row``) carries its grid coordinates (``KEY_FIELDS``) beside its figures. Rows written before
+A row (``sim.run.row.row``) carries its grid coordinates (``KEY_FIELDS``) beside its figures. Rows written before
 a coordinate existed lack it; ``KEY_DEFAULTS`` says what they meant. ``key_of_row`` turns a row into the hashable key
 the sweep's journal, resume and de-duplication use.
 
@@ -20,7 +20,7 @@ from typing import Any
 KEY_FIELDS = ("model", "hardware", "cache_type", "context", "contexts", "parallel", "unified", "split_mode", "depth",
               "budget_mib", "tokens", "arm", "cache_type_v", "kv_gpu_layers", "n_gpu_layers")
 #: Key fields rows written before they existed lack, and the value those rows meant (rows of the default placement
-#: still lack the last two: ``sim.simulate.placement_fields``).
+#: still lack the last two: ``sim.run.row.placement_fields``).
 KEY_DEFAULTS = {"arm": "transport", "kv_gpu_layers": 0, "n_gpu_layers": "all"}
 #: The coordinates a gain's baseline may differ in.
 BASELINE_FREE = ("depth", "budget_mib", "arm")

@@ -12,8 +12,9 @@ from backends.profile import load_profile
 from backends.simpy_machine import SimMachine
 from kvpipe.cli import main
 from sim import functional as fn
-from sim.checks import check, run_checked
-from sim.simulate import Point
+from sim.run.checked import check
+from sim.run.point import Point
+from sim.run.run import run_point
 from sim.transport.scheduler import TransportConfig
 from tests.conftest import reference_workload
 
@@ -122,6 +123,6 @@ def test_functional_refuses_a_cache_type_the_program_cannot_encode(capsys: pytes
 
 def test_run_checked_scales_the_point() -> None:
     point = Point(reference_workload(16384, tokens=2), load_profile("rtx4070-gen4x16"), TransportConfig(depth=1))
-    r = run_checked(point, functional=True)
+    r = run_point(point, functional=True)
     assert r.point.context == 512 and r.point.workload.model.n_attn == fn.FUNCTIONAL_ATTN
     assert len(r.graphs) == fn.MIN_GRAPHS and r.extra["hazards"] == 0 and "output_hash" in r.extra

@@ -7,7 +7,7 @@ window block, with the same plan, consecutive graphs differ only in where the ne
 grows by the same rows every token, the late part shrinks by them, and the token's time moves by the same small
 step (at most a few 1e-5 of it on the reference grid) or not at all.
 
-So the fast path cuts the run into *segments* from the plan alone (``sim.distinct.plan_point``): token 0; then
+So the fast path cuts the run into *segments* from the plan alone (``sim.replay.plan_point``): token 0; then
 runs of tokens with the same window rows, the same per-token plan and the same previous plan (the boundary wait
 follows from it). A token where a ring holds slots but delivers nothing is its own segment, since the scheduler
 counts such graphs to release the ring. In each segment it simulates tokens one after another until two
@@ -31,8 +31,10 @@ from dataclasses import fields, replace
 from typing import Any
 
 from backends.base import Backend, HostOp
-from sim.distinct import PointPlan
-from sim.simulate import Point, graph_at, new_scheduler
+from sim.replay import PointPlan
+from sim.run.decode import new_scheduler
+from sim.run.graphs import graph_at
+from sim.run.point import Point
 from sim.transport.config import GraphStats
 
 #: Two consecutive tokens match when each time field differs by at most this fraction of the token's time.
