@@ -85,11 +85,11 @@ def test_reservation_failure_falls_back_ordered_with_the_same_output() -> None:
     class GraphFailsOnce(SimMachine):
         failed = False
 
-        def alloc(self, device: int, nbytes: int, name: str):  # type: ignore[no-untyped-def]
+        def _alloc(self, device: int, nbytes: int, name: str):  # type: ignore[no-untyped-def]
             if name.startswith("graph") and not self.failed:
                 self.failed = True
                 raise OutOfDeviceMemory(f"{name}: injected")
-            return super().alloc(device, nbytes, name)
+            return super()._alloc(device, nbytes, name)
 
     p = fpoint(depth=1, budget_mib=0)
     machine = GraphFailsOnce(p.hardware, functional=True, trace=False)
