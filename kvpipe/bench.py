@@ -20,8 +20,7 @@ from typing import Any
 import simpy
 from simpy.core import BoundClass
 
-from sim.run.graphs import clear_graph_cache
-from sim.run.point import Point
+from sim.run.point import Point, clear_graph_cache
 from sim.run.run import run_point
 
 

@@ -43,10 +43,9 @@ from typing import Any
 from kvpipe.executors import _Serial, executor_for, max_jobs  # noqa: F401 - re-exported: where a sweep's work runs
 from kvpipe.row_store import JOURNAL, LOCK, MANIFEST, ROWS_CSV, ROWS_JSON, RowStore, grid_id  # noqa: F401 - re-exported
 from sim.errors import InputError
-from sim.rows import KEY_DEFAULTS, KEY_FIELDS, Key, _norm, key_of_row, with_gains  # noqa: F401 - the schema, re-exported
+from sim.rows import KEY_DEFAULTS, KEY_FIELDS, Key, _norm, key_of_row, placement_fields, row, with_gains  # noqa: F401 - the schema, re-exported
 from sim.run import tasks
 from sim.run.point import Point
-from sim.run.row import placement_fields, row
 from sim.run.run import run_point
 
 SIMULATED = {"engine": "simulator"}

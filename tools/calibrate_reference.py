@@ -43,8 +43,8 @@ from reference_derivation import (  # noqa: E402
 
 from backends.profile import PRESET_DIR, load_profile, profile_from_dict  # noqa: E402
 from sim.graph import decode_graph  # noqa: E402
+from sim.rows import row  # noqa: E402
 from sim.run.point import Point  # noqa: E402
-from sim.run.row import row  # noqa: E402
 from sim.run.run import run_point  # noqa: E402
 from sim.transport.scheduler import TransportConfig  # noqa: E402
 from sim.workload import Workload, cache_type, load_model  # noqa: E402

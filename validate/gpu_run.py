@@ -146,7 +146,7 @@ class GroupRunner:
         return Point(self.wl, self.hardware, transport)
 
     def open(self) -> None:
-        from sim.run.graphs import graphs_for
+        from sim.run.point import graphs_for
 
         nbytes = next(iter(graphs_for(self._point(TransportConfig(depth=0))))).host_cache_bytes
         self.host_cache = self.backend.alloc_host(nbytes, "host_kv_cache", pinned=self.wl.pinned)
@@ -210,7 +210,7 @@ def run_group(
 
 
 def result_of(group: GroupResult, run: Run, hardware: HardwareProfile) -> RunResult:
-    """A RunResult (for ``sim.run.row.row``) of one run: its measured graphs and timeline."""
+    """A RunResult (for ``sim.rows.row``) of one run: its measured graphs and timeline."""
     point = Point(group.workload, hardware, run.transport)
     rows = group.workload.window_rows(max(group.workload.context) + group.warmup)
     return RunResult(point, run.stats, run.spans, rows)

@@ -32,8 +32,8 @@ from typing import Any
 
 from backends.base import is_split_launch
 from backends.profile import HardwareProfile, for_workload
+from sim.rows import placement_fields, row
 from sim.run.point import Point
-from sim.run.row import placement_fields, row
 from sim.run.run import run_point
 from sim.safe_write import write_outputs
 from sim.transport.scheduler import TransportConfig

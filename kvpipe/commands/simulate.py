@@ -5,7 +5,7 @@ gen4 x16) at 4,096 / 16,384 / 32,768 at depth 0 and 1 with the default
 budget, and prints a table with the gain. ``--json`` prints one object per
 point, ``--csv FILE`` writes them as CSV, ``--trace FILE`` writes a Chrome
 trace of every point's timeline. Each distinct simulation runs once and
-extrapolates its steady tokens (``sim.run.tasks``, ``sim.run.steady``); ``--exact``
+extrapolates its steady tokens (``sim.run.tasks``, ``sim.run.decode``); ``--exact``
 simulates every point and token, as traces and functional runs always do.
 """
 
@@ -18,8 +18,8 @@ from typing import Any
 
 from backends.base import OutOfDeviceMemory
 from kvpipe.commands.args import add_grid_args, points_from_args
+from sim.rows import row
 from sim.run.point import Point, RunResult
-from sim.run.row import row
 from sim.safe_write import write_outputs
 from sim.telemetry import chrome_trace, rows_to_csv, table
 from sim.transport.scheduler import GraphStats

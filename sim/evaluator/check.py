@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from sim.rows import row
 from sim.run.point import Point
-from sim.run.row import row
 
 TOLERANCE = 1e-9
 TIE_TPS = 1e-9  # t/s within this fraction of the best are a tie (the plan's TIE_GAIN, relative to the best)

@@ -1,7 +1,7 @@
-"""Running a point: ``run_point`` (``run``) and what it is built from.
+"""Running a point: ``run_point`` (``sim.run.run``) and what it is built from.
 
-``point`` (the point and its result), ``graphs`` (its decode graphs, kept for the last few points), ``decode`` (the
-host program that hands them to the transport scheduler, on any machine), ``steady`` (the fast path's host program),
-``checked`` (one run on one SimPy machine, under the race checker), ``run`` (``run_point``: warm-up, scaling, exact or
-fast), ``tasks`` (the point planner's grouping of a grid into distinct runs) and ``row`` (a run as a result row).
+``point`` (the point, its decode graphs and its result), ``decode`` (the host programs that hand the graphs to the
+transport scheduler, on any machine: every token, or the fast path's steady tokens), ``run`` (``run_point``: warm-up,
+scaling, exact or fast; and ``check``, one run on one SimPy machine under the race checker) and ``tasks`` (the point
+planner's grouping of a grid into distinct runs). The row a run becomes is ``sim.rows.row``.
 """

@@ -12,9 +12,8 @@ from backends.base import Access, Backend, BackendError, CopyRange, HostOp, Work
 from backends.checked import CheckedBackend
 from backends.profile import load_profile
 from backends.simpy_machine import SimMachine
-from sim.run.checked import check
 from sim.run.point import Point
-from sim.run.run import run_point
+from sim.run.run import check, run_point
 from sim.transport.scheduler import TransportConfig
 from tests.conftest import reference_workload
 

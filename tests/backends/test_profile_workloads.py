@@ -62,7 +62,7 @@ def test_simulate_reads_the_calibrated_entry_of_each_model() -> None:
 
 
 def test_rows_say_which_calibrated_entry_they_used_and_the_table_flags_a_missing_one() -> None:
-    from sim.run.row import row
+    from sim.rows import row
     from sim.run.run import run_point
     from sim.telemetry import table
 

@@ -14,9 +14,8 @@ import pytest
 
 from backends.profile import load_profile
 from sim.functional import functional_graphs, functional_point
-from sim.run.checked import check
 from sim.run.point import Point
-from sim.run.run import run_point
+from sim.run.run import check, run_point
 from sim.transport.scheduler import TransportConfig
 from tests.conftest import reference_workload
 

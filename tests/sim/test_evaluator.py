@@ -26,8 +26,8 @@ from kvpipe import sweep
 from sim.evaluator import EvaluatorDisagreement, check_sample, evaluate, in_envelope, row_disagreement
 from sim.evaluator.check import boundary_points
 from sim.points import GridSpec, points
+from sim.rows import row
 from sim.run.point import Point
-from sim.run.row import row
 from sim.run.run import run_point
 
 TOL = 1e-9
@@ -143,7 +143,7 @@ def test_scaled_steps_equal_their_own_graphs(hardware: str, cache_v: tuple[str, 
     to the numbers built from its own graph (across a window boundary too; and from another context's first step of
     the same window: 4,090 and 4,091 share the 4,096-row window, in caches of 4,096 and 4,352 cells)."""
     from sim.evaluator.costs import build, clear_costs, token_costs
-    from sim.run.graphs import graph_at
+    from sim.run.point import graph_at
 
     clear_costs()
     contexts = ((1000,), (4093,), (4090,), (4091,))
@@ -194,7 +194,7 @@ def test_in_envelope_reasons() -> None:
 
 def test_the_summary_a_plan_reads_is_what_the_rows_say() -> None:
     """``summarize`` (arrays, no rows: what ``kvpipe plan`` reads) gives every point the figures of its row, exactly:
-    the same lanes, summed over tokens as ``sim.run.row.row`` sums them; and a point that does not fit says so."""
+    the same lanes, summed over tokens as ``sim.rows.row`` sums them; and a point that does not fit says so."""
     from sim.evaluator import summarize
 
     pts = points(GridSpec(contexts=((4096,), (30000,), (80352,)), depths=(0, 1, 3), budgets_mib=(0.0, 40.0), tokens=5))

@@ -1,4 +1,4 @@
-"""The fast path held to the exact one: the point planner (``sim.run.tasks``) and the steady tokens (``sim.run.steady``).
+"""The fast path held to the exact one: the point planner (``sim.run.tasks``) and the steady tokens (``sim.run.decode``).
 
 The exact side of the 1,000-point grid runs once for the module (every point, every token, two processes, nothing
 kept between runs); the planner's per-token plan and the fast path's rows are compared with it.
@@ -17,10 +17,9 @@ from kvpipe.cli import main
 from kvpipe.sweep import executor_for, run_sweep
 from sim import replay
 from sim.points import GridSpec, points
-from sim.run import checked, run, steady, tasks
-from sim.run.graphs import graph_at
-from sim.run.point import Point, RunResult
-from sim.run.row import row
+from sim.rows import row
+from sim.run import decode, run, tasks
+from sim.run.point import Point, RunResult, graph_at
 from sim.run.run import run_point
 
 GRID = GridSpec(contexts=tuple((c,) for c in range(1024, 52225, 1024)), depths=(0, 1, 2, 3, 4), budgets_mib=(0, 64, 128, 256))
@@ -104,7 +103,7 @@ def test_a_ring_that_pipelines_token_0_and_declines_after_is_not_the_ordered_run
     assert "headroom" in plan.tokens[1].fields()["decline_reason"]
     task = next(t for t in tasks.tasks(pts) if any(m.point is piped for m in t.members))
     assert task.point is piped and len(task.members) == 1
-    assert [(s.start, s.stop) for s in steady.segments(plan)][:3] == [(0, 1), (1, 2), (2, 3)]  # the ring idles, counted
+    assert [(s.start, s.stop) for s in decode.segments(plan)][:3] == [(0, 1), (1, 2), (2, 3)]  # the ring idles, counted
     _held_to_exact(run_sweep(pts, None, jobs=1, progress=False, evaluator=False).rows, [run_point(p) for p in pts])
 
 
@@ -150,7 +149,7 @@ def test_the_extrapolation_is_checked_where_it_runs_long(monkeypatch: pytest.Mon
     simulated = [g.token for g in fast.graphs if g.extrapolated_from < 0]
     assert 0 in simulated and len(simulated) < 40
     assert abs(row(fast)["ms_per_token"] - exact) / exact < 1e-5
-    monkeypatch.setattr(steady, "UNCHECKED_TOKENS", 10**9)  # one pair per block, trusted to its end: visibly worse
+    monkeypatch.setattr(decode, "UNCHECKED_TOKENS", 10**9)  # one pair per block, trusted to its end: visibly worse
     assert abs(row(run_point(p, exact=False))["ms_per_token"] - exact) / exact > 1e-4
 
 
@@ -161,16 +160,16 @@ def test_extrapolated_tokens_are_marked_copies_of_the_steady_pair() -> None:
     assert [g.extrapolated_from for g in exact.graphs] == [-1] * 8
     assert [g.early_bytes for g in fast.graphs] == [g.early_bytes for g in exact.graphs]  # the prefix grows a row a token
     a, b = fast.graphs[1:3]
-    assert fast.graphs[5] == replace(b, token=5, extrapolated_from=2, **{f: getattr(b, f) + 3 * steady.step(a, b, f)
-                                                                         for f in steady.DRIFT_FIELDS})
-    assert steady.step(a, b, "total_s") == b.total_s - a.total_s != 0  # this point's time moves a little every token
+    assert fast.graphs[5] == replace(b, token=5, extrapolated_from=2, **{f: getattr(b, f) + 3 * decode.step(a, b, f)
+                                                                         for f in decode.DRIFT_FIELDS})
+    assert decode.step(a, b, "total_s") == b.total_s - a.total_s != 0  # this point's time moves a little every token
     (q,) = points(GridSpec(contexts=((32768,),), depths=(0,), tokens=8))
     ordered = run_point(q, exact=False)
     assert {g.total_s for g in ordered.graphs[2:]} == {ordered.graphs[2].total_s}  # noise is no step: the same token
 
 
 def test_tokens_that_never_match_are_all_simulated(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(steady, "STEADY_RTOL", -1.0)
+    monkeypatch.setattr(decode, "STEADY_RTOL", -1.0)
     (p,) = points(GridSpec(contexts=((16384,),), depths=(2,), budgets_mib=(0,), tokens=6))
     fast, exact = run_point(p, exact=False), run_point(p)
     assert fast.graphs == exact.graphs
@@ -201,9 +200,9 @@ def test_traces_mutations_and_the_exact_flag_simulate_every_token(tmp_path: Any,
 
 
 def test_a_fast_run_that_finds_a_hazard_runs_again_exact(monkeypatch: pytest.MonkeyPatch) -> None:
-    real, fast_calls = checked.check, []
+    real, fast_calls = run.check, []
 
-    def check(point: Point, **kw: Any) -> checked.Checked:
+    def check(point: Point, **kw: Any) -> run.Checked:
         got = real(point, **kw)
         fast_calls.append(kw.get("steady_plan") is not None)
         if fast_calls[-1]:

@@ -12,9 +12,8 @@ from backends.profile import load_profile
 from backends.simpy_machine import SimMachine
 from kvpipe.cli import main
 from sim import functional as fn
-from sim.run.checked import check
 from sim.run.point import Point
-from sim.run.run import run_point
+from sim.run.run import check, run_point
 from sim.transport.scheduler import TransportConfig
 from tests.conftest import reference_workload
 

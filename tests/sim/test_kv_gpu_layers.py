@@ -22,10 +22,9 @@ from sim.graph import decode_graph, layout_of
 from sim.placement import ESTIMATE_HOST_WEIGHT_GBPS, cpu_layers_seconds
 from sim.points import GridSpec, points
 from sim.program.decode import DecodeProgram
-from sim.run.checked import check
+from sim.rows import row
 from sim.run.point import Point
-from sim.run.row import row
-from sim.run.run import run_point
+from sim.run.run import check, run_point
 from sim.transport.scheduler import TransportConfig
 from tests.conftest import reference_workload
 

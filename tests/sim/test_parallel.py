@@ -8,9 +8,8 @@ import pytest
 
 from backends.profile import load_profile
 from sim.graph import decode_graph, head_ranges, layout_of
-from sim.run.graphs import graphs_for
-from sim.run.point import Point
-from sim.run.row import row
+from sim.rows import row
+from sim.run.point import Point, graphs_for
 from sim.run.run import run_point
 from sim.transport.scheduler import MIB, TransportConfig, align_up
 from sim.workload import Workload, cache_type, load_model

@@ -21,8 +21,8 @@ from kvpipe.cli import main
 from sim import functional as fn
 from sim.graph import layout_of
 from sim.program import DecodeProgram
-from sim.run.checked import Checked, check
 from sim.run.point import Point
+from sim.run.run import Checked, check
 from sim.sequences import SequenceCells
 from sim.transport.scheduler import TransportConfig
 from tests.conftest import reference_workload

@@ -14,10 +14,9 @@ from backends.profile import load_profile
 from backends.simpy_machine import SimMachine, _Engine, copy_seconds
 from kvpipe.bench import CountingEnvironment, bare_loop, run_bench
 from sim.graph import decode_graph
+from sim.rows import row
 from sim.run.decode import run_decode
-from sim.run.graphs import GRAPH_CACHE_SIZE, clear_graph_cache, graphs_for
-from sim.run.point import Point
-from sim.run.row import row
+from sim.run.point import GRAPH_CACHE_SIZE, Point, clear_graph_cache, graphs_for
 from sim.run.run import run_point
 from sim.transport.scheduler import TransportConfig
 from tests.conftest import reference_workload

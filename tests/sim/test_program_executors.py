@@ -15,8 +15,7 @@ import pytest
 from backends.profile import load_profile
 from sim.program import DecodeProgram, ProgramConfig, WeightStore
 from sim.run.decode import run_decode
-from sim.run.graphs import graphs_for
-from sim.run.point import Point
+from sim.run.point import Point, graphs_for
 from sim.transport.scheduler import TransportConfig
 from sim.workload import Workload, cache_type
 from tests.conftest import toy_model

@@ -20,8 +20,7 @@ from sim import functional as fn
 from sim.graph import DecodeGraph
 from sim.program import DecodeProgram
 from sim.run.decode import run_decode
-from sim.run.graphs import graphs_for
-from sim.run.point import Point
+from sim.run.point import Point, graphs_for
 from sim.transport.scheduler import TransportConfig
 from sim.workload import Workload, cache_type
 from tests.conftest import fast_profile, toy_model

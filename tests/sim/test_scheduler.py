@@ -11,10 +11,9 @@ from backends.base import BackendError, CopyRange
 from backends.profile import ComputeModel
 from backends.simpy_machine import SimMachine
 from sim.graph import DecodeGraph, decode_graph
+from sim.rows import row
 from sim.run.decode import run_decode
-from sim.run.graphs import graphs_for
-from sim.run.point import Point
-from sim.run.row import row
+from sim.run.point import Point, graphs_for
 from sim.run.run import run_point
 from sim.transport.scheduler import MIB, TransportConfig, TransportScheduler
 from sim.workload import Workload, cache_type

@@ -21,9 +21,9 @@ from kvpipe.schedules import GridPoint, evaluate, ranking
 from sim import functional as fn
 from sim.evaluator.envelope import in_envelope
 from sim.graph import WindowPiece
-from sim.run.checked import Checked, check
 from sim.run.decode import run_decode
 from sim.run.point import Point
+from sim.run.run import Checked, check
 from sim.transport.config import MIB, Schedule, TransportConfig
 from sim.transport.deliveries import in_pieces, plan_deliveries, span_fn
 from tests.conftest import Recorder, reference_workload

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from backends.profile import LinkCurve, load_profile, profile_from_dict
+from sim.rows import row
 from sim.run.point import Point
-from sim.run.row import row
 from sim.run.run import run_point
 from sim.transport.scheduler import MIB, TransportConfig
 from sim.workload import Workload, cache_type, load_model
