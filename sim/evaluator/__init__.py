@@ -36,7 +36,7 @@ API (what a caller such as the planner or ``kvpipe sweep`` uses)::
   flag or a string differs).
 
 Held to the simulator by ``tests/sim/test_evaluator.py``: the 1,020-point figures grid against ``kvpipe sweep
---exact`` rows, and random points of the envelope against ``run_point(point, exact=True)``, within 1e-9.
+--exact`` rows, and random points of the envelope against ``run_checked(point, exact=True)``, within 1e-9.
 
 Modules: ``envelope`` (in_envelope), ``costs`` (a token's numbers, read off the graph), ``token`` (the program over
 lanes), ``evaluate`` (grouping, stats, rows), ``check`` (comparison, sample check). Units: seconds and bytes.
