@@ -1,7 +1,10 @@
-"""A happens-before race checker that wraps any backend.
+"""A happens-before race checker that wraps any machine, and is a machine itself.
 
-``CheckedBackend(inner)`` implements the backend Protocol by forwarding every
-call to ``inner`` and, on the way, keeps *vector clocks* for the actors that
+``CheckedBackend(inner)`` is a ``backends.machine.Machine`` whose hooks do the
+checker's bookkeeping and call ``inner``'s hooks (the base keeps every
+invariant once, at the checker's door); ``launch`` and ``run_host``, which have
+no hooks, it watches and hands to ``inner``; the members it does not watch are
+``inner``'s own (bound once). On the way it keeps *vector clocks* for the actors that
 can touch memory: the host thread and each stream. The clocks follow the
 orderings a CUDA program can rely on, at enqueue time:
 
@@ -42,8 +45,8 @@ checked and never kept.
 
 The checker only looks at what the host program enqueues; it does not need
 real bytes, so it runs in timing-only simulations too. ``run``,
-``describe`` and ``xp`` are the inner machine's; a copy the inner machine
-refuses (``backends.base.plan_copy``) raises before the checker counts it.
+``describe`` and ``xp`` are the inner machine's; a copy the machines refuse
+(``backends.base.plan_copy``, in the base's ``copy``) raises before the checker counts it.
 """
 
 from __future__ import annotations
@@ -53,18 +56,23 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
-from backends.base import Access, Backend, Buffer, CopyRange, Event, HostOp, Span, Stream, Work
+from backends.base import Access, Buffer, CopyPlan, CopyRange, Event, HostOp, Stream, Work
 from backends.hazards import CopySeen, Found, Hazard, Item, Op, copy_ranges, ranges_of, work_ranges
+from backends.machine import Machine
 
 __all__ = ["CheckedBackend", "CopySeen", "Hazard", "Op"]
 
 HOST = 0
 _TICK = operator.itemgetter(0)  # the tick of a kept item
 
-class CheckedBackend:
-    """The backend Protocol over ``inner``, with a happens-before check of every buffer access. Never blocks on its own."""
+#: The members of the inner machine the checker does not watch: bound to the checker as they are (no layer).
+PASSED = ("now_s", "device_count", "describe", "run", "alloc_host", "free_bytes", "timeline", "clear_timeline", "xp")
 
-    def __init__(self, inner: Backend, max_examples: int = 5, record_copies: bool = False) -> None:
+
+class CheckedBackend(Machine):
+    """A machine over ``inner``, with a happens-before check of every buffer access. Never blocks on its own."""
+
+    def __init__(self, inner: Machine, max_examples: int = 5, record_copies: bool = False) -> None:
         self.inner = inner
         self.name = f"checked({inner.name})"
         self.max_examples = max_examples
@@ -82,9 +90,10 @@ class CheckedBackend:
         self._pairs: set[tuple[int, int, int, int]] = set()  # (actor, tick) of the first operation, then of the second
         self._context = ""  # the name of the split the host is at
         self._waited: list[bool] = [False]  # per stream: joined an event snapshot since the host last joined its clock
-        self.now_s = inner.now_s  # type: ignore[method-assign]
+        for member in PASSED:
+            setattr(self, member, getattr(inner, member))
 
-    # Only the Protocol is forwarded (the inner backend is ``.inner``): a ``__getattr__`` would
+    # Only the Protocol's unwatched members are bound (the inner machine is ``.inner``): a ``__getattr__`` would
     # make every ``self.x`` load of this class take CPython's slow generic path.
 
     # ------------------------------------------------------------ clocks
@@ -206,49 +215,30 @@ class CheckedBackend:
             return Op("kernel", name, self._actors[actor], context)
         return Op("copy", name or f"{src.name}->{dst.name}", self._actors[actor], context)
 
-    # --------------------------------------------------------- Protocol
+    # ------------------------------------------------------------ hooks
 
-    def now_s(self) -> float:
-        return self.inner.now_s()  # replaced by the inner bound method in __init__ (no layer on a hot path)
-
-    def device_count(self) -> int:
-        return self.inner.device_count()
-
-    @property
-    def xp(self) -> Any:
-        """The inner machine's array module."""
-        return self.inner.xp
-
-    def run(self, program: HostOp) -> Any:
-        """Run a host program of this checker's operations on the inner machine; returns its value. Blocks as ``inner.run``."""
-        return self.inner.run(program)
-
-    def describe(self) -> dict[str, Any]:
-        """The inner machine's description. Does not block."""
-        return self.inner.describe()
-
-    def create_stream(self, device: int, name: str) -> Stream:
-        stream = self.inner.create_stream(device, name)
+    def _create_stream(self, device: int, name: str) -> Stream:
+        stream = self.inner._create_stream(device, name)
         self._actor(stream)
         return stream
 
-    def create_event(self, device: int, name: str) -> Event:
-        return self.inner.create_event(device, name)
+    def _create_event(self, device: int, name: str) -> Event:
+        return self.inner._create_event(device, name)
 
     # Host operations do their bookkeeping when called and hand back the inner
-    # backend's generator (the caller runs it with ``yield from`` at once), so
+    # machine's generator (the caller runs it with ``yield from`` at once), so
     # the checker adds no generator layer.
 
-    def record(self, event: Event, stream: Stream) -> HostOp:
+    def _record(self, event: Event, stream: Stream) -> HostOp:
         a = self._actor_of.get(stream)
         if a is None:
             a = self._actor(stream)
         clock = self._clocks[a]
         clock[a] += 1
         self._events[event] = list(map(max, clock, self._host))  # the stream's effective clock
-        return self.inner.record(event, stream)
+        return self.inner._record(event, stream)
 
-    def wait_event(self, stream: Stream, event: Event) -> HostOp:
+    def _wait_event(self, stream: Stream, event: Event) -> HostOp:
         a = self._actor_of.get(stream)
         if a is None:
             a = self._actor(stream)
@@ -261,7 +251,7 @@ class CheckedBackend:
             else:
                 self._join(clock, snap)
             self._waited[a] = True
-        return self.inner.wait_event(stream, event)
+        return self.inner._wait_event(stream, event)
 
     def _enqueue(self, stream: Stream) -> tuple[int, list[int], int, bool]:
         """Tick ``stream`` for an operation on it: (actor, its clock, the tick, whether another stream has unordered work in flight)."""
@@ -279,10 +269,10 @@ class CheckedBackend:
                     return a, clock, tick, True
         return a, clock, tick, False
 
-    def copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], tag: str = "") -> HostOp:
+    def _copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], plan: CopyPlan, tag: str) -> HostOp:
         if not isinstance(ranges, tuple):  # kept: the caller's sequence is not ours (a tuple, KeptRanges too, is)
             ranges = tuple(ranges)
-        inner = self.inner.copy(stream, dst, src, ranges, tag)  # first: a copy the machine refuses leaves no trace here
+        inner = self.inner._copy(stream, dst, src, ranges, plan, tag)
         a, clock, tick, in_flight = self._enqueue(stream)
         if in_flight:
             self._check(a, tick, clock, ("copy", tag or f"{src.name}->{dst.name}", self._context), src, dst, ranges)
@@ -298,6 +288,7 @@ class CheckedBackend:
         return result
 
     def launch(self, stream: Stream, work: Work) -> HostOp:
+        """See ``Backend.launch``: checked, then the inner machine's."""
         a, clock, tick, in_flight = self._enqueue(stream)
         name = self._context = work.name
         if in_flight:
@@ -306,6 +297,7 @@ class CheckedBackend:
         return self.inner.launch(stream, work)
 
     def run_host(self, work: Work) -> HostOp:
+        """See ``Backend.run_host``: checked, then the inner machine's."""
         host = self._host
         tick = host[HOST] = host[HOST] + 1
         name = self._context = work.name
@@ -313,7 +305,7 @@ class CheckedBackend:
             self._check(HOST, tick, host, ("cpu", name, name), None, None, work.accesses)
         return self.inner.run_host(work)
 
-    def synchronize(self, stream: Stream) -> HostOp:
+    def _synchronize(self, stream: Stream) -> HostOp:
         a = self._actor_of.get(stream)
         if a is None:
             a = self._actor(stream)
@@ -326,35 +318,23 @@ class CheckedBackend:
             if tick > host[a]:  # (else it has nothing kept: the host knew all of it)
                 host[a] = tick
                 self._kept[a].clear()  # every operation of the stream is now known to the host
-        return self.inner.synchronize(stream)
+        return self.inner._synchronize(stream)
 
-    def wait_host(self, event: Event) -> HostOp:
+    def _wait_host(self, event: Event) -> HostOp:
         snap = self._events.get(event)
         if snap is not None:
             self._host_learns(snap)
-        return self.inner.wait_host(event)
+        return self.inner._wait_host(event)
 
-    def alloc(self, device: int, nbytes: int, name: str) -> Buffer:
-        return self.inner.alloc(device, nbytes, name)
+    def _alloc(self, device: int, nbytes: int, name: str) -> Buffer:
+        return self.inner._alloc(device, nbytes, name)
 
-    def alloc_host(self, nbytes: int, name: str, pinned: bool = True) -> Buffer:
-        return self.inner.alloc_host(nbytes, name, pinned)
-
-    def free(self, buffer: Buffer) -> None:
+    def _free(self, buffer: Buffer) -> None:
         host = self._host
         tick = host[HOST] = host[HOST] + 1
         if buffer.nbytes > 0 and any(self._kept):
             self._check(HOST, tick, host, ("free", buffer.name, self._context), None, None, (Access(buffer, 0, buffer.nbytes, True),))
-        self.inner.free(buffer)
-
-    def free_bytes(self, device: int) -> int:
-        return self.inner.free_bytes(device)
-
-    def timeline(self) -> list[Span]:
-        return self.inner.timeline()
-
-    def clear_timeline(self) -> None:
-        self.inner.clear_timeline()
+        self.inner._free(buffer)
 
     # ----------------------------------------------------------- report
 

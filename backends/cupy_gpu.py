@@ -37,11 +37,25 @@ seconds and bytes; CUDA's milliseconds are converted once, in
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from backends.base import BackendError, BackendUnavailable, Buffer, CopyPlan, Event, HostOp, OutOfDeviceMemory, Span, SpanKind, Stream, Work
+from backends.base import (
+    BackendError,
+    BackendUnavailable,
+    Buffer,
+    CopyPlan,
+    CopyRange,
+    Event,
+    HostOp,
+    OutOfDeviceMemory,
+    Span,
+    SpanKind,
+    Stream,
+    Work,
+)
 from backends.machine import Machine
 
 H2D, D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
@@ -123,33 +137,30 @@ class CupyGPU(Machine):
         """Number of CUDA devices. Does not block."""
         return self._n
 
-    def create_stream(self, device: int, name: str) -> Stream:
+    def _create_stream(self, device: int, name: str) -> Stream:
         """A new non-blocking CUDA stream on ``device``. Does not block."""
-        self._check_device(device)
         with self.cp.cuda.Device(device):
             return Stream(name, device, self.cp.cuda.Stream(non_blocking=True))
 
-    def create_event(self, device: int, name: str) -> Event:
+    def _create_event(self, device: int, name: str) -> Event:
         """A new CUDA event (timing disabled) on ``device``. Does not block."""
-        self._check_device(device)
         with self.cp.cuda.Device(device):
             return Event(name, device, self.cp.cuda.Event(disable_timing=True))
 
-    def record(self, event: Event, stream: Stream) -> HostOp:
+    def _record(self, event: Event, stream: Stream) -> HostOp:
         """cudaEventRecord at the tail of ``stream``. The host does not block."""
         event.handle.record(stream.handle)
-        event.recorded = True
         return
         yield  # pragma: no cover - a host op is a generator
 
-    def wait_event(self, stream: Stream, event: Event) -> HostOp:
+    def _wait_event(self, stream: Stream, event: Event) -> HostOp:
         """cudaStreamWaitEvent (a never-recorded event is no wait, as in CUDA). The host does not block."""
         if event.recorded:
             stream.handle.wait_event(event.handle)
         return
         yield  # pragma: no cover
 
-    def _copy(self, stream: Stream, dst: Buffer, src: Buffer, plan: CopyPlan, tag: str) -> HostOp:
+    def _copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], plan: CopyPlan, tag: str) -> HostOp:
         """The copy hook: one raw async copy per call of the plan, on ``stream``, between a pair of timing events.
 
         The host does not block, except from pageable host memory, where it
@@ -170,7 +181,7 @@ class CupyGPU(Machine):
                    stream=stream.name)
         host_side = src if to_device else dst
         if not host_side.pinned:
-            yield from self.synchronize(stream)
+            yield from self._synchronize(stream)
 
     def launch(self, stream: Stream, work: Work) -> HostOp:
         """Enqueue ``work.run(cupy)`` on ``stream`` (a spin kernel of ``duration_s`` if it has none). The host does not block."""
@@ -197,7 +208,7 @@ class CupyGPU(Machine):
         return
         yield  # pragma: no cover
 
-    def synchronize(self, stream: Stream) -> HostOp:
+    def _synchronize(self, stream: Stream) -> HostOp:
         """cudaStreamSynchronize: blocks the host until ``stream`` is idle."""
         t = self.now_s()
         stream.handle.synchronize()
@@ -205,7 +216,7 @@ class CupyGPU(Machine):
         return
         yield  # pragma: no cover
 
-    def wait_host(self, event: Event) -> HostOp:
+    def _wait_host(self, event: Event) -> HostOp:
         """cudaEventSynchronize: blocks the host until ``event`` (if recorded) has completed."""
         if event.recorded:
             t = self.now_s()
@@ -235,12 +246,9 @@ class CupyGPU(Machine):
             array = np.empty(int(nbytes), dtype=np.uint8)
         return Buffer(name, int(nbytes), -1, pinned, array)
 
-    def free(self, buffer: Buffer) -> None:
-        """Drop the buffer's memory (cudaFree / back to the pinned pool). The caller orders it after its last use."""
-        pinned_host = buffer.on_host and buffer.pinned
-        buffer.array = None
-        buffer.handle = None
-        if pinned_host:
+    def _free(self, buffer: Buffer) -> None:
+        """Return the buffer's memory (its array dropped: cudaFree, or back to the pinned pool)."""
+        if buffer.on_host and buffer.pinned:
             self.cp.get_default_pinned_memory_pool().free_all_blocks()
 
     def free_bytes(self, device: int) -> int:

@@ -49,12 +49,13 @@ Units: seconds and bytes.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import simpy
 
-from backends.base import Buffer, CopyPlan, Event, HostOp, OutOfDeviceMemory, Span, SpanKind, Stream, Work, WorkKind
+from backends.base import Buffer, CopyPlan, CopyRange, Event, HostOp, OutOfDeviceMemory, Span, SpanKind, Stream, Work, WorkKind
 from backends.machine import Machine
 from backends.profile import HardwareProfile
 from backends.simpy_copy import _Engine, _Lane, calls_seconds, copy_seconds, dram_stretch, next_copy_on
@@ -166,32 +167,29 @@ class SimMachine(Machine):
     def device_count(self) -> int:
         return len(self.profile.devices)
 
-    def create_stream(self, device: int, name: str) -> Stream:
-        self._check_device(device)
+    def _create_stream(self, device: int, name: str) -> Stream:
         st = Stream(name, device, handle=_StreamState())
         self._streams.append(st)
         self.env.process(self._stream_loop(st))
         return st
 
-    def create_event(self, device: int, name: str) -> Event:
-        self._check_device(device)
+    def _create_event(self, device: int, name: str) -> Event:
         return Event(name, device, handle=None)
 
-    def record(self, event: Event, stream: Stream) -> HostOp:
+    def _record(self, event: Event, stream: Stream) -> HostOp:
         if self._event_s > 0:
             yield self._busy(self._event_s, SpanKind.RECORD, "record ", event.name)
         gen = self._event()
         event.handle = gen
-        event.recorded = True
         self._enqueue(stream, ("record", event.name, gen))
 
-    def wait_event(self, stream: Stream, event: Event) -> HostOp:
+    def _wait_event(self, stream: Stream, event: Event) -> HostOp:
         if self._event_s > 0:
             yield self._busy(self._event_s, SpanKind.WAIT, "wait ", event.name)
         if event.handle is not None:
             self._enqueue(stream, ("wait", event.name, event.handle))
 
-    def _copy(self, stream: Stream, dst: Buffer, src: Buffer, plan: CopyPlan, tag: str) -> HostOp:
+    def _copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], plan: CopyPlan, tag: str) -> HostOp:
         """The copy hook: one copy issue of host time, then the plan on ``stream``; blocks the host from pageable memory."""
         if self._issue_s > 0:
             yield self._busy(self._issue_s, SpanKind.ISSUE, "issue ", tag)
@@ -215,7 +213,7 @@ class SimMachine(Machine):
         """
         st: _StreamState = stream.handle
         if st.completed < st.enqueued:  # "a stream sync is performed before the copy is initiated" (idle: nothing to wait)
-            yield from self.synchronize(stream)
+            yield from self._synchronize(stream)
         chunks = lane.staging(plan.nbytes)
         staged = src
         if self.functional and src.array is not None:
@@ -248,14 +246,14 @@ class SimMachine(Machine):
             work.run(_numpy())
         self._span("host", work.name, t, SpanKind.HOST_WORK)
 
-    # synchronize and wait_host hand back the waiting generator itself (one generator less per wait);
+    # _synchronize and _wait_host hand back the waiting generator itself (one generator less per wait);
     # the caller runs it with ``yield from`` at once, as every host operation is run.
 
-    def synchronize(self, stream: Stream) -> HostOp:
+    def _synchronize(self, stream: Stream) -> HostOp:
         st: _StreamState = stream.handle
         return self._wait_done(self._completion(stream, st.enqueued), SpanKind.SYNC, "sync")
 
-    def wait_host(self, event: Event) -> HostOp:
+    def _wait_host(self, event: Event) -> HostOp:
         return self._wait_done(event.handle, SpanKind.WAIT, "wait ", event.name) if event.handle is not None else _nothing()
 
     def _alloc(self, device: int, nbytes: int, name: str) -> Buffer:
@@ -267,10 +265,9 @@ class SimMachine(Machine):
     def alloc_host(self, nbytes: int, name: str, pinned: bool = True) -> Buffer:
         return Buffer(name, nbytes, -1, pinned, self._array(nbytes))
 
-    def free(self, buffer: Buffer) -> None:
+    def _free(self, buffer: Buffer) -> None:
         if buffer.device >= 0:
             self._used[buffer.device] -= buffer.nbytes
-        buffer.array = None
 
     def free_bytes(self, device: int) -> int:
         return self.profile.devices[device].memory_total_bytes - self._used[device]

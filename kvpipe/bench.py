@@ -20,7 +20,8 @@ from typing import Any
 import simpy
 from simpy.core import BoundClass
 
-from sim.simulate import Point, clear_graph_cache, run_decode
+from sim.run.point import Point, clear_graph_cache
+from sim.run.run import run_point
 
 
 class CountingEnvironment(simpy.Environment):
@@ -123,7 +124,7 @@ def machine_run(point: Point, trace: bool = False) -> tuple[int, float]:
     env = CountingEnvironment()
     machine = SimMachine(point.hardware, trace=trace, env=env)
     t = time.perf_counter()
-    machine.run(run_decode(machine, point))
+    run_point(point, checked=False, warmup=0, machine=machine)
     return env.steps, time.perf_counter() - t
 
 

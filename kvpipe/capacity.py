@@ -38,7 +38,8 @@ from sim.memory import (
     kv_layer_bytes,
     weights_on_devices,
 )
-from sim.simulate import GRAPH_BASE_BYTES, Point, interval_fields, io_bytes_for, placement_fields
+from sim.rows import interval_fields, placement_fields
+from sim.run.point import GRAPH_BASE_BYTES, Point, io_bytes_for
 from sim.transport.config import TransportConfig
 from sim.workload import Workload, ngl_of
 
@@ -179,7 +180,7 @@ def candidates(point: Point, limits: Limits, max_depth: int, rings_mib: dict[int
 
 def choice_of(pt: Point, figs: Any, i: int, limits: Limits) -> Choice:
     """Candidate ``i`` of ``figs`` (``kvpipe.plan_run.Figures``) as a Choice, with its memory account and the row's
-    interval and CPU-layers pricing (``sim.simulate.interval_fields``, ``placement_fields``)."""
+    interval and CPU-layers pricing (``sim.rows.interval_fields``, ``placement_fields``)."""
     wl, tc = pt.workload, pt.transport
     resident, declined, tps = tc.arm == "resident", bool(figs.declined[i]), float(figs.tokens_per_s[i])
     ring = 0 if declined else int(float(figs.ring_alloc_mib[i]) * MIB)

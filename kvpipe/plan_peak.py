@@ -21,7 +21,7 @@ from kvpipe.plan_run import PlanRequest, Runner, points
 from sim.errors import InputError
 from sim.graph import decode_graph
 from sim.rows import with_gains
-from sim.simulate import Point
+from sim.run.point import Point
 from sim.transport.config import MIB, TransportConfig
 from sim.workload import MAX_CONTEXT, WINDOW_PAD_ROWS, Workload
 

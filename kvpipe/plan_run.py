@@ -28,7 +28,7 @@ from sim.errors import InputError
 from sim.model_files import with_weights_type
 from sim.points import MAX_POINTS, GridSpec
 from sim.points import points as grid_points
-from sim.simulate import Point
+from sim.run.point import Point
 from sim.transport.config import MAX_BUDGET_MIB, MAX_DEPTH, TransportConfig
 from sim.workload import ALL_LAYERS, layers_of_ngl
 

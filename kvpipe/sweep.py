@@ -42,10 +42,11 @@ from typing import Any
 
 from kvpipe.executors import _Serial, executor_for, max_jobs  # noqa: F401 - re-exported: where a sweep's work runs
 from kvpipe.row_store import JOURNAL, LOCK, MANIFEST, ROWS_CSV, ROWS_JSON, RowStore, grid_id  # noqa: F401 - re-exported
-from sim import checks, distinct
 from sim.errors import InputError
-from sim.rows import KEY_DEFAULTS, KEY_FIELDS, Key, _norm, key_of_row, with_gains  # noqa: F401 - the schema, re-exported
-from sim.simulate import Point, placement_fields, row
+from sim.rows import KEY_DEFAULTS, KEY_FIELDS, Key, _norm, key_of_row, placement_fields, row, with_gains  # noqa: F401 - the schema, re-exported
+from sim.run import tasks
+from sim.run.point import Point
+from sim.run.run import run_point
 
 SIMULATED = {"engine": "simulator"}
 EVALUATED_PER_CHUNK = 512  # envelope points per evaluator chunk (its cost is mostly per point; a few per worker)
@@ -106,9 +107,9 @@ def run_chunk(chunk: Chunk | Sequence[Point]) -> list[dict[str, Any] | str]:
     if chunk.evaluate:
         return _evaluated(chunk.todo_points)
     out: dict[int, dict[str, Any] | str] = {}
-    for task in distinct.tasks(list(chunk.points), list(chunk.todo), exact=chunk.exact):
+    for task in tasks.tasks(list(chunk.points), list(chunk.todo), exact=chunk.exact):
         try:
-            rows: list[dict[str, Any] | str] = [row(r) | SIMULATED for r in checks.run_task(task)]
+            rows: list[dict[str, Any] | str] = [row(r) | SIMULATED for r in tasks.run_task(task)]
         except Exception as exc:  # one bad point must not sink the sweep; reported at the end
             rows = [f"{type(exc).__name__}: {exc}"] * len(task.members)
         for m, r in zip(task.members, rows, strict=True):
@@ -136,7 +137,7 @@ def _evaluated(points: Sequence[Point]) -> list[dict[str, Any] | str]:
 
 def exact_row(point: Point) -> dict[str, Any]:
     """The simulator's row of ``point``, every token simulated (what the sample check compares with). Blocks."""
-    return row(checks.run_checked(point, exact=True)) | SIMULATED
+    return row(run_point(point, exact=True)) | SIMULATED
 
 
 def chunks(points: Sequence[Point], workers: int, todo: Sequence[bool] | None = None, exact: bool = False,
@@ -150,7 +151,7 @@ def chunks(points: Sequence[Point], workers: int, todo: Sequence[bool] | None = 
     if not total:
         return []
     out: list[Chunk] = []
-    parts = [part for part in distinct.partitions(points) if any(todo[i] for i in part)]
+    parts = [part for part in tasks.partitions(points) if any(todo[i] for i in part)]
     if evaluator and not exact:  # partitions inside the evaluator's envelope (depth and budget do not change it) go to it
         from sim.evaluator import in_envelope
 
@@ -221,7 +222,7 @@ def run_sweep(
     """
     if not points:
         raise InputError("the grid is empty; give at least one value per flag")
-    from sim import checks  # noqa: F401 - imported once here, so local workers forked from this process inherit it
+    from sim.run import run  # noqa: F401 - imported once here, so local workers forked from this process inherit it
     t0 = time.perf_counter()
     with executor_for(jobs, dask_address) as ex:  # first: a missing extra or scheduler writes nothing
         order: list[Key] = []

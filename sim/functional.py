@@ -50,7 +50,7 @@ from dataclasses import replace
 from sim.errors import InputError
 from sim.graph import DecodeGraph, decode_graph, layout_of
 from sim.program import PROGRAM_CACHE_TYPES
-from sim.simulate import Point
+from sim.run.point import Point
 from sim.workload import ModelShape, Workload
 
 FUNCTIONAL_ATTN = 6
@@ -74,7 +74,7 @@ def functional_point(point: Point) -> Point:
     for ct in (wl.cache_k, wl.cache_v):
         if ct.name not in PROGRAM_CACHE_TYPES:
             raise InputError(f"--functional supports cache types {', '.join(PROGRAM_CACHE_TYPES)}; got {ct.name}")
-    if getattr(wl, "split_mode", "none") != "none":
+    if wl.split_mode != "none":
         raise InputError("--functional runs on one device for now (no split mode)")
     if wl.gpu_layer_start:
         raise InputError(f"--functional runs every layer on the GPU (the program models GPU kernels); got -ngl "

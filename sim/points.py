@@ -2,7 +2,7 @@
 
 :func:`points` expands a :class:`GridSpec` -- models, hardware, cache types,
 contexts, sequences, depths, budgets, ... as Python values -- into
-:class:`sim.simulate.Point` objects, one per element of the cross product,
+:class:`sim.run.point.Point` objects, one per element of the cross product,
 each with its whole :class:`~sim.transport.config.TransportConfig` and the
 calibrated entry of its program where the hardware profile has one. Bad values
 raise :class:`sim.errors.InputError` with a one-line message. Nothing here
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from backends.profile import HardwareProfile, for_workload, load_profile
 from sim.errors import InputError
-from sim.simulate import Point
+from sim.run.point import Point
 from sim.transport.config import Schedule, TransportConfig
 from sim.workload import ALL_LAYERS, CacheType, ModelShape, Workload, cache_type, layers_of_ngl, load_model
 

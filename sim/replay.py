@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.simulate import GRAPH_BASE_BYTES, Point, graph_at, io_bytes_for, placed_hardware
+from sim.run.point import GRAPH_BASE_BYTES, Point, graph_at, io_bytes_for, placed_hardware
 from sim.transport import planning
 from sim.transport.config import TransportConfig
 from sim.transport.deliveries import span_fn

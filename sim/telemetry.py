@@ -1,6 +1,6 @@
 """Telemetry out: readable tables, CSV/JSON rows and Chrome traces.
 
-Rows are plain dicts (see ``sim.simulate.row``); a timeline is a list of
+Rows are plain dicts (see ``sim.rows.row``); a timeline is a list of
 ``backends.base.Span``. Both machines produce the same shapes, so a GPU trace
 opens beside a simulated one in Perfetto (ui.perfetto.dev) or
 chrome://tracing. Files are written atomically: a temporary file renamed into

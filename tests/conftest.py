@@ -124,6 +124,44 @@ class Recorder:
         self._log("free", buffer.name, buffer.nbytes)
         self.inner.free(buffer)
 
+    # Under the race checker (a machine that reaches the one it wraps through its hooks) the calls come to the hooks.
+
+    def _create_stream(self, device: int, name: str) -> Stream:
+        self._log("create_stream", name)
+        return self.inner._create_stream(device, name)
+
+    def _create_event(self, device: int, name: str) -> Event:
+        self._log("create_event", name)
+        return self.inner._create_event(device, name)
+
+    def _record(self, event: Event, stream: Stream) -> HostOp:
+        self._log("record", event.name, stream.name)
+        yield from self.inner._record(event, stream)
+
+    def _wait_event(self, stream: Stream, event: Event) -> HostOp:
+        self._log("wait_event", event.name, stream.name)
+        yield from self.inner._wait_event(stream, event)
+
+    def _copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Any, plan: Any, tag: str) -> HostOp:
+        self._log("copy", tag, (stream.name, dst, src, tuple(ranges)))
+        yield from self.inner._copy(stream, dst, src, ranges, plan, tag)
+
+    def _synchronize(self, stream: Stream) -> HostOp:
+        self._log("synchronize", stream.name)
+        yield from self.inner._synchronize(stream)
+
+    def _wait_host(self, event: Event) -> HostOp:
+        self._log("wait_host", event.name)
+        yield from self.inner._wait_host(event)
+
+    def _alloc(self, device: int, nbytes: int, name: str) -> Buffer:
+        self._log("alloc", name, nbytes)
+        return self.inner._alloc(device, nbytes, name)
+
+    def _free(self, buffer: Buffer) -> None:
+        self._log("free", buffer.name, buffer.nbytes)
+        self.inner._free(buffer)
+
     def of(self, op: str) -> list[Call]:
         return [c for c in self.calls if c.op == op]
 

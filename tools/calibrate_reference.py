@@ -43,7 +43,9 @@ from reference_derivation import (  # noqa: E402
 
 from backends.profile import PRESET_DIR, load_profile, profile_from_dict  # noqa: E402
 from sim.graph import decode_graph  # noqa: E402
-from sim.simulate import Point, row, simulate  # noqa: E402
+from sim.rows import row  # noqa: E402
+from sim.run.point import Point  # noqa: E402
+from sim.run.run import run_point  # noqa: E402
 from sim.transport.scheduler import TransportConfig  # noqa: E402
 from sim.workload import Workload, cache_type, load_model  # noqa: E402
 
@@ -160,7 +162,7 @@ def ordered_check(preset: dict[str, Any]) -> list[dict[str, float]]:
     hw = profile_from_dict(preset, "calibrated")
     out = []
     for ctx, tps, ms, blocked, _mb, _dev in ORDERED_TABLE:
-        r = row(simulate(Point(workload_at(ctx, tokens=2), hw, TransportConfig(depth=0))))
+        r = row(run_point(Point(workload_at(ctx, tokens=2), hw, TransportConfig(depth=0)), checked=False, warmup=0))
         out.append({"context": ctx, "published_tps": tps, "sim_tps": r["tokens_per_s"], "published_ms": ms,
                     "sim_ms": r["ms_per_token"], "published_blocked_h2d_ms": blocked,
                     "sim_blocked_ms": r["breakdown_ms"]["blocked_in_ordered_copies"]})

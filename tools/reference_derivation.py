@@ -48,7 +48,7 @@ from reference_pageable import fit_pageable
 from backends.profile import PRESET_DIR
 from sim.graph import decode_graph
 from sim.memory import compute_buffer_bytes
-from sim.simulate import GRAPH_BASE_BYTES
+from sim.run.point import GRAPH_BASE_BYTES
 from sim.transport.scheduler import TransportConfig
 from sim.workload import Workload, cache_type, load_model, pad_rows
 from validate.batch_fit import rounded as _rounded

@@ -39,7 +39,8 @@ from backends.base import Backend, SpanKind
 from backends.profile import MIB, ComputeModel, HardwareProfile, compute_model_of, profile_from_dict, workload_key
 from sim.graph import decode_graph
 from sim.program import WeightStore, gpu_program
-from sim.simulate import Point, simulate
+from sim.run.point import Point
+from sim.run.run import run_point
 from sim.transport.scheduler import TransportConfig
 from sim.workload import CacheType, ModelShape, Workload, cache_type
 from validate import contention, micro
@@ -136,8 +137,8 @@ def _residual(runs: Sequence[tuple[Workload, int, float, int]], hw: HardwareProf
     """(measured - simulated) seconds per unit for each ``(workload, depth, measured token s, units)``."""
     out = []
     for wl, depth, total_s, units in runs:
-        sim = simulate(Point(replace(wl, tokens=wl.tokens + warmup), hw, TransportConfig(depth=depth, budget_mib=0.0)))
-        out.append((total_s - statistics.fmean(g.total_s for g in sim.graphs[warmup:])) / max(units, 1))
+        sim = run_point(Point(wl, hw, TransportConfig(depth=depth, budget_mib=0.0)), checked=False, warmup=warmup)
+        out.append((total_s - statistics.fmean(g.total_s for g in sim.graphs)) / max(units, 1))
     return out
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from backends import get_backend
 from backends.base import BackendUnavailable
 from backends.profile import HardwareProfile
-from sim.simulate import Point
+from sim.run.point import Point
 from sim.telemetry import chrome_trace, write_atomic
 
 

@@ -4,7 +4,7 @@ One *group* is (model, cache type, context): one host KV cache, filled once,
 and one program whose weights are made once per model. Its *arms* are the
 (depth, budget) pairs of the grid; each repetition runs every arm once in the
 same order (A/B/A/B...), so a drift of the machine spreads over all arms
-instead of biasing one. Each run is ``sim.simulate.run_decode`` -- the very
+instead of biasing one. Each run is ``sim.run.decode.run_decode`` -- the very
 host loop the simulation runs -- driven on the backend; its first
 ``warmup`` graphs (ring allocation, first-use kernel compilation) are left out
 of the timing but not out of the exactness hashes.
@@ -30,7 +30,8 @@ from typing import Any
 from backends.base import Backend, Buffer, Span
 from backends.profile import HardwareProfile
 from sim.program import DecodeProgram
-from sim.simulate import Point, RunResult, run_decode
+from sim.run.decode import run_decode
+from sim.run.point import Point, RunResult
 from sim.transport.scheduler import GraphStats, TransportConfig
 from sim.workload import Workload
 from validate.micro import host_costs, run_on
@@ -145,7 +146,7 @@ class GroupRunner:
         return Point(self.wl, self.hardware, transport)
 
     def open(self) -> None:
-        from sim.simulate import graphs_for
+        from sim.run.point import graphs_for
 
         nbytes = next(iter(graphs_for(self._point(TransportConfig(depth=0))))).host_cache_bytes
         self.host_cache = self.backend.alloc_host(nbytes, "host_kv_cache", pinned=self.wl.pinned)
@@ -209,7 +210,7 @@ def run_group(
 
 
 def result_of(group: GroupResult, run: Run, hardware: HardwareProfile) -> RunResult:
-    """A RunResult (for ``sim.simulate.row``) of one run: its measured graphs and timeline."""
+    """A RunResult (for ``sim.rows.row``) of one run: its measured graphs and timeline."""
     point = Point(group.workload, hardware, run.transport)
     rows = group.workload.window_rows(max(group.workload.context) + group.warmup)
     return RunResult(point, run.stats, run.spans, rows)

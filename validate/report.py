@@ -27,14 +27,15 @@ import json
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from backends.base import is_split_launch
 from backends.profile import HardwareProfile, for_workload
+from sim.rows import placement_fields, row
+from sim.run.point import Point
+from sim.run.run import run_point
 from sim.safe_write import write_outputs
-from sim.simulate import Point, placement_fields, row, simulate
 from sim.transport.scheduler import TransportConfig
 from sim.workload import Workload
 from validate import ceiling, race
@@ -64,8 +65,7 @@ def predict_arm(wl: Workload, warmup: int, transport: TransportConfig, profile: 
     """The row of ``wl``'s measured tokens (``wl.tokens``) after ``warmup`` unmeasured graphs, simulated on
     ``profile``'s entry for the workload's program. Blocks for the simulation."""
     hw = for_workload(profile, wl.model.name, wl.cache_k.name, wl.cache_v.name)
-    res = simulate(Point(replace(wl, tokens=wl.tokens + warmup), hw, transport))
-    res.graphs = res.graphs[warmup:]
+    res = run_point(Point(wl, hw, transport), checked=False, warmup=warmup)
     return row(res)
 
 

@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from backends.profile import ComputeModel, profile_from_dict
-from sim.checks import run_checked
 from sim.errors import InputError
 from sim.graph import decode_graph
-from sim.simulate import Point
+from sim.run.point import Point
+from sim.run.run import run_point
 from sim.transport.config import TransportConfig
 from sim.workload import ALL_LAYERS, CacheType, ModelShape, Workload
 
@@ -89,7 +89,7 @@ def _transport(arm: str, profile: dict[str, Any]) -> TransportConfig:
 def simulated_s(profile: dict[str, Any], wl: Workload, arm: str) -> float:
     """Simulated seconds per token of ``wl`` on ``arm`` under the profile dict (its device compute). Blocks (simulation)."""
     hw = profile_from_dict(profile, str(profile.get("name", "profile")))
-    result = run_checked(Point(wl, hw, _transport(arm, profile)))
+    result = run_point(Point(wl, hw, _transport(arm, profile)))
     return sum(s.total_s for s in result.graphs) / len(result.graphs)
 
 

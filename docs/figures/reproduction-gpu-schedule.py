@@ -1,7 +1,7 @@
 """kvpipe's own decode schedule on a real GPU, kernels replaced by spin kernels of the model's durations.
 
 Evidence for docs/reproduction.md ("the copy engine drains a stream"): the scheduler
-(sim.transport.scheduler via sim.simulate.run_decode) drives the CuPy backend exactly as it drives the
+(sim.transport.scheduler via sim.run.decode.run_decode) drives the CuPy backend exactly as it drives the
 SimPy machine; a GPU split with no program is a one-thread spin kernel of the split's
 ``compute_s`` (no DRAM traffic, so copies and kernels do not contend), a CPU split a host busy
 wait. The link and host are the GPU's own; the split durations are the reference card's
@@ -25,7 +25,8 @@ from dataclasses import replace
 from backends.base import drive
 from backends.cupy_gpu import CupyGPU
 from backends.profile import load_profile
-from sim.simulate import Point, run_decode
+from sim.run.decode import run_decode
+from sim.run.point import Point
 from sim.telemetry import chrome_trace
 from sim.transport.scheduler import TransportConfig
 from sim.workload import Workload, cache_type, load_model

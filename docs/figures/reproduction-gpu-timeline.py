@@ -20,7 +20,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from backends.profile import load_profile  # noqa: E402
-from sim.simulate import Point, simulate  # noqa: E402
+from sim.run.point import Point  # noqa: E402
+from sim.run.run import run_point  # noqa: E402
 from sim.telemetry import chrome_trace  # noqa: E402
 from sim.transport.scheduler import TransportConfig  # noqa: E402
 from sim.workload import Workload, cache_type, load_model  # noqa: E402
@@ -43,7 +44,7 @@ def simulated(drain: bool) -> dict:  # type: ignore[type-arg]
     dev = replace(h200.devices[0], compute=rtx.devices[0].compute, copy_engine_drains_stream=drain)
     q8 = cache_type("q8_0")
     point = Point(Workload(load_model("qwen3.8-27b"), q8, q8, (CONTEXT,), tokens=4), replace(h200, devices=(dev,)), TransportConfig(1, 0.0))
-    return chrome_trace([("sim", simulate(point, trace=True).spans)])
+    return chrome_trace([("sim", run_point(point, trace=True).spans)])
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from sim.errors import InputError
 from sim.points import GridSpec, points
-from sim.simulate import Point
+from sim.run.point import Point
 from sim.transport.config import MAX_BUDGET_MIB, MAX_DEPTH, MIB, MUTATIONS, Schedule
 from sim.workload import ALL_LAYERS, CACHE_TYPES, MAX_CONTEXT
 

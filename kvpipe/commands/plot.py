@@ -99,7 +99,7 @@ def _timeline_figure(args: argparse.Namespace) -> Any:
 
     from kvpipe.commands.args import points_from_args as grid_points
     from kvpipe.plots import timeline, token_window
-    from sim import checks
+    from sim.run.run import run_point
 
     points = grid_points(args)
     first = points[0]
@@ -112,7 +112,7 @@ def _timeline_figure(args: argparse.Namespace) -> Any:
     panels = []
     for depth in [0, *depths]:
         p = replace(piped, transport=replace(piped.transport, depth=depth))
-        res = checks.run_checked(p, trace=True)
+        res = run_point(p, trace=True)
         totals = [g.total_s for g in res.graphs]
         declined = depth and all(g.declined for g in res.graphs)
         label = "ordered (depth 0)" if not depth else f"pipelined (depth {depth})"

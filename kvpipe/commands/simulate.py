@@ -5,7 +5,7 @@ gen4 x16) at 4,096 / 16,384 / 32,768 at depth 0 and 1 with the default
 budget, and prints a table with the gain. ``--json`` prints one object per
 point, ``--csv FILE`` writes them as CSV, ``--trace FILE`` writes a Chrome
 trace of every point's timeline. Each distinct simulation runs once and
-extrapolates its steady tokens (``sim.distinct``, ``sim.steady``); ``--exact``
+extrapolates its steady tokens (``sim.run.tasks``, ``sim.run.decode``); ``--exact``
 simulates every point and token, as traces and functional runs always do.
 """
 
@@ -18,8 +18,9 @@ from typing import Any
 
 from backends.base import OutOfDeviceMemory
 from kvpipe.commands.args import add_grid_args, points_from_args
+from sim.rows import row
+from sim.run.point import Point, RunResult
 from sim.safe_write import write_outputs
-from sim.simulate import Point, RunResult, row
 from sim.telemetry import chrome_trace, rows_to_csv, table
 from sim.transport.scheduler import GraphStats
 
@@ -41,15 +42,15 @@ def register(sub: Any) -> None:
 
 def run_points(points: list[Point], trace: bool = False, functional: bool = False,
                exact: bool = False) -> list[tuple[RunResult, dict[str, Any]]]:
-    """Simulate each distinct point once (``sim.distinct``; on the fast path unless ``exact``, a trace or a functional
-    run); returns (result, row) pairs, one per point. Blocks for the simulations' wall time."""
-    from sim import checks, distinct
+    """Simulate each distinct point once (``sim.run.tasks``: ``run_point``, on the fast path unless ``exact``, a trace
+    or a functional run); returns (result, row) pairs, one per point. Blocks for the simulations' wall time."""
+    from sim.run import tasks
 
     out: dict[int, tuple[RunResult, dict[str, Any]]] = {}
     alone = trace or functional
-    for task in distinct.tasks(points, exact=exact or alone, share=not alone):
+    for task in tasks.tasks(points, exact=exact or alone, share=not alone):
         try:
-            results = checks.run_task(task, trace=trace, functional=functional)
+            results = tasks.run_task(task, trace=trace, functional=functional)
         except OutOfDeviceMemory as exc:  # a point that does not fit is a row that says so; the rest of the grid runs
             results = [RunResult(m.point, [GraphStats()], extra={"fits": False, "fit_reason": str(exc)}) for m in task.members]
         for m, result in zip(task.members, results, strict=True):

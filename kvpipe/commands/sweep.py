@@ -8,7 +8,7 @@ the ``rows.jsonl`` journal a rerun resumes from. Points inside the compiled
 evaluator's envelope (``sim.evaluator``) are evaluated, every token exactly,
 and a sample of them re-simulated (``--check``; the summary prints the largest
 relative disagreement); the rest run as distinct simulations that extrapolate
-their steady tokens (``sim.distinct``, ``sim.steady``). ``--exact`` simulates
+their steady tokens (``sim.run.tasks``, ``sim.run.decode``). ``--exact`` simulates
 every point and token.
 """
 

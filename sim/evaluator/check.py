@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from sim.simulate import Point, row
+from sim.rows import row
+from sim.run.point import Point
 
 TOLERANCE = 1e-9
 TIE_TPS = 1e-9  # t/s within this fraction of the best are a tie (the plan's TIE_GAIN, relative to the best)
@@ -98,9 +99,9 @@ def boundaries(line: np.ndarray, context: np.ndarray, depth: np.ndarray, budget:
 
 
 def _simulated(points: list[Point]) -> list[dict[str, Any]]:
-    from sim.checks import run_checked
+    from sim.run.run import run_point
 
-    return [row(run_checked(p, exact=True)) for p in points]
+    return [row(run_point(p, exact=True)) for p in points]
 
 
 def check_sample(points: Sequence[Point], rows: Sequence[dict[str, Any]], n: int = 32, seed: int = 0,

@@ -28,7 +28,7 @@ from backends.profile import LinkCurve
 from backends.simpy_copy import calls_seconds
 from sim.graph import DecodeGraph
 from sim.replay import context_free, window_rows_at
-from sim.simulate import Point, graph_at
+from sim.run.point import Point, graph_at
 from sim.transport.deliveries import Delivery, SpanFn, ordered_copy, plan_deliveries, slot_entries, span_fn
 
 #: A split's shape: (kind, ordered inputs, staged inputs, kernel launches).

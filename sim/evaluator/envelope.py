@@ -16,7 +16,7 @@ from typing import Any
 
 from sim.graph import DecodeGraph
 from sim.replay import context_free
-from sim.simulate import Point, graph_at
+from sim.run.point import Point, graph_at
 
 
 def in_envelope(point: Point) -> str | None:

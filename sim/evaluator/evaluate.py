@@ -32,7 +32,8 @@ from sim.evaluator.envelope import in_envelope
 from sim.evaluator.token import Setup, run_token
 from sim.replay import PLAN_FIELDS as _PLAN
 from sim.replay import Plans, plan_points
-from sim.simulate import Point, RunResult, placed_hardware, row
+from sim.rows import row
+from sim.run.point import Point, RunResult, placed_hardware
 from sim.transport.config import MIB, GraphStats
 
 TIME_FIELDS = ("total_s", "blocked_ordered_s", "consumer_wait_s", "issue_s", "boundary_wait_s")

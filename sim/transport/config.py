@@ -203,7 +203,7 @@ class Mutations:
 class GraphStats:
     """What one graph cost and moved (the reference's telemetry fields).
 
-    A token of the fast path (``sim.steady``) that was not simulated says which steady token it was extrapolated
+    A token of the fast path (``sim.run.decode``) that was not simulated says which steady token it was extrapolated
     from in ``extrapolated_from``; a simulated one has -1 there.
     """
 
@@ -227,7 +227,7 @@ class GraphStats:
     declined: bool = False
     decline_reason: str = ""
     staged_splits: int = 0
-    extrapolated_from: int = -1  # -1: simulated; else the steady token this one was extrapolated from (sim.steady)
+    extrapolated_from: int = -1  # -1: simulated; else the steady token this one was extrapolated from (sim.run.decode)
 
     @property
     def ring_need_bytes(self) -> int:

@@ -12,8 +12,8 @@ from backends.base import Access, Backend, BackendError, CopyRange, HostOp, Work
 from backends.checked import CheckedBackend
 from backends.profile import load_profile
 from backends.simpy_machine import SimMachine
-from sim.checks import check
-from sim.simulate import Point, simulate
+from sim.run.point import Point
+from sim.run.run import check, run_point
 from sim.transport.scheduler import TransportConfig
 from tests.conftest import reference_workload
 
@@ -292,7 +292,7 @@ def test_a_copy_the_machine_refuses_leaves_no_trace_in_the_checker() -> None:
 def test_plain_simulation_matches_unchecked_timing() -> None:
     point = Point(reference_workload(16384, tokens=3), load_profile("rtx4070-gen4x16"), TransportConfig(depth=1))
     checked = check(point).result
-    plain = simulate(point)
+    plain = run_point(point, checked=False, warmup=0)
     assert [g.total_s for g in checked.graphs] == [g.total_s for g in plain.graphs]
     assert checked.extra["hazards"] == 0 and "hazard_examples" not in checked.extra
 
@@ -304,7 +304,7 @@ def test_checker_cost_in_a_plain_simulation() -> None:
     A benchmark: it asserts nothing (the figures it prints are read by a person, not held to a threshold)."""
     hw = load_profile("rtx4070-gen4x16")
     points = [Point(reference_workload(c, tokens=32), hw, TransportConfig(depth=d)) for c in (4096, 16384, 32768) for d in (0, 1)]
-    runs: dict[str, Callable[[Point], Any]] = {"plain": simulate, "checked": check}
+    runs: dict[str, Callable[[Point], Any]] = {"plain": lambda p: run_point(p, checked=False, warmup=0), "checked": check}
     best = {label: float("inf") for label in runs}
     for _ in range(7):  # interleaved, best of 7: the machine is shared
         for label, fn in runs.items():

@@ -62,12 +62,13 @@ def test_simulate_reads_the_calibrated_entry_of_each_model() -> None:
 
 
 def test_rows_say_which_calibrated_entry_they_used_and_the_table_flags_a_missing_one() -> None:
-    from sim.simulate import row, simulate
+    from sim.rows import row
+    from sim.run.run import run_point
     from sim.telemetry import table
 
     args = argparse.Namespace(model="llama-3.1-8b", hardware=f"{H200_FILE},h200-gen5x16", cache_type="q8_0,f16",
                               context="1024", depth="1", budget="0", tokens=1, pageable=False)
-    rows = {(r["hardware"], r["cache_type"]): r for r in (row(simulate(p)) for p in points_from_args(args))}
+    rows = {(r["hardware"], r["cache_type"]): r for r in (row(run_point(p, checked=False, warmup=0)) for p in points_from_args(args))}
     assert rows[("calibrated-nvidia-h200", "q8_0")]["calibrated_entry"] == "llama-3.1-8b"  # the file's legacy key
     assert rows[("calibrated-nvidia-h200", "f16")]["calibrated_entry"].startswith("none")
     assert rows[("h200-gen5x16", "f16")]["calibrated_entry"] == ""  # a preset has no calibrated entries

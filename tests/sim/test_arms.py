@@ -13,9 +13,9 @@ from dataclasses import replace
 import pytest
 
 from backends.profile import load_profile
-from sim.checks import check
 from sim.functional import functional_graphs, functional_point
-from sim.simulate import Point, simulate
+from sim.run.point import Point
+from sim.run.run import check, run_point
 from sim.transport.scheduler import TransportConfig
 from tests.conftest import reference_workload
 
@@ -39,11 +39,11 @@ def test_resident_decodes_what_the_ordered_path_decodes(parallel: int, unified: 
 def test_resident_moves_no_window_and_copy_only_runs_no_kernel() -> None:
     hw = load_profile("rtx4070-gen4x16")
     wl = reference_workload(16384, tokens=3)
-    res = simulate(Point(wl, hw, TransportConfig(depth=0, arm="resident")), trace=True)
+    res = run_point(Point(wl, hw, TransportConfig(depth=0, arm="resident")), trace=True, checked=False, warmup=0)
     later = res.graphs[1:]
     assert all(g.early_bytes == g.late_bytes == 0 and g.ordered_copies == len(wl.model.small_inputs_bytes) + 1 for g in later)
-    piped = simulate(Point(wl, hw, TransportConfig(depth=2)))
-    copy = simulate(Point(wl, hw, TransportConfig(depth=2, arm="copy-only")), trace=True)
+    piped = run_point(Point(wl, hw, TransportConfig(depth=2)), checked=False, warmup=0)
+    copy = run_point(Point(wl, hw, TransportConfig(depth=2, arm="copy-only")), trace=True, checked=False, warmup=0)
     assert [g.early_bytes + g.late_bytes for g in copy.graphs] == [g.early_bytes + g.late_bytes for g in piped.graphs]
     assert not [s for s in copy.spans if s.track.startswith("consumer") and s.name.startswith("gpu")]
     assert [s for s in res.spans if s.track.startswith("consumer") and s.name.startswith("gpu")]
@@ -55,7 +55,7 @@ def test_the_reference_arms_bound_every_transport_arm(context: int) -> None:
     wl = reference_workload(context, tokens=3)
 
     def ms(**kw: object) -> float:
-        g = simulate(Point(wl, hw, TransportConfig(budget_mib=0.0, **kw))).graphs[1:]  # type: ignore[arg-type]
+        g = run_point(Point(wl, hw, TransportConfig(budget_mib=0.0, **kw)), checked=False, warmup=0).graphs[1:]  # type: ignore[arg-type]
         return sum(x.total_s for x in g) / len(g)
 
     floor = max(ms(depth=0, arm="resident"), ms(depth=4, arm="copy-only"))
@@ -75,7 +75,7 @@ def test_the_release_wait_keeps_every_delivery_behind_its_slot_s_reader() -> Non
     wl = reference_workload(16384, tokens=3)
     for mutations in (frozenset(), frozenset({"no-release-wait"}), frozenset({"margin0", "no-release-wait"})):
         t = TransportConfig(depth=1, mutations=mutations)
-        m = release_margins(simulate(Point(wl, hw, t), trace=True).spans, wl, t)
+        m = release_margins(run_point(Point(wl, hw, t), trace=True, checked=False, warmup=0).spans, wl, t)
         # 16 staged splits a graph, the first n_slots deliveries of each ordered by the boundary wait
         assert m["pairs"] == 3 * (wl.model.n_attn - t.n_slots)
         if "margin0" in mutations:

@@ -104,7 +104,7 @@ def test_llama_cpp_flag_names_are_aliases(capsys: pytest.CaptureFixture[str]) ->
     assert resident["ordered_mib"] < 1 and resident["early_mib"] == 0  # the one-time load is not a token's cost
     assert resident["tokens"] == 2
     from kvpipe.cli import build_parser
-    from kvpipe.commands.args import points_from_args  # a sweep's rows leave the load out too (shared: checks.run_checked)
+    from kvpipe.commands.args import points_from_args  # a sweep's rows leave the load out too (shared: run_point)
     from kvpipe.sweep import run_chunk
 
     ns = build_parser().parse_args(["sweep", "-d", "4096", "-nkvo", "0", "--tokens", "2"])

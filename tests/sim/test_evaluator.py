@@ -5,7 +5,7 @@
   (``run_sweep(..., exact=True)``, what ``kvpipe sweep --exact`` runs) and the declined flags equal -- 200 points
   drawn with a fixed seed in the default run, the whole grid under ``-m benchmark`` (it simulates for ~45 s);
 * random points of the envelope (every model preset, four hardware presets, contexts 1..200,000, depths 0..8,
-  budgets 0..1,024 MiB) against ``sim.checks.run_checked(point, exact=True)``; and as many of each extension of it:
+  budgets 0..1,024 MiB) against ``sim.run.run.run_point(point, exact=True)``; and as many of each extension of it:
   ``--kv-gpu-layers`` or ``-ngl``, and several sequences (2-8, unified or split, one context or one each);
 * ``check_sample``: what it re-simulates, what it returns, that it raises on a disagreement;
 * ``in_envelope``: each reason.
@@ -23,11 +23,12 @@ from hypothesis import strategies as st
 
 from backends.base import OutOfDeviceMemory
 from kvpipe import sweep
-from sim.checks import run_checked
 from sim.evaluator import EvaluatorDisagreement, check_sample, evaluate, in_envelope, row_disagreement
 from sim.evaluator.check import boundary_points
 from sim.points import GridSpec, points
-from sim.simulate import Point, row
+from sim.rows import row
+from sim.run.point import Point
+from sim.run.run import run_point
 
 TOL = 1e-9
 GRID = GridSpec(contexts=tuple((c,) for c in range(1024, 52225, 1024)), depths=(0, 1, 2, 3, 4), budgets_mib=(0.0, 64.0, 128.0, 256.0))
@@ -79,7 +80,7 @@ def _held(point: Point) -> None:
     that does not fit."""
     assert in_envelope(point) is None
     try:
-        want = row(run_checked(point, exact=True))
+        want = row(run_point(point, exact=True))
     except OutOfDeviceMemory:
         with pytest.raises(OutOfDeviceMemory):
             evaluate([point])
@@ -129,7 +130,7 @@ def test_every_token_and_field_of_a_point_with_a_decline_midway() -> None:
     pts = points(GridSpec(contexts=((8190,), (30000,)), depths=(1, 3), budgets_mib=(40.0, 0.0), tokens=6))
     rows = evaluate(pts)
     for p, r in zip(pts, rows, strict=True):
-        assert row_disagreement(r, row(run_checked(p, exact=True))) <= TOL
+        assert row_disagreement(r, row(run_point(p, exact=True))) <= TOL
     assert {r["engine"] for r in rows} == {"evaluator"} and all("hazards" not in r for r in rows)
 
 
@@ -142,7 +143,7 @@ def test_scaled_steps_equal_their_own_graphs(hardware: str, cache_v: tuple[str, 
     to the numbers built from its own graph (across a window boundary too; and from another context's first step of
     the same window: 4,090 and 4,091 share the 4,096-row window, in caches of 4,096 and 4,352 cells)."""
     from sim.evaluator.costs import build, clear_costs, token_costs
-    from sim.simulate import graph_at
+    from sim.run.point import graph_at
 
     clear_costs()
     contexts = ((1000,), (4093,), (4090,), (4091,))
@@ -193,7 +194,7 @@ def test_in_envelope_reasons() -> None:
 
 def test_the_summary_a_plan_reads_is_what_the_rows_say() -> None:
     """``summarize`` (arrays, no rows: what ``kvpipe plan`` reads) gives every point the figures of its row, exactly:
-    the same lanes, summed over tokens as ``sim.simulate.row`` sums them; and a point that does not fit says so."""
+    the same lanes, summed over tokens as ``sim.rows.row`` sums them; and a point that does not fit says so."""
     from sim.evaluator import summarize
 
     pts = points(GridSpec(contexts=((4096,), (30000,), (80352,)), depths=(0, 1, 3), budgets_mib=(0.0, 40.0), tokens=5))

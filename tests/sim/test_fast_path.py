@@ -1,4 +1,4 @@
-"""The fast path held to the exact one: the point planner (``sim.distinct``) and the steady tokens (``sim.steady``).
+"""The fast path held to the exact one: the point planner (``sim.run.tasks``) and the steady tokens (``sim.run.decode``).
 
 The exact side of the 1,000-point grid runs once for the module (every point, every token, two processes, nothing
 kept between runs); the planner's per-token plan and the fast path's rows are compared with it.
@@ -15,9 +15,12 @@ import pytest
 
 from kvpipe.cli import main
 from kvpipe.sweep import executor_for, run_sweep
-from sim import checks, distinct, steady
+from sim import replay
 from sim.points import GridSpec, points
-from sim.simulate import Point, RunResult, graph_at, row
+from sim.rows import row
+from sim.run import decode, run, tasks
+from sim.run.point import Point, RunResult, graph_at
+from sim.run.run import run_point
 
 GRID = GridSpec(contexts=tuple((c,) for c in range(1024, 52225, 1024)), depths=(0, 1, 2, 3, 4), budgets_mib=(0, 64, 128, 256))
 #: Row fields the fast path must give bit-identical (the time fields within REL of exact).
@@ -28,7 +31,7 @@ REL = 1e-3
 
 def _exact(pts: list[Point]) -> list[RunResult]:
     with executor_for(2) as ex:
-        return list(ex.map(checks.run_checked, pts, chunksize=16))
+        return list(ex.map(run_point, pts, chunksize=16))
 
 
 @pytest.fixture(scope="module")
@@ -52,13 +55,13 @@ def _held_to_exact(fast: list[dict[str, Any]], exact: list[RunResult]) -> float:
 def test_the_planner_decides_what_the_simulation_decides_on_the_grid(grid: tuple[list[Point], list[RunResult]]) -> None:
     pts, exact = grid
     for p, r in zip(pts, exact, strict=True):
-        plan = distinct.plan_point(p)
+        plan = replay.plan_point(p)
         assert plan.fits and len(plan.tokens) == len(r.graphs)
         for t, g in zip(plan.tokens, r.graphs, strict=True):
-            assert t.fields() == {f: getattr(g, f) for f in distinct.PLAN_FIELDS}, (p.context, p.transport, g.token)
+            assert t.fields() == {f: getattr(g, f) for f in replay.PLAN_FIELDS}, (p.context, p.transport, g.token)
             assert t.active == ((0,) if g.deliveries else ())
     p = pts[-1]
-    assert [distinct.window_rows_at(p.workload, i) for i in range(8)] == [graph_at(p, i).window_rows for i in range(8)]
+    assert [replay.window_rows_at(p.workload, i) for i in range(8)] == [graph_at(p, i).window_rows for i in range(8)]
 
 
 def test_the_evaluator_holds_to_exact_on_the_grid(grid: tuple[list[Point], list[RunResult]]) -> None:
@@ -95,13 +98,13 @@ def test_a_ring_that_pipelines_token_0_and_declines_after_is_not_the_ordered_run
     # moved from 83,968 to 80,352 when llama.cpp's compute buffer, whose KQ mask grows with the cells, joined sim.memory
     pts = points(replace(GRID, contexts=((80352,),)))
     piped = next(p for p in pts if (p.transport.depth, p.transport.budget_mib) == (3, 0))
-    plan = distinct.plan_point(piped)
+    plan = replay.plan_point(piped)
     assert [t.active for t in plan.tokens] == [(0,)] + [()] * 7
     assert "headroom" in plan.tokens[1].fields()["decline_reason"]
-    task = next(t for t in distinct.tasks(pts) if any(m.point is piped for m in t.members))
+    task = next(t for t in tasks.tasks(pts) if any(m.point is piped for m in t.members))
     assert task.point is piped and len(task.members) == 1
-    assert [(s.start, s.stop) for s in steady.segments(plan)][:3] == [(0, 1), (1, 2), (2, 3)]  # the ring idles, counted
-    _held_to_exact(run_sweep(pts, None, jobs=1, progress=False, evaluator=False).rows, [checks.run_checked(p) for p in pts])
+    assert [(s.start, s.stop) for s in decode.segments(plan)][:3] == [(0, 1), (1, 2), (2, 3)]  # the ring idles, counted
+    _held_to_exact(run_sweep(pts, None, jobs=1, progress=False, evaluator=False).rows, [run_point(p) for p in pts])
 
 
 def _random_specs(seed: int) -> list[GridSpec]:
@@ -121,7 +124,7 @@ def _random_specs(seed: int) -> list[GridSpec]:
     ]
     for _ in range(3):  # budgets either side of the decline
         spec = GridSpec(contexts=((rng.randrange(2000, 60000),),), depths=(rng.randrange(1, 5),), tokens=rng.choice([4, 8, 13]))
-        last = distinct.plan_point(points(spec)[0]).tokens[-1].fields()
+        last = replay.plan_point(points(spec)[0]).tokens[-1].fields()
         need = last["slot_need_bytes"] * last["ring_slots"] / 2**20
         specs.append(replace(spec, depths=(0, *spec.depths), budgets_mib=tuple(sorted({round(need + d, 2) for d in (-0.01, 0, 0.01)}))))
     return specs
@@ -129,7 +132,7 @@ def _random_specs(seed: int) -> list[GridSpec]:
 
 def test_random_points_hold_to_exact() -> None:
     pts = [p for spec in _random_specs(15) for p in points(spec)]
-    exact = [checks.run_checked(p) for p in pts]
+    exact = [run_point(p) for p in pts]
     res = run_sweep(pts, None, jobs=1, progress=False, evaluator=False)
     _held_to_exact(res.rows, exact)
     assert any(r["declined"] for r in res.rows) and any(r["parallel"] > 1 and not r["unified"] for r in res.rows)
@@ -140,35 +143,35 @@ def test_random_points_hold_to_exact() -> None:
 
 def test_the_extrapolation_is_checked_where_it_runs_long(monkeypatch: pytest.MonkeyPatch) -> None:
     (p,) = points(GridSpec(contexts=((4473,),), depths=(2,), budgets_mib=(512,), tokens=300))
-    exact = row(checks.run_checked(p))["ms_per_token"]
-    fast = checks.run_checked(p, exact=False)
+    exact = row(run_point(p))["ms_per_token"]
+    fast = run_point(p, exact=False)
     assert len(fast.graphs) == 300 and [g.token for g in fast.graphs] == list(range(300))
     simulated = [g.token for g in fast.graphs if g.extrapolated_from < 0]
     assert 0 in simulated and len(simulated) < 40
     assert abs(row(fast)["ms_per_token"] - exact) / exact < 1e-5
-    monkeypatch.setattr(steady, "UNCHECKED_TOKENS", 10**9)  # one pair per block, trusted to its end: visibly worse
-    assert abs(row(checks.run_checked(p, exact=False))["ms_per_token"] - exact) / exact > 1e-4
+    monkeypatch.setattr(decode, "UNCHECKED_TOKENS", 10**9)  # one pair per block, trusted to its end: visibly worse
+    assert abs(row(run_point(p, exact=False))["ms_per_token"] - exact) / exact > 1e-4
 
 
 def test_extrapolated_tokens_are_marked_copies_of_the_steady_pair() -> None:
     (p,) = points(GridSpec(contexts=((16384,),), depths=(1,), budgets_mib=(128,), tokens=8))
-    fast, exact = checks.run_checked(p, exact=False), checks.run_checked(p)
+    fast, exact = run_point(p, exact=False), run_point(p)
     assert [g.extrapolated_from for g in fast.graphs] == [-1, -1, -1, 2, 2, 2, 2, 2]
     assert [g.extrapolated_from for g in exact.graphs] == [-1] * 8
     assert [g.early_bytes for g in fast.graphs] == [g.early_bytes for g in exact.graphs]  # the prefix grows a row a token
     a, b = fast.graphs[1:3]
-    assert fast.graphs[5] == replace(b, token=5, extrapolated_from=2, **{f: getattr(b, f) + 3 * steady.step(a, b, f)
-                                                                         for f in steady.DRIFT_FIELDS})
-    assert steady.step(a, b, "total_s") == b.total_s - a.total_s != 0  # this point's time moves a little every token
+    assert fast.graphs[5] == replace(b, token=5, extrapolated_from=2, **{f: getattr(b, f) + 3 * decode.step(a, b, f)
+                                                                         for f in decode.DRIFT_FIELDS})
+    assert decode.step(a, b, "total_s") == b.total_s - a.total_s != 0  # this point's time moves a little every token
     (q,) = points(GridSpec(contexts=((32768,),), depths=(0,), tokens=8))
-    ordered = checks.run_checked(q, exact=False)
+    ordered = run_point(q, exact=False)
     assert {g.total_s for g in ordered.graphs[2:]} == {ordered.graphs[2].total_s}  # noise is no step: the same token
 
 
 def test_tokens_that_never_match_are_all_simulated(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(steady, "STEADY_RTOL", -1.0)
+    monkeypatch.setattr(decode, "STEADY_RTOL", -1.0)
     (p,) = points(GridSpec(contexts=((16384,),), depths=(2,), budgets_mib=(0,), tokens=6))
-    fast, exact = checks.run_checked(p, exact=False), checks.run_checked(p)
+    fast, exact = run_point(p, exact=False), run_point(p)
     assert fast.graphs == exact.graphs
 
 
@@ -197,17 +200,17 @@ def test_traces_mutations_and_the_exact_flag_simulate_every_token(tmp_path: Any,
 
 
 def test_a_fast_run_that_finds_a_hazard_runs_again_exact(monkeypatch: pytest.MonkeyPatch) -> None:
-    real, fast_calls = checks.check, []
+    real, fast_calls = run.check, []
 
-    def check(point: Point, **kw: Any) -> checks.Checked:
+    def check(point: Point, **kw: Any) -> run.Checked:
         got = real(point, **kw)
         fast_calls.append(kw.get("steady_plan") is not None)
         if fast_calls[-1]:
             got.result.extra["hazards"] = 1  # as if the checker had found one in a simulated token
         return got
 
-    monkeypatch.setattr(checks, "check", check)
+    monkeypatch.setattr(run, "check", check)
     (p,) = points(GridSpec(contexts=((8192,),), depths=(1,), tokens=6))
-    result = checks.run_checked(p, exact=False)
+    result = run_point(p, exact=False)
     assert fast_calls == [True, False] and result.extra["hazards"] == 0
     assert [g.extrapolated_from for g in result.graphs] == [-1] * 6  # every token, every hazard counted

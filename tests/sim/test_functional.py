@@ -12,8 +12,8 @@ from backends.profile import load_profile
 from backends.simpy_machine import SimMachine
 from kvpipe.cli import main
 from sim import functional as fn
-from sim.checks import check, run_checked
-from sim.simulate import Point
+from sim.run.point import Point
+from sim.run.run import check, run_point
 from sim.transport.scheduler import TransportConfig
 from tests.conftest import reference_workload
 
@@ -84,11 +84,11 @@ def test_reservation_failure_falls_back_ordered_with_the_same_output() -> None:
     class GraphFailsOnce(SimMachine):
         failed = False
 
-        def alloc(self, device: int, nbytes: int, name: str):  # type: ignore[no-untyped-def]
+        def _alloc(self, device: int, nbytes: int, name: str):  # type: ignore[no-untyped-def]
             if name.startswith("graph") and not self.failed:
                 self.failed = True
                 raise OutOfDeviceMemory(f"{name}: injected")
-            return super().alloc(device, nbytes, name)
+            return super()._alloc(device, nbytes, name)
 
     p = fpoint(depth=1, budget_mib=0)
     machine = GraphFailsOnce(p.hardware, functional=True, trace=False)
@@ -122,6 +122,6 @@ def test_functional_refuses_a_cache_type_the_program_cannot_encode(capsys: pytes
 
 def test_run_checked_scales_the_point() -> None:
     point = Point(reference_workload(16384, tokens=2), load_profile("rtx4070-gen4x16"), TransportConfig(depth=1))
-    r = run_checked(point, functional=True)
+    r = run_point(point, functional=True)
     assert r.point.context == 512 and r.point.workload.model.n_attn == fn.FUNCTIONAL_ATTN
     assert len(r.graphs) == fn.MIN_GRAPHS and r.extra["hazards"] == 0 and "output_hash" in r.extra

@@ -16,14 +16,15 @@ import pytest
 from backends.base import OutOfDeviceMemory
 from backends.profile import load_profile
 from kvpipe.cli import main
-from sim import distinct
 from sim import functional as fn
-from sim.checks import check, run_checked
+from sim import replay
 from sim.graph import decode_graph, layout_of
 from sim.placement import ESTIMATE_HOST_WEIGHT_GBPS, cpu_layers_seconds
 from sim.points import GridSpec, points
 from sim.program.decode import DecodeProgram
-from sim.simulate import Point, row
+from sim.rows import row
+from sim.run.point import Point
+from sim.run.run import check, run_point
 from sim.transport.scheduler import TransportConfig
 from tests.conftest import reference_workload
 
@@ -108,17 +109,17 @@ def test_the_prefix_is_charged_to_the_device_and_the_planner_places_it_as_the_sc
     pts = points(GridSpec(contexts=((60000,), (83968,)), kv_gpu_layers=(0, 2, 4), depths=(0, 1, 3), budgets_mib=(0, 128),
                           tokens=4))
     for p in pts:
-        r = run_checked(p)
-        plan = distinct.plan_point(p)
-        assert plan.fits and [t.fields() for t in plan.tokens] == [{f: getattr(g, f) for f in distinct.PLAN_FIELDS}
+        r = run_point(p)
+        plan = replay.plan_point(p)
+        assert plan.fits and [t.fields() for t in plan.tokens] == [{f: getattr(g, f) for f in replay.PLAN_FIELDS}
                                                                     for g in r.graphs], (p.context, p.workload.kv_gpu_layers, p.transport)
-    first = {(p.context, p.workload.kv_gpu_layers): distinct.plan_point(p).tokens[0].fields() for p in pts
+    first = {(p.context, p.workload.kv_gpu_layers): replay.plan_point(p).tokens[0].fields() for p in pts
              if (p.transport.depth, p.transport.budget_mib) == (3, 0)}
     assert not first[60000, 0]["declined"] and "headroom" in first[60000, 4]["decline_reason"]  # the prefix leaves the ring less room
     big = replace(pts[-1], workload=replace(pts[-1].workload, kv_gpu_layers=12))
-    assert not distinct.plan_point(big).fits
+    assert not replay.plan_point(big).fits
     with pytest.raises(OutOfDeviceMemory, match="resident0"):
-        run_checked(big)
+        run_point(big)
 
 
 def test_reference_preset_ordered_rows_and_ring(capsys: pytest.CaptureFixture[str]) -> None:
@@ -170,10 +171,10 @@ def test_ngl_runs_the_first_layers_in_one_cpu_split_priced_by_the_profile_or_an_
     assert first.compute_s > start * qwen.layer_weight_bytes / rate > 0
     measured = replace(compute, host_weight_bytes_per_s=50e9)
     assert cpu_layers_seconds(measured, qwen.layer_weight_bytes, start, windows, 1) < first.compute_s or rate > 50e9
-    r = row(run_checked(Point(wl, REF, TransportConfig(depth=1))))
+    r = row(run_point(Point(wl, REF, TransportConfig(depth=1))))
     assert r["n_gpu_layers"] == 41 and r["cpu_layers_cost"] == "estimate" and r["hazards"] == 0  # llama.cpp's -ngl: +1 output layer
     prof = replace(REF, devices=(replace(REF.devices[0], compute=measured),))
-    assert row(run_checked(Point(wl, prof, TransportConfig(depth=0))))["cpu_layers_cost"] == "profile"
+    assert row(run_point(Point(wl, prof, TransportConfig(depth=0))))["cpu_layers_cost"] == "profile"
 
 
 def test_the_table_takes_each_placement_s_gain_over_its_own_ordered_row(capsys: pytest.CaptureFixture[str]) -> None:

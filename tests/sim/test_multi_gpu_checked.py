@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from backends.profile import load_profile
-from sim.checks import check
-from sim.simulate import Point
+from sim.run.point import Point
+from sim.run.run import check
 from sim.transport.scheduler import TransportConfig
 from sim.workload import Workload, cache_type, load_model
 

@@ -18,8 +18,8 @@ from backends.profile import load_profile
 from backends.simpy_machine import SimMachine
 from kvpipe.cli import main
 from sim import functional as fn
-from sim.checks import Checked, check
-from sim.simulate import Point
+from sim.run.point import Point
+from sim.run.run import Checked, check
 from sim.transport.scheduler import TransportConfig
 from tests.conftest import Recorder, reference_workload
 

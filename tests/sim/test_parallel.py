@@ -8,7 +8,9 @@ import pytest
 
 from backends.profile import load_profile
 from sim.graph import decode_graph, head_ranges, layout_of
-from sim.simulate import Point, graphs_for, row, simulate
+from sim.rows import row
+from sim.run.point import Point, graphs_for
+from sim.run.run import run_point
 from sim.transport.scheduler import MIB, TransportConfig, align_up
 from sim.workload import Workload, cache_type, load_model
 from tests.sim.test_scheduler import run_recorded
@@ -42,8 +44,8 @@ def test_each_stream_window_covered_once_from_its_own_offset_and_gaps_never_move
 
 def test_packed_stride_is_the_window_padded_and_unpacked_reserves_the_stream_stride(rtx4070):  # type: ignore[no-untyped-def]
     wl = split_cache((2048,), n_parallel=8, tokens=128)
-    packed = simulate(Point(wl, rtx4070, TransportConfig(depth=1, budget_mib=128)))
-    unpacked = simulate(Point(wl, rtx4070, TransportConfig(depth=1, budget_mib=128, pack_streams=False)))
+    packed = run_point(Point(wl, rtx4070, TransportConfig(depth=1, budget_mib=128)), checked=False, warmup=0)
+    unpacked = run_point(Point(wl, rtx4070, TransportConfig(depth=1, budget_mib=128, pack_streams=False)), checked=False, warmup=0)
     window = 2304 * 1088  # 2,048 + 128 rows padded to 256, K of one stream
     slot = 2 * 8 * align_up(window, 256)
     assert packed.graphs[0].slot_need_bytes == slot  # 38.25 MiB: 8 streams x 2,304 rows x 2,176 B (K+V)
@@ -58,15 +60,15 @@ def test_packed_stride_is_the_window_padded_and_unpacked_reserves_the_stream_str
 
 def test_ordered_path_of_a_split_cache_moves_n_streams_windows_not_the_span(rtx4070):  # type: ignore[no-untyped-def]
     wl = split_cache((2048,), n_parallel=8, tokens=1)
-    r = simulate(Point(wl, rtx4070, TransportConfig(depth=0)))
+    r = run_point(Point(wl, rtx4070, TransportConfig(depth=0)), checked=False, warmup=0)
     windows = 16 * 8 * 2304 * 2176
     assert windows <= r.graphs[0].ordered_bytes < windows + 1 * MIB
 
 
 def test_per_stream_prefix_keeps_the_others_early_after_one_sequence_resets(rtx4070):  # type: ignore[no-untyped-def]
     contexts = (2048, 12, 2048, 2048, 2048, 2048, 2048, 2048)
-    per_stream = simulate(Point(split_cache(contexts, tokens=1), rtx4070, TransportConfig(depth=1)))
-    flat = simulate(Point(split_cache(contexts, tokens=1, flat_prefix=True), rtx4070, TransportConfig(depth=1)))
+    per_stream = run_point(Point(split_cache(contexts, tokens=1), rtx4070, TransportConfig(depth=1)), checked=False, warmup=0)
+    flat = run_point(Point(split_cache(contexts, tokens=1, flat_prefix=True), rtx4070, TransportConfig(depth=1)), checked=False, warmup=0)
     total = 16 * 8 * 2304 * 2176
     p, f = per_stream.graphs[0], flat.graphs[0]
     assert p.early_bytes + p.late_bytes == f.early_bytes + f.late_bytes == total
@@ -100,7 +102,7 @@ def test_unified_cache_is_one_range_and_budget_covers_all_sequences(rtx4070):  #
     g = next(graphs_for(Point(wl, rtx4070, TransportConfig())))
     assert all(len(i.pieces) == 1 for s in g.staged_splits for i in s.staged)
     assert g.window_rows == 16640  # 8 x 2,048 prompts + 8 new rows, padded
-    r = row(simulate(Point(wl, rtx4070, TransportConfig(depth=1))))
+    r = row(run_point(Point(wl, rtx4070, TransportConfig(depth=1)), checked=False, warmup=0))
     assert r["ring_mib"] == pytest.approx(3 * 16640 * 2176 / MIB)
     assert r["parallel"] == 8
 
@@ -129,7 +131,7 @@ def test_layer_split_gives_each_device_its_ring_stream_and_link():  # type: igno
 
 
 def _placed(point: Point):  # type: ignore[no-untyped-def]
-    from sim.simulate import placed_hardware
+    from sim.run.point import placed_hardware
 
     return placed_hardware(point)
 
@@ -141,7 +143,7 @@ def test_a_device_without_room_for_its_ring_falls_back_alone():  # type: ignore[
     hw = replace(hw, devices=(hw.devices[0], small))
     wl = Workload(load_model("qwen3.8-27b-q5km"), Q8, Q8, (16384,), tokens=1, split_mode="layer")
     point = Point(wl, hw, TransportConfig(depth=1, budget_mib=0))
-    r = simulate(point)
+    r = run_point(point, checked=False, warmup=0)
     s = r.graphs[0]
     assert s.declined and "device 1" in s.decline_reason and "headroom" in s.decline_reason
     assert s.deliveries > 0  # device 0 still delivers

@@ -19,11 +19,11 @@ from backends.base import Backend, Buffer
 from backends.profile import load_profile
 from kvpipe.cli import main
 from sim import functional as fn
-from sim.checks import Checked, check
 from sim.graph import layout_of
 from sim.program import DecodeProgram
+from sim.run.point import Point
+from sim.run.run import Checked, check
 from sim.sequences import SequenceCells
-from sim.simulate import Point
 from sim.transport.scheduler import TransportConfig
 from tests.conftest import reference_workload
 

@@ -14,7 +14,10 @@ from backends.profile import load_profile
 from backends.simpy_machine import SimMachine, _Engine, copy_seconds
 from kvpipe.bench import CountingEnvironment, bare_loop, run_bench
 from sim.graph import decode_graph
-from sim.simulate import GRAPH_CACHE_SIZE, Point, clear_graph_cache, graphs_for, row, run_decode, simulate
+from sim.rows import row
+from sim.run.decode import run_decode
+from sim.run.point import GRAPH_CACHE_SIZE, Point, clear_graph_cache, graphs_for
+from sim.run.run import run_point
 from sim.transport.scheduler import TransportConfig
 from tests.conftest import reference_workload
 
@@ -51,8 +54,8 @@ def test_a_point_too_large_keeps_only_the_graphs_that_fit() -> None:
 
 def test_rows_are_the_same_with_kept_graphs() -> None:
     clear_graph_cache()
-    cold = [row(simulate(point(depth=d))) for d in (0, 1, 2)]
-    warm = [row(simulate(point(depth=d))) for d in (0, 1, 2)]
+    cold = [row(run_point(point(depth=d), checked=False, warmup=0)) for d in (0, 1, 2)]
+    warm = [row(run_point(point(depth=d), checked=False, warmup=0)) for d in (0, 1, 2)]
     assert cold == warm
 
 
@@ -111,7 +114,7 @@ def test_memoized_link_times_equal_the_curve() -> None:
 
 
 def test_host_spans_are_recorded_when_the_host_resumes() -> None:
-    spans = simulate(point(tokens=1), trace=True).spans
+    spans = run_point(point(tokens=1), trace=True, checked=False, warmup=0).spans
     host = [s for s in spans if s.track == "host"]
     assert host and all(a.end_s <= b.end_s for a, b in zip(host, host[1:], strict=False))
     assert all(s.end_s >= s.start_s for s in spans)

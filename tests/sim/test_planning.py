@@ -15,9 +15,9 @@ import random
 import numpy as np
 import pytest
 
-from sim import distinct
+from sim import replay
 from sim.points import GridSpec, points
-from sim.simulate import Point
+from sim.run.point import Point
 from sim.transport import deliveries, planning
 from sim.transport.config import MIB, TransportConfig
 
@@ -48,8 +48,8 @@ def _mixed() -> list[Point]:
 
 def test_planning_many_points_at_once_decides_what_each_alone_decides() -> None:
     pts = _mixed()
-    together = distinct.plan_points(pts)
-    alone = [distinct.plan_point(p) for p in pts]
+    together = replay.plan_points(pts)
+    alone = [replay.plan_point(p) for p in pts]
     assert [together.point_plan(i) for i in range(len(pts))] == alone
     assert any(pl.pipelined for pl in alone) and any(not pl.pipelined for pl in alone)
     assert any(t.fields()["declined"] for pl in alone for t in pl.tokens)

@@ -12,7 +12,7 @@ from kvpipe.cli import main
 from kvpipe.commands.plot import read_rows
 from kvpipe.plan import PlanRequest, points
 from kvpipe.sweep import gain_rows
-from sim.simulate import simulate
+from sim.run.run import run_point
 
 GRID = ["--context", "4096..24576/4096", "--depth", "0,1", "--budget", "0,128", "--tokens", "2", "--jobs", "1"]
 
@@ -76,7 +76,7 @@ def test_timeline_shows_deliveries_ahead_of_the_small_blocking_copy() -> None:
     req = PlanRequest(tokens=2)
     panels = {}
     for depth in (0, 1):
-        res = simulate(points(req, [16384], [depth], 0)[0], trace=True)
+        res = run_point(points(req, [16384], [depth], 0)[0], trace=True, checked=False, warmup=0)
         window = plots.token_window([g.total_s for g in res.graphs], -1)
         panels[depth] = (res.spans, window, res.graphs[-1])
     spans, (t0, t1), g = panels[1]

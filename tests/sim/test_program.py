@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from backends.profile import load_profile
-from sim.checks import check
 from sim.graph import layout_of
 from sim.program import DecodeProgram, ProgramConfig, decode_rows, encode_rows
-from sim.simulate import Point
+from sim.run.point import Point
+from sim.run.run import check
 from sim.transport.scheduler import TransportConfig
 from sim.workload import CacheType, Workload, cache_type
 from tests.conftest import toy_model

@@ -14,7 +14,8 @@ import pytest
 
 from backends.profile import load_profile
 from sim.program import DecodeProgram, ProgramConfig, WeightStore
-from sim.simulate import Point, graphs_for, run_decode
+from sim.run.decode import run_decode
+from sim.run.point import Point, graphs_for
 from sim.transport.scheduler import TransportConfig
 from sim.workload import Workload, cache_type
 from tests.conftest import toy_model

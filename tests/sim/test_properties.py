@@ -19,7 +19,8 @@ from backends.simpy_machine import SimMachine
 from sim import functional as fn
 from sim.graph import DecodeGraph
 from sim.program import DecodeProgram
-from sim.simulate import Point, graphs_for, run_decode
+from sim.run.decode import run_decode
+from sim.run.point import Point, graphs_for
 from sim.transport.scheduler import TransportConfig
 from sim.workload import Workload, cache_type
 from tests.conftest import fast_profile, toy_model

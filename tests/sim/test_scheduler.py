@@ -11,7 +11,10 @@ from backends.base import BackendError, CopyRange
 from backends.profile import ComputeModel
 from backends.simpy_machine import SimMachine
 from sim.graph import DecodeGraph, decode_graph
-from sim.simulate import Point, graphs_for, row, run_decode, simulate
+from sim.rows import row
+from sim.run.decode import run_decode
+from sim.run.point import Point, graphs_for
+from sim.run.run import run_point
 from sim.transport.scheduler import MIB, TransportConfig, TransportScheduler
 from sim.workload import Workload, cache_type
 from tests.conftest import Recorder, fast_profile, reference_workload, toy_model
@@ -36,7 +39,7 @@ def staged_launches(rec: Recorder, sched: TransportScheduler) -> list:  # type: 
     [(4096, 4352, 27.1, 0.5), (16384, 16640, 103.6, 1.0), (32768, 33024, 205.6, 2.0)],
 )
 def test_reference_ring_size_uncapped(rtx4070, context, rows, ring_mib, tol):  # type: ignore[no-untyped-def]
-    r = row(simulate(Point(reference_workload(context), rtx4070, TransportConfig(depth=1, budget_mib=0))))
+    r = row(run_point(Point(reference_workload(context), rtx4070, TransportConfig(depth=1, budget_mib=0)), checked=False, warmup=0))
     assert r["window_rows"] == rows
     assert r["ring_mib"] == pytest.approx(ring_mib, abs=tol)
     assert r["ring_mib"] == pytest.approx(3 * rows * 2176 / MIB, rel=1e-9)
@@ -44,9 +47,9 @@ def test_reference_ring_size_uncapped(rtx4070, context, rows, ring_mib, tol):  #
 
 
 def test_default_budget_fits_then_declines_with_reason(rtx4070):  # type: ignore[no-untyped-def]
-    fits = row(simulate(Point(reference_workload(20224), rtx4070, TransportConfig(depth=1))))
-    over = row(simulate(Point(reference_workload(20480), rtx4070, TransportConfig(depth=1))))
-    ordered = row(simulate(Point(reference_workload(20480), rtx4070, TransportConfig(depth=0))))
+    fits = row(run_point(Point(reference_workload(20224), rtx4070, TransportConfig(depth=1)), checked=False, warmup=0))
+    over = row(run_point(Point(reference_workload(20480), rtx4070, TransportConfig(depth=1)), checked=False, warmup=0))
+    ordered = row(run_point(Point(reference_workload(20480), rtx4070, TransportConfig(depth=0)), checked=False, warmup=0))
     assert fits["window_rows"] == 20480 and not fits["declined"] and fits["deliveries"] > 0
     assert over["window_rows"] == 20736 and over["declined"]
     assert "budget 128 MiB" in over["decline_reason"] and over["deliveries"] == 0
@@ -58,13 +61,14 @@ def test_a_growing_window_keeps_its_slots_until_it_outgrows_them_and_never_takes
     # reallocated each token -- one allocation covers them all; every slot holds its need; none exceeds what the full
     # context's window needs or the budget's share (budget / n_slots).
     cfg = TransportConfig(depth=1, budget_mib=128)
-    r = simulate(Point(reference_workload(4090, ctx_size=8192, tokens=12), rtx4070, cfg))
+    r = run_point(Point(reference_workload(4090, ctx_size=8192, tokens=12), rtx4070, cfg), checked=False, warmup=0)
     needs = [g.slot_need_bytes for g in r.graphs]
     allocs = [g.slot_alloc_bytes for g in r.graphs]
     assert len(set(needs)) > 1 and len(set(allocs)) == 1
     assert all(a >= n for a, n in zip(allocs, needs, strict=True))
     # near the full context the headroom a growing ring keeps is capped by the full context's need, not doubled
-    late = simulate(Point(reference_workload(8000, ctx_size=8192, tokens=2), rtx4070, TransportConfig(depth=1, budget_mib=0)))
+    late = run_point(Point(reference_workload(8000, ctx_size=8192, tokens=2), rtx4070, TransportConfig(depth=1, budget_mib=0)),
+                     checked=False, warmup=0)
     g = late.graphs[-1]
     assert g.slot_need_bytes <= g.slot_alloc_bytes == g.full_slot_need_bytes < 2 * g.slot_need_bytes
     assert all(a * cfg.n_slots <= cfg.budget_mib * MIB for a in allocs)
@@ -263,7 +267,7 @@ def test_reservation_failure_falls_back_ordered_once_and_stays_ordered(rtx4070):
     assert stats[0].declined and "reservation failed" in stats[0].decline_reason
     assert all(s.deliveries == 0 for s in stats)
     assert sched.rings[0].frozen_ordered and sched.rings[0].buffer is None
-    ordered = simulate(Point(wl, hw, TransportConfig(depth=0)))
+    ordered = run_point(Point(wl, hw, TransportConfig(depth=0)), checked=False, warmup=0)
     assert stats[-1].total_s == pytest.approx(ordered.graphs[-1].total_s, rel=1e-6)
 
 
@@ -280,7 +284,8 @@ def test_backend_without_events_keeps_that_device_ordered(rtx4070):  # type: ign
 
 
 def test_headroom_declines_a_ring_the_card_cannot_keep(rtx4070):  # type: ignore[no-untyped-def]
-    r = row(simulate(Point(reference_workload(262144 - 1, tokens=1), rtx4070, TransportConfig(depth=1, budget_mib=0))))
+    r = row(run_point(Point(reference_workload(262144 - 1, tokens=1), rtx4070, TransportConfig(depth=1, budget_mib=0)),
+                      checked=False, warmup=0))
     assert r["declined"] and "headroom" in r["decline_reason"]
 
 

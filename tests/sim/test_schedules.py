@@ -19,10 +19,11 @@ from backends.simpy_machine import SimMachine
 from kvpipe.cli import main
 from kvpipe.schedules import GridPoint, evaluate, ranking
 from sim import functional as fn
-from sim.checks import Checked, check
 from sim.evaluator.envelope import in_envelope
 from sim.graph import WindowPiece
-from sim.simulate import Point, run_decode
+from sim.run.decode import run_decode
+from sim.run.point import Point
+from sim.run.run import Checked, check
 from sim.transport.config import MIB, Schedule, TransportConfig
 from sim.transport.deliveries import in_pieces, plan_deliveries, span_fn
 from tests.conftest import Recorder, reference_workload

@@ -109,16 +109,16 @@ def test_interrupted_sweep_keeps_finished_points(tmp_path: Path, monkeypatch: py
 
 def test_failed_point_reported_others_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
-    from sim import checks
+    from sim.run import tasks
 
-    real = checks.run_checked
+    real = tasks.run_point
 
     def broken(point, **kw):  # type: ignore[no-untyped-def]
         if point.context == 16384 and point.transport.depth == 1:
             raise RuntimeError("boom")
         return real(point, **kw)
 
-    monkeypatch.setattr(checks, "run_checked", broken)
+    monkeypatch.setattr(tasks, "run_point", broken)
     assert _sweep(tmp_path, GRID, "--jobs", "1", "--exact") == 1  # the simulator's path (the evaluator's runs no simulation)
     err = capsys.readouterr().err
     assert "boom" in err and "16384" in err

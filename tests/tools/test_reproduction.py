@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from backends.profile import LinkCurve, load_profile, profile_from_dict
-from sim.simulate import Point, row, simulate
+from sim.rows import row
+from sim.run.point import Point
+from sim.run.run import run_point
 from sim.transport.scheduler import MIB, TransportConfig
 from sim.workload import Workload, cache_type, load_model
 from tests.conftest import tool
@@ -50,7 +52,7 @@ def rtx():  # type: ignore[no-untyped-def]
 
 
 def sim_row(hw, context: int, depth: int, budget: float = 0.0, tokens: int = 8) -> dict:  # type: ignore[no-untyped-def,type-arg]
-    return row(simulate(Point(reference(context, tokens), hw, TransportConfig(depth=depth, budget_mib=budget))))
+    return row(run_point(Point(reference(context, tokens), hw, TransportConfig(depth=depth, budget_mib=budget)), checked=False, warmup=0))
 
 
 # ---------------------------------------------------------------- calibration
@@ -77,13 +79,13 @@ def test_calibration_runs_only_the_ordered_path_and_the_pipelined_only_constants
     simulated: list[tuple[int, str]] = []
     import validate.token_sim as token_sim  # the simulation the fits derive_compute shares with calibrate --from-llama-bench
 
-    real_run = token_sim.run_checked
+    real_run = token_sim.run_point
 
     def recording(point, *args, **kwargs):  # type: ignore[no-untyped-def]
         simulated.append((point.transport.depth, point.transport.arm))
         return real_run(point, *args, **kwargs)
 
-    monkeypatch.setattr(token_sim, "run_checked", recording)
+    monkeypatch.setattr(token_sim, "run_point", recording)
     monkeypatch.setattr(derivation, "BORROWED_EVENT_US", 3 * derivation.BORROWED_EVENT_US)
     monkeypatch.setattr(derivation, "BORROWED_COPY_ENGINE_DRAINS_STREAM", not derivation.BORROWED_COPY_ENGINE_DRAINS_STREAM)
     perturbed = derivation.derive()

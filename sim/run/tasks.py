@@ -1,4 +1,4 @@
-"""The point planner: which simulation decides each requested point, found before anything is simulated.
+"""The point planner's tasks: which simulation decides each requested point, found before anything is simulated.
 
 A grid asks for many points that are one simulation in disguise. The ordered path (depth 0) never reads the
 budget, so every budget of a depth-0 point is the same run; a pipelined point whose ring is declined at every
@@ -12,8 +12,9 @@ a test holds it to what the simulation decides on the 1,000-point grid).
 group is one :class:`Task`: the point to simulate (an ordered group simulates at depth 0) and its members, each of
 which keeps its own labels (depth and budget as requested) and says in its row which run it came from
 (``simulated_as``: that run's depth and budget; ``shared_with_n``: how many requested points share it).
-:func:`member_result` turns the run into a member's result: its point, and its plan's per-token ring fields
-(a declined depth-3 point reports its ring and why it was declined, over the ordered run's times and bytes).
+:func:`run_task` runs a task once (``sim.run.run.run_point``) and :func:`member_result` turns the run into each
+member's result: its point, and its plan's per-token ring fields (a declined depth-3 point reports its ring and why
+it was declined, over the ordered run's times and bytes).
 
 Units: bytes.
 """
@@ -25,10 +26,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sim.replay import PLAN_FIELDS, Plans, PointPlan, TokenPlan, context_free, line_key, plan_point, plan_points, window_rows_at
-from sim.simulate import Point
+from sim.run.point import Point, RunResult
+from sim.run.run import run_point
 
 __all__ = ["PLAN_FIELDS", "Member", "Plans", "PointPlan", "Task", "TokenPlan", "context_free", "line_key", "partitions",
-           "plan_point", "plan_points", "sim_key", "tasks", "window_rows_at"]
+           "member_result", "plan_point", "plan_points", "run_task", "sim_key", "tasks", "window_rows_at"]
 
 
 UNPLANNED = PointPlan(())  # the plan of a point run exact, as asked (never read)
@@ -135,3 +137,25 @@ def _plan_or_alone(point: Point) -> PointPlan:
         return plan_point(point)
     except Exception as exc:  # noqa: BLE001 - the simulation of the point raises it again, where it is reported
         return PointPlan((), False, f"{type(exc).__name__}: {exc}")
+
+
+# ------------------------------------------------------------------ running
+
+
+def member_result(result: RunResult, member: Member, simulated: Point) -> RunResult:
+    """The result of ``member`` from the run of ``simulated``: its own point and labels (the run's own point where
+    the member is the point simulated: a functional run reports its scaled point), and its plan's ring fields per
+    token where its depth differs from the run's (a declined point over the ordered run). Pure."""
+    graphs = result.graphs
+    if member.point.transport.depth != simulated.transport.depth and member.plan.fits:
+        graphs = [replace(g, **t.fields()) for g, t in zip(graphs, member.plan.tokens, strict=True)]
+    extra = {**result.extra, "simulated_as": dict(member.simulated_as), "shared_with_n": member.shared_with_n}
+    return replace(result, point=result.point if member.point is simulated else member.point, graphs=graphs, extra=extra)
+
+
+def run_task(task: Task, trace: bool = False, functional: bool = False) -> list[RunResult]:
+    """Simulate ``task`` once under the race checker (``run_point``; the fast path unless the task is exact) and
+    return one result per member. Blocks for the simulation's wall time. Raises what the simulation raises."""
+    result = run_point(task.point, exact=task.exact, trace=trace, functional=functional, plan=task.plan)
+    result.extra["tokens_simulated"] = sum(1 for g in result.graphs if g.extrapolated_from < 0)
+    return [member_result(result, m, task.point) for m in task.members]

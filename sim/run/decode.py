@@ -1,13 +1,17 @@
-"""Steady-state tokens: simulate the tokens that decide a run, extrapolate the rest.
+"""The host programs of a decode run: every token (``run_decode``), or the tokens that decide it (``run_steady``).
 
-A decode run of N tokens is mostly the same token again. The first one is not (the rings and buffers are
+``run_decode`` is the loop shared by the simulation and the GPU (``validate.gpu_run``): it sets up the transport
+scheduler (:func:`new_scheduler`), builds each token's graph and hands it to the scheduler; the backend decides
+whether time is simulated or real.
+
+**The fast path.** A decode run of N tokens is mostly the same token again. The first one is not (the rings and buffers are
 allocated, nothing was delivered before it, so no boundary wait); after it, a token's events depend on its own
 graph and on the plan the scheduler makes for it, and every stream is idle at a token's end. Within one 256-row
 window block, with the same plan, consecutive graphs differ only in where the new rows land: the stable prefix
 grows by the same rows every token, the late part shrinks by them, and the token's time moves by the same small
 step (at most a few 1e-5 of it on the reference grid) or not at all.
 
-So the fast path cuts the run into *segments* from the plan alone (``sim.distinct.plan_point``): token 0; then
+So the fast path cuts the run into *segments* from the plan alone (``sim.replay.plan_point``): token 0; then
 runs of tokens with the same window rows, the same per-token plan and the same previous plan (the boundary wait
 follows from it). A token where a ring holds slots but delivers nothing is its own segment, since the scheduler
 counts such graphs to release the ring. In each segment it simulates tokens one after another until two
@@ -27,13 +31,16 @@ Units: seconds and bytes.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import fields, replace
 from typing import Any
 
-from backends.base import Backend, HostOp
-from sim.distinct import PointPlan
-from sim.simulate import Point, graph_at, new_scheduler
+from backends.base import Backend, Buffer, HostOp
+from sim.graph import DecodeGraph
+from sim.replay import PointPlan
+from sim.run.point import GRAPH_BASE_BYTES, Point, graph_at, graphs_for, io_bytes_for
 from sim.transport.config import GraphStats
+from sim.transport.scheduler import Program, TransportScheduler
 
 #: Two consecutive tokens match when each time field differs by at most this fraction of the token's time.
 STEADY_RTOL = 1e-4
@@ -46,6 +53,48 @@ TIME_FIELDS = ("total_s", "blocked_ordered_s", "consumer_wait_s", "issue_s", "bo
 #: Fields that move by a fixed step per token in a steady segment (the stable prefix grows, the late part shrinks).
 DRIFT_FIELDS = (*TIME_FIELDS, "early_bytes", "late_bytes")
 SAME_FIELDS = tuple(f.name for f in fields(GraphStats) if f.name not in (*DRIFT_FIELDS, "token", "extrapolated_from"))
+
+
+
+def new_scheduler(backend: Backend, point: Point, first: DecodeGraph, program: Program | None = None,
+                  host_cache: Buffer | None = None) -> TransportScheduler:
+    """The transport scheduler of ``point`` on ``backend``, with the host cache ``first`` (the first graph) needs. Does not block."""
+    wl = point.workload
+    if host_cache is None:
+        host_cache = backend.alloc_host(first.host_cache_bytes, "host_kv_cache", pinned=wl.pinned)
+    n_dev = backend.device_count()
+    return TransportScheduler(
+        backend,
+        point.transport,
+        host_cache,
+        alignment_bytes=[point.hardware.devices[d].alignment_bytes for d in range(n_dev)],
+        graph_base_bytes=[GRAPH_BASE_BYTES] * n_dev,
+        program=program,
+        io_bytes=io_bytes_for(wl),
+    )
+
+
+def run_decode(
+    backend: Backend,
+    point: Point,
+    program: Program | None = None,
+    graphs: Callable[[Point], Iterator[DecodeGraph]] = graphs_for,
+    host_cache: Buffer | None = None,
+) -> HostOp:
+    """The host program: set up the scheduler, run every graph, return (scheduler, stats list)."""
+    sched = new_scheduler(backend, point, next(iter(graphs(point))), program, host_cache)
+    stats = []
+    it = iter(graphs(point))
+    g = next(it, None)
+    peek = point.transport.schedule.across_tokens  # only then is the next graph taken before this one runs
+    while g is not None:
+        sched.upcoming = nxt = next(it, None) if peek else None
+        stats.append((yield from sched.run_graph(g)))
+        g = nxt if peek else next(it, None)
+    return sched, stats
+
+
+# ------------------------------------------------------------------ the fast path
 
 
 def applies(point: Point, trace: bool = False, functional: bool = False) -> bool:
@@ -128,7 +177,7 @@ class _Run:
                 self.stats[k] = extrapolate(a, b, k)
 
 
-def decode(backend: Backend, point: Point, plan: PointPlan) -> HostOp:
+def run_steady(backend: Backend, point: Point, plan: PointPlan) -> HostOp:
     """The host program of the fast path: the scheduler runs the tokens each segment needs, the rest are
     extrapolated. Returns (scheduler, stats list of ``tokens`` entries). Blocks the host as ``run_decode`` does."""
     run = _Run(backend, point)
