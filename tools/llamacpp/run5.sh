@@ -31,8 +31,8 @@ case $PHASE in
       sha256sum "$RUN/bin.tar.xz" > "$RUN/bin.sha256"; rm -f "$RUN/bin.tar.xz"; touch "$LCP/done/binpack"
       log "build packed: $(ls -l "$OUT"/bin.tar.xz.* | awk '{s += $5} END {print s}') bytes in $(ls "$OUT"/bin.tar.xz.* | wc -l) parts"
     fi
-    for k in 1 2 3; do  # rep by rep: if time runs out, every configuration has the same number of runs
-      for pp in ${LCP_R5_PP_HELD:-1536 2560}; do
+    for pp in ${LCP_R5_PP_HELD:-1536 2560}; do  # a -npp value's 3 calls before the next value's
+      for k in 1 2 3; do
         for kvu in split unified; do HIDE=1 batched_one r5-batched-$kvu-pp$pp-r$k $pp $kvu; done
       done
     done

@@ -1,0 +1,107 @@
+"""Issues 30 and 28, run 5: every cache type on the H200 calibrated with ordered runs that span the copy sizes.
+
+``python tools/llamacpp/predict.py --set types5 --gguf GGUF [--blind]`` (this module does the work; the campaign's
+design is tools/llamacpp/README-run5.md, written before it ran):
+
+* **calibration** (``CALIBRATION``): run 5 call 1's ``r5-*-cal.json`` only: per cache type f16, q8_0, q4_0 one
+  ``-nkvo 0`` run (q8_0 at two depths: the weights' line) and ``-nkvo 1`` at three depths whose per-layer copies lie
+  below, near and above 3 MiB. The profile is ``kvpipe calibrate --from-llama-bench --pageable`` on them
+  (``validate.type_fit``; the staging curve ``validate.link_fit.fit_pageable``).
+* **the median of 3**: every llama-bench configuration ran ``-r 3``; each record's ``avg_ns`` and ``avg_ts`` are
+  replaced by the median of its 3 samples (the file's mean kept as ``mean_ns``) before the fit and before a
+  comparison: one fast sample in three moved the mean of an ordered run by up to 7%.
+* **held out** (``HELD``): run 5 call 1's ``r5-*-held.json`` (depths no earlier run used, both arms, every type and
+  ``-ctk q8_0 -ctv q4_0``); ``--blind`` predicts them from the design (``DESIGN``) without opening a held-out file.
+* **a second machine**: ``run5/fresh/`` if it exists (the held-out grid on another lease, nothing fitted).
+
+Not installed with the package: run it from a checkout.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import predict_types as pt  # beside this file (the script's folder is on sys.path)
+
+RESULTS = pt.RESULTS
+RUN = RESULTS / "run5"
+TYPES = ("f16", "q8_0", "q4_0")
+CALIBRATION = tuple(f"r5-{arm}-{t}-cal.json" for t in TYPES for arm in ("res", "ord"))
+HELD = tuple(f"r5-{arm}-{t}-held.json" for t in (*TYPES, "mixed") for arm in ("res", "ord"))
+#: The held-out benches as h200_bench.sh's run5 phase runs them (tools/llamacpp/run5.sh): (K, V, -nkvo, -d).
+ORDERED_HELD = {("q8_0", "q8_0"): (1280, 5120), ("f16", "f16"): (768, 2560), ("q4_0", "q4_0"): (3584, 12288),
+                ("q8_0", "q4_0"): (1792, 6656)}
+DESIGN = tuple((k, v, 1, d) for (k, v), ds in ORDERED_HELD.items() for d in ds) + \
+    tuple((k, v, 0, d) for (k, v) in ORDERED_HELD for d in (5120, 20480))
+
+
+def medianed(r: dict[str, Any]) -> dict[str, Any]:
+    """A llama-bench record whose avg_ns / avg_ts are the median of its samples (mean kept as mean_ns). Pure."""
+    if not r.get("samples_ns"):
+        return r
+    return dict(r, mean_ns=r["avg_ns"], avg_ns=int(statistics.median(r["samples_ns"])), avg_ts=statistics.median(r["samples_ts"]))
+
+
+def records(folder: Path, names: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Every decode record of ``names`` under ``folder`` (files absent skipped), medianed."""
+    return [medianed(r) for n in names if (folder / n).exists() for r in pt.decode_records(folder / n)]
+
+
+def _rows(profile: dict[str, Any], gguf: str, folder: Path, names: tuple[str, ...], role: str) -> list[dict[str, Any]]:
+    """predict_types.measured_rows on medianed copies of the files (written beside the profile's folder). Blocks."""
+    rows = []
+    for name in names:
+        recs = records(folder, (name,))
+        if not recs:
+            continue
+        tmp = OUT_TMP / folder.relative_to(RESULTS) / name
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(recs))
+        got = pt.measured_rows(profile, gguf, tmp.parent, (name,), role)
+        for r in got:
+            r["file"] = f"{folder.relative_to(RESULTS)}/{name}"
+            r.pop("issue19_error", None)
+        rows += got
+    return rows
+
+
+OUT_TMP = Path("/tmp/kvpipe-types5")
+
+
+def fit(gguf: str, hardware: str, out: Path) -> tuple[dict[str, Any], str, str]:
+    """Write the medianed calibration file and fit on it (predict_types.fit's command). Blocks (minutes)."""
+    return pt.fit(gguf, hardware, out, records(RUN / "call1", CALIBRATION))
+
+
+def run(gguf: str, hardware: str, out: Path, blind: bool) -> int:
+    """Fit, then write blind.json (``blind``) or prediction.json and prediction.md. Blocks."""
+    out.mkdir(parents=True, exist_ok=True)
+    profile, cmd, log = fit(gguf, hardware, out)
+    if blind:
+        rows = [pt.predict(profile, gguf, *d) | {"role": "held out"} for d in DESIGN]
+        (out / "blind.json").write_text(json.dumps({"command": f"python tools/llamacpp/predict.py --set types5 --blind --gguf {gguf}",
+                                                    "fit_command": cmd, "rows": rows}, indent=1) + "\n")
+        print(log)
+        for r in rows:
+            print(f"{r['cache']:>10} -nkvo {r['nkvo']} -d {r['depth']:>6}: {r['predicted_tps']:.2f} t/s ±{r['band']:.1%} ({r['entry']})")
+        return 0
+    cal = _rows(profile, gguf, RUN / "call1", CALIBRATION, "calibration")
+    held = _rows(profile, gguf, RUN / "call1", HELD, "held out")
+    fresh = _rows(profile, gguf, RUN / "fresh", HELD, "second machine") if (RUN / "fresh").is_dir() else []
+    summ = pt.summary(held)
+    second: dict[str, Any] | str = pt.summary(fresh) if fresh else "not run"
+    report = {"command": f"python tools/llamacpp/predict.py --set types5 --gguf {gguf}", "fit_command": cmd, "fit_output": log,
+              "calibration": [f"run5/call1/{n}" for n in CALIBRATION], "measured": "median of each run's 3 samples",
+              "rows": cal + held + fresh, "summary": summ, "summary_second_machine": second}
+    (out / "prediction.json").write_text(json.dumps(report, indent=1) + "\n")
+    md = pt.table(cal + held + fresh, summ)
+    md[-len(summ) - 3] = md[-len(summ) - 3].replace("held out (run 4)", "held out (run 5)")
+    md += pt.summary_table("second machine (run5/fresh, nothing fitted)", second) if isinstance(second, dict) else \
+        ["", "Second machine: not run."]
+    (out / "prediction.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    print(log)
+    return 0
