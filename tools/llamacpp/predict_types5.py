@@ -51,24 +51,19 @@ def records(folder: Path, names: tuple[str, ...]) -> list[dict[str, Any]]:
 
 
 def _rows(profile: dict[str, Any], gguf: str, folder: Path, names: tuple[str, ...], role: str) -> list[dict[str, Any]]:
-    """predict_types.measured_rows on medianed copies of the files (written beside the profile's folder). Blocks."""
+    """Every decode record of ``names`` (medianed) predicted and compared, as predict_types.measured_rows. Blocks."""
     rows = []
     for name in names:
-        recs = records(folder, (name,))
-        if not recs:
-            continue
-        tmp = OUT_TMP / folder.relative_to(RESULTS) / name
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(recs))
-        got = pt.measured_rows(profile, gguf, tmp.parent, (name,), role)
-        for r in got:
-            r["file"] = f"{folder.relative_to(RESULTS)}/{name}"
-            r.pop("issue19_error", None)
-        rows += got
+        for r in records(folder, (name,)):
+            p = pt.predict(profile, gguf, r["type_k"], r["type_v"], int(r["no_kv_offload"]), r["n_depth"], r["n_gen"])
+            tps = r["n_gen"] / (r["avg_ns"] * 1e-9)
+            rows.append(p | {"role": role, "file": f"{folder.relative_to(RESULTS)}/{name}", "measured_tps": tps,
+                             "mean_tps": r["n_gen"] / (r["mean_ns"] * 1e-9), "stddev_tps": r["stddev_ts"],
+                             "samples_tps": r["samples_ts"], "error": p["predicted_tps"] / tps - 1,
+                             "error_vs_mean": p["predicted_tps"] * r["mean_ns"] * 1e-9 / r["n_gen"] - 1,
+                             "machine": pt.machine_differs(profile, {"cpu_info": r.get("cpu_info", ""),
+                                                                     "gpu_info": r.get("gpu_info", "")})})
     return rows
-
-
-OUT_TMP = Path("/tmp/kvpipe-types5")
 
 
 def fit(gguf: str, hardware: str, out: Path) -> tuple[dict[str, Any], str, str]:
@@ -79,7 +74,11 @@ def fit(gguf: str, hardware: str, out: Path) -> tuple[dict[str, Any], str, str]:
 def run(gguf: str, hardware: str, out: Path, blind: bool) -> int:
     """Fit, then write blind.json (``blind``) or prediction.json and prediction.md. Blocks."""
     out.mkdir(parents=True, exist_ok=True)
-    profile, cmd, log = fit(gguf, hardware, out)
+    if not blind and (out / "blind.json").exists():  # the profile the blind predictions were made with, not refitted
+        profile = json.loads((out / "profile.json").read_text())
+        cmd, log = json.loads((out / "blind.json").read_text())["fit_command"], "(the blind run's profile, not refitted)"
+    else:
+        profile, cmd, log = fit(gguf, hardware, out)
     if blind:
         rows = [pt.predict(profile, gguf, *d) | {"role": "held out"} for d in DESIGN]
         (out / "blind.json").write_text(json.dumps({"command": f"python tools/llamacpp/predict.py --set types5 --blind --gguf {gguf}",
@@ -98,7 +97,7 @@ def run(gguf: str, hardware: str, out: Path, blind: bool) -> int:
               "rows": cal + held + fresh, "summary": summ, "summary_second_machine": second}
     (out / "prediction.json").write_text(json.dumps(report, indent=1) + "\n")
     md = pt.table(cal + held + fresh, summ)
-    md[-len(summ) - 3] = md[-len(summ) - 3].replace("held out (run 4)", "held out (run 5)")
+    md = [line.replace("| held out (run 4) |", "| held out (run 5) |") for line in md]
     md += pt.summary_table("second machine (run5/fresh, nothing fitted)", second) if isinstance(second, dict) else \
         ["", "Second machine: not run."]
     (out / "prediction.md").write_text("\n".join(md) + "\n")
