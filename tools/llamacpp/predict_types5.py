@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import predict_types as pt  # beside this file (the script's folder is on sys.path)
+from validate.token_sim import golden_log
 
 RESULTS = pt.RESULTS
 RUN = RESULTS / "run5"
@@ -71,6 +72,26 @@ def fit(gguf: str, hardware: str, out: Path) -> tuple[dict[str, Any], str, str]:
     return pt.fit(gguf, hardware, out, records(RUN / "call1", CALIBRATION))
 
 
+def _flat(profile: dict[str, Any], gbps: float) -> dict[str, Any]:
+    return {k: v for k, v in profile.items() if k != "devices"} | {
+        "devices": [dict(d, links=dict(d["links"], h2d_pageable=dict(d["links"]["h2d_pageable"], points=[[1.0, gbps]])))
+                    for d in profile["devices"]]}
+
+
+def afterwards(profile: dict[str, Any], gguf: str, rows: list[dict[str, Any]]) -> None:
+    """Read after the figures, for the reading in docs/validation.md (nothing refitted): each ordered row's error under
+    the profile's one flat rate over every calibration run (``flat_error``), and the flat staging rate that run alone
+    implies (``implied_GBps``). Adds both to the rows. Blocks (simulations)."""
+    flat = _flat(profile, profile["calibration"]["link"]["GBps"])
+    for r in rows:
+        if r["nkvo"] != 1:
+            continue
+        k, v = (r["cache"].split("/") * 2)[:2] if "/" in r["cache"] else (r["cache"], r["cache"])
+        r["flat_error"] = pt.predict(flat, gguf, k, v, 1, r["depth"])["predicted_tps"] / r["measured_tps"] - 1
+        r["implied_GBps"] = golden_log(lambda g, k=k, v=v, r=r: (pt.predict(_flat(profile, g), gguf, k, v, 1, r["depth"])
+                                                                 ["predicted_tps"] / r["measured_tps"] - 1) ** 2, 3.0, 30.0, 30)
+
+
 def run(gguf: str, hardware: str, out: Path, blind: bool) -> int:
     """Fit, then write blind.json (``blind``) or prediction.json and prediction.md. Blocks."""
     out.mkdir(parents=True, exist_ok=True)
@@ -90,6 +111,7 @@ def run(gguf: str, hardware: str, out: Path, blind: bool) -> int:
     cal = _rows(profile, gguf, RUN / "call1", CALIBRATION, "calibration")
     held = _rows(profile, gguf, RUN / "call1", HELD, "held out")
     fresh = _rows(profile, gguf, RUN / "fresh", HELD, "second machine") if (RUN / "fresh").is_dir() else []
+    afterwards(profile, gguf, cal + held)
     summ = pt.summary(held)
     second: dict[str, Any] | str = pt.summary(fresh) if fresh else "not run"
     report = {"command": f"python tools/llamacpp/predict.py --set types5 --gguf {gguf}", "fit_command": cmd, "fit_output": log,
