@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import predict_types as pt  # beside this file (the script's folder is on sys.path)
+
 from validate.token_sim import golden_log
 
 RESULTS = pt.RESULTS
