@@ -246,8 +246,10 @@ def _fit_types_bench(bench: BenchFile, model: ModelShape, base: dict[str, Any], 
     spread = link.get("spread_GBps")
     link_text = ("base profile's (no -nkvo 1 run)" if link.get("GBps") is None else
                  f"{fitted}: every cache type's -nkvo 1 runs, each under its type's compute; {link['curve']}"
-                 + (f" ({link['latency_us']:.1f} us a copy + {link['GBps']:.2f} GB/s)" if link["curve"] != "flat" else
-                    f" ({link['GBps']:.2f} GB/s)")
+                 + (f" ({link['latency_us']:.1f} us a copy + {link['GBps']:.2f} GB/s)" if link["curve"] == "latency + rate" else
+                    " (" + ", ".join(f"{b:.2f} MiB a copy: {g:.2f} GB/s" for b, g in link["points"]) + ", log-interpolated "
+                    "between)" if link["curve"] == "two regimes" else f" ({link['GBps']:.2f} GB/s)")
+                 + (f"; {link['undetermined']}" if link.get("undetermined") else "")
                  + (f"; each run alone implies {spread['min']:.2f}-{spread['max']:.2f} GB/s (median {spread['median']:.2f})"
                     if spread else ""))
     out["source"] = (f"Fitted by kvpipe calibrate --from-llama-bench to {bench.path} (llama.cpp build {bench.build_commit}, "

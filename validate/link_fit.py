@@ -17,6 +17,7 @@ the simulations it runs.
 from __future__ import annotations
 
 import copy
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -94,16 +95,58 @@ def with_link(profile: dict[str, Any], key: str, GBps: float, latency_us: float 
 
 #: The copy sizes of the ordered runs must span this ratio before a fixed cost per copy is told from the rate.
 SIZE_SPAN = 1.5
+#: A two-parameter curve replaces the flat rate only when it leaves at most this share of the flat fit's squared error.
+CURVE_GAIN = 0.75
+#: How far the staging rate moved with the copy size on the H200 hosts measured (run 5: 8.4-9.5 GB/s below 3.5 MiB a
+#: copy, 7.0-7.3 above 4.5 MiB; run 4: 8.1-8.9 and 6.9-7.6): the band of a flat rate fitted at one copy size.
+UNDETERMINED_BAND = 0.25
+
+
+def curve_points(rec: dict[str, Any]) -> list[list[float]]:
+    """The ``points`` ([MiB, GB/s], ascending: a profile's link points) of a :func:`fit_pageable` record's curve. Pure."""
+    return [[float(b), float(g)] for b, g in rec.get("points", [[1.0, rec["GBps"]]])]
+
+
+def with_curve(profile: dict[str, Any], key: str, rec: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the profile dict whose link ``key`` is the curve of a :func:`fit_pageable` record (its points and,
+    unless flat, its latency). Pure."""
+    d = with_link(profile, key, rec["GBps"], rec["latency_us"] if rec["curve"] != "flat" else None)
+    for dev in d["devices"]:
+        dev["links"][key]["points"] = curve_points(rec)
+    return d
+
+
+def _regimes(sizes: Sequence[int], each: Sequence[float]) -> tuple[float, float] | None:
+    """The copy sizes (bytes) between which the runs' implied rates change most: the split of the sorted sizes that
+    leaves the least squared log-rate spread within the two sides (None when the sizes do not differ). Pure."""
+    order = sorted(range(len(sizes)), key=lambda k: sizes[k])
+    best: tuple[float, float, float] | None = None
+    for cut in range(1, len(order)):
+        lo, hi = order[:cut], order[cut:]
+        if sizes[lo[-1]] == sizes[hi[0]]:
+            continue
+        sse = sum(_spread([math.log(each[k]) for k in side]) for side in (lo, hi))
+        if best is None or sse < best[0]:
+            best = (sse, float(sizes[lo[-1]]), float(sizes[hi[0]]))
+    return None if best is None else best[1:]
+
+
+def _spread(xs: Sequence[float]) -> float:
+    m = sum(xs) / len(xs)
+    return sum((x - m) ** 2 for x in xs)
 
 
 def fit_pageable(items: Sequence[OrderedRun]) -> dict[str, Any]:
     """The pageable staging of a user's host from its ordered runs (``-nkvo 1``, upstream's pageable cache): a record
-    with ``latency_us`` (a fixed cost per copy), ``GBps`` (the staging rate), ``curve`` ("latency + rate", or "flat"
-    where the copies span less than SIZE_SPAN in size, or fewer than three runs: the latency is then the profile's),
-    each run's residual, and the spread: the rate each run alone implies beside the fitted latency. Blocks.
+    with ``curve``, its ``points`` ([MiB, GB/s]), ``latency_us`` (a fixed cost per copy), ``GBps`` (the one flat rate
+    over every run), each run's residual, and the spread: the rate each run alone implies (beside the curve's latency).
 
-    A pageable copy's time is ``latency + bytes / rate`` (``backends.profile_types.LinkCurve``): the simulator
-    stages it in chunks on the host thread at that time, less one chunk's pinned DMA. Raises InputError with no run.
+    Where the copies span SIZE_SPAN in size and there are three runs or more, two curves of two parameters are tried
+    beside the flat rate: ``latency + rate`` (a fixed cost per copy, ``backends.profile_types.LinkCurve``) and
+    ``two regimes`` (one rate for the copies up to a size, another from a larger size on, interpolated between: the
+    host's staging changes regime with the copy size). The better one replaces the flat rate when it leaves at most
+    CURVE_GAIN of the flat fit's squared error. Else the curve is ``flat`` and ``undetermined`` says what the file
+    cannot tell (the rate at other copy sizes, band UNDETERMINED_BAND). Raises InputError with no run. Blocks.
     """
     if not items:
         raise InputError("no -nkvo 1 run to fit the pageable staging to; allowed: llama-bench -nkvo 1 at one depth or more")
@@ -112,23 +155,53 @@ def fit_pageable(items: Sequence[OrderedRun]) -> dict[str, Any]:
     sizes = [i.copy_bytes() for i in items]
     span = max(sizes) / min(sizes)
     flat = flat_rate(items, key)
-    latency, rate, curve = base_latency, flat, "flat"
+    rec: dict[str, Any] = {"curve": "flat", "latency_us": base_latency, "GBps": flat, "points": [[1.0, flat]]}
+    each = [flat_rate([i], key, iterations=30) for i in items]
     if span >= SIZE_SPAN and len(items) >= 3:
-        def residuals(p: Sequence[float]) -> np.ndarray:
-            return np.array(_relative(items, lambda d: with_link(d, key, p[1], p[0])))
-
-        latency, rate = gauss_newton(residuals, [max(base_latency, 1.0), flat])
-        curve = "latency + rate"
-        if latency < 0.05:  # no fixed cost to speak of: the flat rate is the curve
-            latency, rate, curve = base_latency, flat, "flat"
-    each = [flat_rate([i], key, iterations=30, latency_us=latency) for i in items]
-    return {
-        "curve": curve, "latency_us": latency, "GBps": rate, "copy_bytes": sizes, "size_span": span,
+        rec = _best_curve(items, key, rec, base_latency, flat, sizes, each)
+    if rec["curve"] == "flat":
+        rec["undetermined"] = (f"one copy size ({min(sizes) / 2**20:.2f} MiB)" if span < SIZE_SPAN else
+                               f"copies of {min(sizes) / 2**20:.2f}-{max(sizes) / 2**20:.2f} MiB, no curve better than flat") + \
+            (": the staging rate at other copy sizes is not determined by this file (the H200 hosts measured changed "
+             f"it by up to {UNDETERMINED_BAND:.0%} past ~3.5 MiB a copy); band +-{UNDETERMINED_BAND:.0%}")
+        rec["band"] = UNDETERMINED_BAND
+    if rec["curve"] == "latency + rate":  # the rate each run alone implies beside the fitted fixed cost
+        each = [flat_rate([i], key, iterations=30, latency_us=rec["latency_us"]) for i in items]
+    fitted = [i.error(with_curve(i.profile, key, rec)) for i in items]
+    return rec | {
+        "copy_bytes": sizes, "size_span": span,
         "runs": [{"label": i.run.label, "context": i.run.context, "cache": f"{i.workload.cache_k.name}/{i.workload.cache_v.name}",
-                  "copy_mib": s / 2**20, "implied_GBps": g,
-                  "error": i.error(with_link(i.profile, key, rate, latency))} for i, s, g in zip(items, sizes, each, strict=True)],
+                  "copy_mib": s / 2**20, "implied_GBps": g, "error": e} for i, s, g, e in zip(items, sizes, each, fitted, strict=True)],
         "spread_GBps": {"min": min(each), "median": statistics.median(each), "max": max(each)},
     }
+
+
+def _best_curve(items: Sequence[OrderedRun], key: str, flat_rec: dict[str, Any], base_latency: float, flat: float,
+                sizes: Sequence[int], each: Sequence[float]) -> dict[str, Any]:
+    """fit_pageable's choice among the flat rate, latency + rate and two regimes (see there). Blocks."""
+    def sse(rec: dict[str, Any]) -> float:
+        return sum(i.error(with_curve(i.profile, key, rec)) ** 2 for i in items)
+
+    def residuals(p: Sequence[float]) -> np.ndarray:
+        return np.array(_relative(items, lambda d: with_link(d, key, p[1], p[0])))
+
+    candidates = [flat_rec]
+    latency, rate = gauss_newton(residuals, [max(base_latency, 1.0), flat])
+    if latency >= 0.05 and rate > 0:  # no fixed cost to speak of: the flat rate is the curve
+        candidates.append({"curve": "latency + rate", "latency_us": latency, "GBps": rate, "points": [[1.0, rate]]})
+    knee = _regimes(sizes, each)
+    if knee is not None:
+        lo = [i for i, s in zip(items, sizes, strict=True) if s <= knee[0]]
+        hi = [i for i, s in zip(items, sizes, strict=True) if s >= knee[1]]
+        r_lo, r_hi = flat_rate(lo, key), flat_rate(hi, key)
+        candidates.append({"curve": "two regimes", "latency_us": base_latency, "GBps": flat,
+                           "points": [[knee[0] / 2**20, r_lo], [knee[1] / 2**20, r_hi]],
+                           "regimes": [{"up_to_mib": knee[0] / 2**20, "GBps": r_lo, "runs": len(lo)},
+                                       {"from_mib": knee[1] / 2**20, "GBps": r_hi, "runs": len(hi)}]})
+    scored = [(sse(c), c) for c in candidates]
+    err_flat = scored[0][0]
+    best_err, best = min(scored[1:], key=lambda x: x[0], default=(math.inf, flat_rec))
+    return best if best_err <= CURVE_GAIN * err_flat else flat_rec
 
 
 def pageable_held_out(items: Sequence[OrderedRun]) -> list[dict[str, Any]]:
@@ -139,8 +212,7 @@ def pageable_held_out(items: Sequence[OrderedRun]) -> list[dict[str, Any]]:
         rest = [i for j, i in enumerate(items) if j != k]
         if not rest:
             continue
-        fit = fit_pageable(rest)
-        err = left.error(with_link(left.profile, "h2d_pageable", fit["GBps"], fit["latency_us"]))
+        err = left.error(with_curve(left.profile, "h2d_pageable", fit_pageable(rest)))
         out.append({"context": left.run.context, "arm": "ordered", "label": left.run.label,
                     "cache": f"{left.workload.cache_k.name}/{left.workload.cache_v.name}",
                     "measured_tps": 1.0 / left.run.seconds_per_token,

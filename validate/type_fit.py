@@ -46,7 +46,7 @@ from typing import Any
 
 from sim.errors import InputError
 from sim.workload import CacheType, ModelShape, cache_type
-from validate.link_fit import OrderedRun, fit_pageable, flat_rate, pageable_held_out, with_link
+from validate.link_fit import OrderedRun, fit_pageable, flat_rate, pageable_held_out, with_curve, with_link
 from validate.token_fit import fit_compute
 from validate.token_sim import TokenRun, free_kernels, golden_log, simulated_s, workload_of
 
@@ -188,6 +188,8 @@ def _link(base: dict[str, Any], model: ModelShape, groups: dict[Pair, list[Token
 def _linked(d: dict[str, Any], link: dict[str, Any]) -> dict[str, Any]:
     if link.get("GBps") is None:
         return d
+    if link["key"] == "h2d_pageable":  # the staging curve fit_pageable chose (flat, latency + rate, two regimes)
+        return with_curve(d, link["key"], link)
     return with_link(d, link["key"], link["GBps"], link.get("latency_us") if link["curve"] != "flat" else None)
 
 
@@ -207,7 +209,7 @@ def fit_types(base: dict[str, Any], model: ModelShape, groups: dict[Pair, list[T
     residuals = {p: [_record(r, simulated_s(linked[p], workload_of(model, cache_type(p[0]), cache_type(p[1]), r), r.arm))
                      for r in groups.get(p, ())] for p in terms}
     held = _held_out(base, model, groups, ref, items, link)
-    bands = _bands(base, model, groups, ref, fitted, w, terms, held)
+    bands = _bands(base, model, groups, ref, fitted, w, terms, held, link)
     singles = [t for p, t in terms.items() if p[0] == p[1]]
     standin = TypeTerms(sum(t.attn_us for t in singles) / len(singles),
                         math.exp(sum(math.log(t.attn_GBps) for t in singles) / len(singles)), "stand-in")
@@ -241,7 +243,8 @@ def _held_out(base: dict[str, Any], model: ModelShape, groups: dict[Pair, list[T
 
 
 def _bands(base: dict[str, Any], model: ModelShape, groups: dict[Pair, list[TokenRun]], ref: Pair, fitted: list[Pair],
-           weight_GBps: float, terms: dict[Pair, TypeTerms], held: dict[Pair, list[dict[str, Any]]]) -> dict[Pair, tuple[float, str]]:
+           weight_GBps: float, terms: dict[Pair, TypeTerms], held: dict[Pair, list[dict[str, Any]]],
+           link: dict[str, Any]) -> dict[Pair, tuple[float, str]]:
     """Each pair's band and its source: the largest of its own held-out errors, the reference line's (the weights every
     type shares), the link's (every ordered run's), and, for a pair whose rotation the rule sets apart from the
     reference's, how far its resident predictions move with the rule +-ROTATION_SPREAD. Blocks."""
@@ -253,6 +256,8 @@ def _bands(base: dict[str, Any], model: ModelShape, groups: dict[Pair, list[Toke
         own = max((abs(h["error"]) for h in held.get(p, ())), default=0.0)
         parts = {"its held-out runs": own, f"the reference's ({'/'.join(ref)}) held-out depths": ref_err,
                  "the link's held-out runs": link_err, f"the rotation rule +-{ROTATION_SPREAD:.0%}": moved.get(p, 0.0)}
+        if "band" in link:  # one copy size: the staging rate elsewhere is not determined (link_fit.UNDETERMINED_BAND)
+            parts["the link at copy sizes the file did not run"] = link["band"]
         top = max(parts, key=lambda k: parts[k])
         out[p] = (parts[top], f"largest of: {', '.join(f'{k} {v:.1%}' for k, v in parts.items())} ({top})")
     return out

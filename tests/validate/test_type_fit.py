@@ -17,7 +17,7 @@ from backends.profile import for_workload, load_profile, prediction_band, read_p
 from kvpipe.cli import main
 from sim.workload import cache_type, load_model
 from validate.from_llama_bench import machine_differs
-from validate.link_fit import OrderedRun, fit_pageable, with_link
+from validate.link_fit import OrderedRun, fit_pageable, with_curve, with_link
 from validate.token_sim import TokenRun, simulated_s, workload_of
 from validate.type_fit import TypeTerms, fit_types, rotation_us, with_terms
 
@@ -145,3 +145,31 @@ def test_the_committed_held_out_predictions_are_the_blind_ones() -> None:
     assert held.keys() == blind.keys() and len(held) == 11
     for key, tps in held.items():
         assert tps == pytest.approx(blind[key], rel=1e-9), key
+
+
+def _pageable_runs(truth: dict[str, Any], contexts: tuple[int, ...]) -> list[OrderedRun]:
+    q8 = cache_type("q8_0")
+    items = []
+    for ctx in contexts:
+        probe = TokenRun(ctx, 1.0, "ordered", f"-d {ctx}", pinned=False)
+        wl = workload_of(MODEL, q8, q8, probe)
+        items.append(OrderedRun(_truth("q8_0"), wl, TokenRun(ctx, simulated_s(truth, wl, "ordered"), "ordered", probe.label, False)))
+    return items
+
+
+def test_a_staging_rate_that_changes_regime_with_the_copy_size_is_found_and_predicts_a_size_between_runs() -> None:
+    sizes = [i.copy_bytes() for i in _pageable_runs(_truth("q8_0"), (1024, 2048, 8192, 16384))]
+    knee = (sizes[1] / 2**20, sizes[2] / 2**20)  # the host stages copies to the second size (MiB) at 9 GB/s, from the third at 7
+    truth = with_link(_truth("q8_0"), "h2d_pageable", 9.0)
+    for dev in truth["devices"]:
+        dev["links"]["h2d_pageable"]["points"] = [[knee[0], 9.0], [knee[1], 7.0]]
+    fit = fit_pageable(_pageable_runs(truth, (1024, 2048, 8192, 16384)))
+    assert fit["curve"] == "two regimes"
+    assert [p[0] for p in fit["points"]] == list(knee)
+    assert [p[1] for p in fit["points"]] == pytest.approx([9.0, 7.0], rel=0.02)
+    assert all(abs(r["error"]) < 0.01 for r in fit["runs"])
+    flat = fit_pageable(_pageable_runs(truth, (2048,)))  # one copy size: flat, and the file says what it cannot tell
+    assert flat["curve"] == "flat" and flat["band"] > 0 and "not determined" in flat["undetermined"]
+    (unseen,) = _pageable_runs(truth, (12288,))  # a copy size no run had, in the upper regime
+    assert unseen.error(with_curve(unseen.profile, "h2d_pageable", fit)) == pytest.approx(0.0, abs=0.01)
+    assert abs(unseen.error(with_curve(unseen.profile, "h2d_pageable", flat))) > 0.05  # the flat rate of the small copies misses it

@@ -11,6 +11,9 @@
 #                                                                                 issue 30 (f16, q8_0, q4_0, q8_0/q4_0)
 #   run(command="bash tools/llamacpp/h200_bench.sh batched", carry=[".lcp"])    # build, then llama-batched-bench -nkvo
 #                                                                                 at 1/2/4/8 sequences (issue 28)
+#   run5, run5b, run5f: the held-out campaign of issues 30 and 28 (tools/llamacpp/README-run5.md): run5 builds and runs
+#   the cache-type calibration and held-out grid, run5b (warm) packs the build into $OUT and runs llama-batched-bench
+#   held out 3 times, run5f (a fresh machine) unpacks that build (LCP_BIN_TAR) or builds, then the held-out grid again.
 # .lcp/llama.cpp-src.tar.xz is the stripped llama.cpp tree from the llama-cpp-python 0.3.36 sdist (see its
 # KVPIPE-SOURCE.txt). Every step is idempotent: the tree, the build (ninja resumes), the GGUF and each finished bench set
 # live under $LCP (/tmp, so only while the machine stays warm: 30 s after a call) and are reused by the next call.
@@ -20,7 +23,7 @@
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 PHASE=${1:-all}
-case $PHASE in all|build|bench|fa0|ngl|types|batched) ;; *) echo "h200_bench.sh: phase '$PHASE'; expected all, build, bench, fa0, ngl, types or batched" >&2; exit 2;; esac
+case $PHASE in all|build|bench|fa0|ngl|types|batched|run5|run5b|run5f) ;; *) echo "h200_bench.sh: phase '$PHASE'; expected all, build, bench, fa0, ngl, types, batched, run5, run5b or run5f" >&2; exit 2;; esac
 ROOT=$(pwd)
 T0=$(date +%s)
 DEADLINE=${LCP_DEADLINE:-570}             # seconds into this call: the device kills a call at 600 s
@@ -66,7 +69,10 @@ machine_info() {
 }
 
 build() {
-  local targets=(llama-bench); case $PHASE in types|batched) targets+=(llama-batched-bench);; esac
+  local targets=(llama-bench); case $PHASE in types|batched|run5*) targets+=(llama-batched-bench);; esac
+  if [ -n "${LCP_BIN_TAR:-}" ] && [ ! -x "$BENCH" ]; then  # a build packed by run5b on the first machine
+    mkdir -p "$BUILD" && cat $LCP_BIN_TAR | xz -dc | tar xf - -C "$BUILD" && log "unpacked the first machine's build ($LCP_BIN_TAR)"
+  fi
   if [ -x "$BENCH" ] && { [ ${#targets[@]} -eq 1 ] || [ -x "$BBENCH" ]; }; then log "${targets[*]} already built (warm machine)"; return 0; fi
   if [ ! -f "$SRC/CMakeLists.txt" ]; then
     mkdir -p "$LCP" && tar xJf "$ROOT/.lcp/llama.cpp-src.tar.xz" -C "$LCP" || { log "cannot unpack $ROOT/.lcp/llama.cpp-src.tar.xz"; exit 3; }
@@ -219,31 +225,50 @@ if [ "$PHASE" = types ]; then
   HIDE=1 bench types-mixed-held -ctk q8_0 -ctv q4_0 -nkvo 0,1 -d "${LCP_D_TYPES_MIXED:-4096}"
   exit 0
 fi
+# One llama-batched-bench call (issue 28): the cache in host RAM (-nkvo), flash attention on the GPU, npl sequences each
+# with its own PP-token prompt (not shared), TG tokens generated per sequence; unified (-kvu) or one stream per sequence.
+# HIDE: a held-out call, its figures kept out of the summary. llama-batched-bench prints log lines beside its JSONL rows.
+batched_one() {
+  local name=$1 pp=$2 kvu=$3
+  if [ -f "$LCP/done/$name" ]; then log "$name: done in an earlier call"; return 0; fi
+  [ $(left) -lt 30 ] && { log "$name: skipped, $(left) s left"; return 1; }
+  local ctx=$(( 8 * (pp + ${LCP_TG:-32}) + 256 ))
+  local cmd=("$BBENCH" -m "$MODEL" -ngl "$NGL" -fa on -nkvo -ctk q8_0 -ctv q8_0 -c "$ctx" -b 2048 -ub 512
+             -npp "$pp" -ntg "${LCP_TG:-32}" -npl "${LCP_NPL:-1,2,4,8}" --output-format jsonl)
+  [ $kvu = unified ] && cmd+=(-kvu)
+  echo "$name: ${cmd[*]}" >> "$RUN/commands.txt"
+  local b0=$(date +%s)
+  timeout $(( $(left) - 10 )) "${cmd[@]}" > "$RUN/$name.jsonl" 2> "$RUN/$name.err"; local rc=$?
+  local summ
+  if [ -z "${HIDE:-}" ]; then
+    summ=$(python3 - "$RUN/$name.jsonl" <<'PY' 2>&1
+import json, sys
+rows = []
+for line in open(sys.argv[1]):
+    try:
+        r = json.loads(line)
+    except ValueError:
+        continue
+    if isinstance(r, dict) and "pl" in r:
+        rows.append(f"pl={r['pl']}: {r['speed_tg']:.2f} t/s")
+print("; ".join(rows) or "no result")
+PY
+)
+  else summ="$(grep -c '"pl"' "$RUN/$name.jsonl") rows (held out: figures not shown)"; fi
+  log "$name: rc=$rc in $(( $(date +%s) - b0 )) s: $summ"
+  [ $rc -eq 0 ] && touch "$LCP/done/$name"
+  return $rc
+}
+
 if [ "$PHASE" = batched ]; then
-  # Issue 28: llama-batched-bench with the cache in host RAM (-nkvo), flash attention on the GPU, npl sequences each
-  # with its own PP-token prompt (not shared), TG tokens generated per sequence; unified (-kvu) and one stream per
-  # sequence. Calibration: PP 2048; held out: the other PP values (HIDE).
-  for pp in ${LCP_PP_CAL:-2048} ${LCP_PP_HELD:-1024 4096}; do
-    for kvu in split unified; do
-      name=batched-$kvu-pp$pp
-      if [ -f "$LCP/done/$name" ]; then log "$name: done in an earlier call"; continue; fi
-      [ $(left) -lt 30 ] && { log "$name: skipped, $(left) s left"; continue; }
-      ctx=$(( 8 * (pp + ${LCP_TG:-32}) + 256 ))
-      cmd=("$BBENCH" -m "$MODEL" -ngl "$NGL" -fa on -nkvo -ctk q8_0 -ctv q8_0 -c "$ctx" -b 2048 -ub 512
-           -npp "$pp" -ntg "${LCP_TG:-32}" -npl "${LCP_NPL:-1,2,4,8}" --output-format jsonl)
-      [ $kvu = unified ] && cmd+=(-kvu)
-      echo "$name: ${cmd[*]}" >> "$RUN/commands.txt"
-      b0=$(date +%s)
-      timeout $(( $(left) - 10 )) "${cmd[@]}" > "$RUN/$name.jsonl" 2> "$RUN/$name.err"; rc=$?
-      if [ "$pp" = "${LCP_PP_CAL:-2048}" ]; then
-        summ=$(python3 -c "import json,sys; print('; '.join(f\"pl={r['pl']}: {r['speed_tg']:.2f} t/s\" for r in (json.loads(l) for l in open(sys.argv[1]) if l.strip()) if 'pl' in r))" "$RUN/$name.jsonl" 2>&1)
-      else summ="$(grep -c '"pl"' "$RUN/$name.jsonl") rows (held out: figures not shown)"; fi
-      log "$name: rc=$rc in $(( $(date +%s) - b0 )) s: $summ"
-      [ $rc -eq 0 ] && touch "$LCP/done/$name"
-    done
+  # Issue 28 (run 4): calibration PP 2048; held out: the other PP values (HIDE).
+  for kvu in split unified; do batched_one batched-$kvu-pp${LCP_PP_CAL:-2048} ${LCP_PP_CAL:-2048} $kvu; done
+  for pp in ${LCP_PP_HELD:-1024 4096}; do
+    for kvu in split unified; do HIDE=1 batched_one batched-$kvu-pp$pp $pp $kvu; done
   done
   exit 0
 fi
+[ "${PHASE:0:4}" = run5 ] && source "$ROOT/tools/llamacpp/run5.sh"
 bench resident-q8_0 -ctk q8_0 -ctv q8_0 -nkvo 0 -d "$D_RESIDENT"
 bench ordered-q8_0-first -ctk q8_0 -ctv q8_0 -nkvo 1 -d "$D_ORDERED_FIRST"
 bench ordered-q8_0 -ctk q8_0 -ctv q8_0 -nkvo 1 -d "$D_ORDERED"

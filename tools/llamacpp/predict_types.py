@@ -88,10 +88,11 @@ def predict(profile: dict[str, Any], gguf: str, ck: str, cv: str, nkvo: int, dep
             "entry": key or "none: uncalibrated", "band": band}
 
 
-def fit(gguf: str, hardware: str, out: Path) -> tuple[dict[str, Any], str, str]:
-    """Write the calibration file and fit the profile on it (``kvpipe calibrate``, in-process). Returns the profile,
-    the command and its output. Blocks (the fit: a minute or two)."""
-    calib = [r for run, name, depths in CALIBRATION for r in decode_records(RESULTS / run / name, depths, _nkvo(run))]
+def fit(gguf: str, hardware: str, out: Path, calib: list[dict[str, Any]] | None = None) -> tuple[dict[str, Any], str, str]:
+    """Write the calibration file (``calib``, default CALIBRATION's records) and fit the profile on it (``kvpipe
+    calibrate``, in-process). Returns the profile, the command and its output. Blocks (the fit: minutes)."""
+    if calib is None:
+        calib = [r for run, name, depths in CALIBRATION for r in decode_records(RESULTS / run / name, depths, _nkvo(run))]
     calib_path = out / "calibration.llama-bench.json"
     calib_path.write_text(json.dumps(calib, indent=1) + "\n")
     root = RESULTS.parents[2]
