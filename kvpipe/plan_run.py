@@ -295,15 +295,14 @@ def _check_rows(pts: list[Point], rows: list[dict[str, Any] | None], jobs: int |
     """Re-simulate ``pts`` exact (on ``jobs`` workers) and compare each with its evaluated row; the largest relative
     disagreement. Raises EvaluatorDisagreement above the tolerance."""
     from kvpipe.executors import executor_for
-    from kvpipe.sweep import exact_row
+    from kvpipe.sweep import exact_rows
     from sim.evaluator import check_sample
 
     keep = [(p, r) for p, r in zip(pts, rows, strict=True) if r is not None]
 
     def resimulate(chosen: list[Point]) -> list[dict[str, Any]]:
         with executor_for(jobs) as ex:
-            futures = [ex.submit(exact_row, p) for p in chosen]
-            return [f.result() for f in futures]
+            return exact_rows(ex, chosen)
 
     return check_sample([p for p, _ in keep], [r for _, r in keep], n=len(keep), resimulate=resimulate)
 

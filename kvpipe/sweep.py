@@ -30,6 +30,7 @@ Units: seconds inside; the rows carry their own units in their field names.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -137,6 +138,27 @@ def _evaluated(points: Sequence[Point]) -> list[dict[str, Any] | str]:
 def exact_row(point: Point) -> dict[str, Any]:
     """The simulator's row of ``point``, every token simulated (what the sample check compares with). Blocks."""
     return row(checks.run_checked(point, exact=True)) | SIMULATED
+
+
+def _exact_task_rows(task: distinct.Task) -> list[dict[str, Any]]:
+    return [row(r) | SIMULATED for r in checks.run_task(task)]
+
+
+def exact_rows(ex: Executor, points: Sequence[Point]) -> list[dict[str, Any]]:
+    """The simulator's rows of ``points`` (in order), every token simulated, each distinct simulation once: the points
+    the point planner finds to be one run (``sim.distinct.tasks``: every budget of an ordered or declined point, every
+    budget that leaves each token's plan the same) share one exact simulation, and each gets its own row from it
+    (``sim.checks.member_result``, as a sweep's rows do; ``tests/sim/test_check_cost.py`` holds such rows to each
+    point's own exact simulation). The simulations run on ``ex``. What the sample check compares with. Blocks."""
+    pts = list(points)
+    todo = [dataclasses.replace(t, exact=True) for t in distinct.tasks(pts)]
+    # submit, not ``map``: an interrupted ``map`` cancels its futures while the pool marks them broken (a traceback)
+    futures = [ex.submit(_exact_task_rows, t) for t in todo]
+    out: list[dict[str, Any] | None] = [None] * len(pts)
+    for t, f in zip(todo, futures, strict=True):
+        for m, r in zip(t.members, f.result(), strict=True):
+            out[m.index] = r
+    return [r for r in out if r is not None]
 
 
 def chunks(points: Sequence[Point], workers: int, todo: Sequence[bool] | None = None, exact: bool = False,
@@ -256,9 +278,7 @@ def _check(ex: Executor, evaluated: list[tuple[Point, dict[str, Any]]], n: int, 
 
     def resimulate(pts: list[Point]) -> list[dict[str, Any]]:
         result.checked = len(pts)
-        # submit, not ``map``: an interrupted ``map`` cancels its futures while the pool marks them broken (a traceback)
-        futures = [ex.submit(exact_row, p) for p in pts]
-        return [f.result() for f in futures]
+        return exact_rows(ex, pts)
 
     result.check = check_sample([p for p, _ in evaluated], [r for _, r in evaluated], n=n, resimulate=resimulate)
 
