@@ -135,11 +135,6 @@ def _evaluated(points: Sequence[Point]) -> list[dict[str, Any] | str]:
     return [r for r in out if r is not None]
 
 
-def exact_row(point: Point) -> dict[str, Any]:
-    """The simulator's row of ``point``, every token simulated (what the sample check compares with). Blocks."""
-    return row(checks.run_checked(point, exact=True)) | SIMULATED
-
-
 def _exact_task_rows(task: distinct.Task) -> list[dict[str, Any]]:
     return [row(r) | SIMULATED for r in checks.run_task(task)]
 

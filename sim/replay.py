@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from sim.graph import layout_of
 from sim.simulate import GRAPH_BASE_BYTES, Point, graph_at, io_bytes_for, placed_hardware
 from sim.transport import planning
 from sim.transport.config import TransportConfig
@@ -97,7 +96,6 @@ SHAPES_KEPT = 1 << 14  # small records: every context of a workload, and the sam
 def clear_shapes() -> None:
     """Forget the shapes and keys kept (a timing that must build them)."""
     _SHAPES.clear()
-    _WINDOWS.clear()
     context_free.cache_clear()
     window_rows_at.cache_clear()
 
@@ -115,44 +113,19 @@ def context_free(wl: Workload, cells: bool) -> Any:
 
 def _shape(point: Point, step: int, rows: int, spans: list[Any], slot_key: Any) -> _Shape:
     """The shape of step ``step``'s graph (its window: ``rows``); kept for the next points whose graphs share it
-    (``slot_key``: what the slot spans depend on).
-
-    What depends on the cache's size (the need at full context, the host cache's and the device-kept bytes) is taken
-    from the workload's cache layout and each staged split's pieces (``sim.transport.deliveries.full_need``'s rule);
-    the rest is kept per window of a workload at any context (:func:`context_free`) where the slots pack the streams
-    (a slot span then reads a piece's bytes alone), so that the contexts that share a window build its graph once.
-    ``tests/sim/test_planning.py`` holds the result to the shape of each point's own graph."""
+    (``slot_key``: what the slot spans depend on)."""
     wl = point.workload
-    computes = tuple(d.compute for d in point.hardware.devices)
-    key = (context_free(wl, cells=True), computes, point.transport.arm, rows, slot_key)
+    key = (context_free(wl, cells=True), tuple(d.compute for d in point.hardware.devices), point.transport.arm, rows, slot_key)
     shape = _SHAPES.get(key)
     if shape is None:
-        wkey = (context_free(wl, cells=not point.transport.pack_streams), computes, point.transport.arm, rows, slot_key)
-        win = _WINDOWS.get(wkey)
-        if win is None:
-            graph = graph_at(point, step)
-            needs = planning.slot_needs(graph, spans, slot_key)
-            pieces = [frozenset(tuple((p.nbytes, p.reserve_bytes) for i in sp.staged for p in i.pieces) for sp in splits)
-                      for _, splits, _, _, _ in needs]  # each split's pieces, for its need at full context
-            win = _WINDOWS[wkey] = (tuple((dev, need, len(splits), ps) for (dev, splits, need, _, _), ps in zip(needs, pieces, strict=True)),
-                                    tuple(sorted({s.device for s in graph.splits if s.kind == "gpu"})),
-                                    tuple(sorted({s.device for s in graph.splits if s.resident})))
-            while len(_WINDOWS) > SHAPES_KEPT:
-                _WINDOWS.popitem(last=False)
-        staged, gpu, kept_on = win
-        scale = wl.cells_per_stream / max(1, rows)  # the full window over this one, as ``full_need`` scales a piece
-        layout = layout_of(wl)  # the cache's bytes as ``sim.graph.decode_graph`` gives them to its graph
-        host_only = layout.k_offset(sum(1 for a in wl.model.attn_layers if a < wl.gpu_layer_start))
-        shape = _SHAPES[key] = _Shape(
-            tuple((dev, need, max(sum(spans[dev](int(nb * scale), res) for nb, res in sp) for sp in ps), n)
-                  for dev, need, n, ps in staged),
-            gpu, layout.nbytes - host_only, kept_on, layout.k_offset(wl.kv_gpu_layers) if wl.kv_gpu_layers else 0)
+        graph = graph_at(point, step)
+        staged = tuple((dev, need, full, len(splits)) for dev, splits, need, _, full in planning.slot_needs(graph, spans, slot_key))
+        shape = _SHAPES[key] = _Shape(staged, tuple(sorted({s.device for s in graph.splits if s.kind == "gpu"})),
+                                      graph.host_cache_bytes - graph.host_only_kv_bytes,
+                                      tuple(sorted({s.device for s in graph.splits if s.resident})), graph.device_kv_bytes)
         while len(_SHAPES) > SHAPES_KEPT:
             _SHAPES.popitem(last=False)
     return shape
-
-
-_WINDOWS: OrderedDict[Any, Any] = OrderedDict()  # per window of a workload at any context: what its shape keeps of the graph
 
 
 @dataclass(frozen=True)

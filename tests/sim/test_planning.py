@@ -11,7 +11,6 @@ point and the point planner for many.
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import numpy as np
 import pytest
@@ -112,37 +111,3 @@ def test_margins_the_evaluator_cannot_encode_are_outside_its_envelope(margin: in
 
     p = points(GridSpec(contexts=((4096,),), depths=(1,)))[0]
     assert "ring margin" in (in_envelope(replace(p, transport=replace(p.transport, margin_slots=margin))) or "")
-
-
-def _own_shape(p: Point, step: int) -> Any:
-    """The shape planning reads of ``p``'s step, from its own graph (what ``sim.replay`` kept before it shared windows)."""
-    from sim.replay import _Line, _Shape
-    from sim.simulate import graph_at
-
-    g, line = graph_at(p, step), _Line.of(p)
-    staged = tuple((dev, need, full, len(splits)) for dev, splits, need, _, full in planning.slot_needs(g, line.spans, line.slot_key))
-    return _Shape(staged, tuple(sorted({s.device for s in g.splits if s.kind == "gpu"})), g.host_cache_bytes - g.host_only_kv_bytes,
-                  tuple(sorted({s.device for s in g.splits if s.resident})), g.device_kv_bytes)
-
-
-@pytest.mark.parametrize("seed", range(12))
-def test_a_window_shared_by_contexts_plans_as_each_contexts_own_graph(seed: int) -> None:
-    """The point planner keeps a window's shape for every context of a workload (``sim.replay._shape``); whichever
-    context built it, each point's shape (its need at full context, its cache's bytes included) is its own graph's."""
-    from sim.replay import _Line, clear_shapes
-
-    rng = random.Random(seed)
-    model = rng.choice(["qwen3.8-27b", "qwen3.8-27b-q5km", "llama-3.1-8b", "llama-3.1-70b"])
-    hw = rng.choice(["rtx4070-gen4x16", "rtx3060-gen3x4", "h200-gen5x16", "rtx4070-gen4x16+rtx3060-gen3x4"])
-    c = rng.randrange(300, 200_000)
-    contexts = sorted({c, c + rng.randrange(1, 255), rng.randrange(300, 200_000), c + 256 * rng.randrange(1, 40)})
-    ngl = rng.choice([99, 99, 20])  # llama.cpp's -ngl: 20 puts the first layers on the CPU
-    spec = GridSpec(models=(model,), hardware=(hw,), contexts=tuple((x,) for x in contexts), depths=(0, 2), budgets_mib=(0,),
-                    tokens=rng.randrange(2, 6), kv_gpu_layers=(rng.choice([0, 0, 3, 7]) if ngl == 99 else 0,),
-                    n_gpu_layers=(ngl,), pack_streams=rng.random() < 0.8,
-                    split_mode="layer" if "+" in hw else "none", parallels=(rng.choice([1, 1, 1, 2]),))
-    pts = points(spec)
-    clear_shapes()
-    for p in rng.sample(pts, len(pts)):
-        for k in range(p.workload.tokens):
-            assert _Line.of(p).shape(k) == _own_shape(p, k), (model, hw, p.context, k)
