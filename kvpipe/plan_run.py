@@ -5,7 +5,7 @@ A :class:`PlanRequest` names one model on one machine over contexts; a plan of i
 (contexts x depths x budgets, then each context's candidates under the memory cap). A :class:`Runner` answers them:
 the points inside the compiled evaluator's envelope (``sim.evaluator.in_envelope``) as arrays of the figures the
 plan reads (:class:`Figures`, from ``sim.evaluator.summarize``: no row is made for them), the others -- and every
-point under ``--exact`` -- by the simulator, through ``kvpipe.sweep.run_sweep``. The evaluated points are held to the
+point under ``--exact`` -- by the simulator, in a sweep's chunks (``kvpipe.sweep_work``). The evaluated points are held to the
 simulator once, at the plan's end (:meth:`Runner.check`): at least ``check_n`` of them drawn with a fixed seed, plus
 every point where, along the contexts asked, the best depth at a budget or a point's decline changes; only those
 points get rows, which are compared with exact simulations (``sim.evaluator.row_disagreement``).
@@ -228,9 +228,9 @@ class Runner:
         return [pts[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
 
     def _submit(self, ex: Any, pts: list[Point]) -> list[tuple[Any, Any]]:
-        """The simulations of ``pts`` submitted to ``ex`` in chunks of whole partitions (``kvpipe.sweep.chunks``, the
+        """The simulations of ``pts`` submitted to ``ex`` in chunks of whole partitions (``kvpipe.sweep_work.chunks``, the
         fast path unless ``--exact``): (chunk, future) each. Does not block (but for this process's executor)."""
-        from kvpipe.sweep import chunks, run_chunk
+        from kvpipe.sweep_work import chunks, run_chunk
 
         if not pts:
             return []
@@ -288,7 +288,8 @@ class Runner:
 
 def _rows_of(pts: Sequence[Point], sims: list[tuple[Any, Any]]) -> list[dict[str, Any] | None]:
     """The rows of ``pts`` from their submitted simulations (None where a point failed: it does not fit). Blocks."""
-    from kvpipe.sweep import key_of_point, key_of_row
+    from kvpipe.sweep_work import key_of_point
+    from sim.rows import key_of_row
 
     by_key = {}
     for _, fut in sims:
@@ -333,7 +334,7 @@ def _check_rows(pts: list[Point], rows: list[dict[str, Any] | None], jobs: int |
     """Re-simulate ``pts`` exact (on ``jobs`` workers) and compare each with its evaluated row; the largest relative
     disagreement. Raises EvaluatorDisagreement above the tolerance."""
     from kvpipe.executors import executor_for
-    from kvpipe.sweep import exact_rows
+    from kvpipe.sweep_work import exact_rows
     from sim.evaluator import check_sample
 
     keep = [(p, r) for p, r in zip(pts, rows, strict=True) if r is not None]

@@ -215,7 +215,7 @@ def test_a_fast_run_that_finds_a_hazard_runs_again_exact(monkeypatch: pytest.Mon
 
 def test_the_sample_checks_shared_exact_runs_are_each_points_own(grid: tuple[list[Point], list[RunResult]],
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """``kvpipe.sweep.exact_rows`` (what the sample checks compare with) runs each distinct simulation once, every token
+    """``kvpipe.sweep_work.exact_rows`` (what the sample checks compare with) runs each distinct simulation once, every token
     simulated, and gives each point the row of its own exact simulation (fields that say how a row was made aside)."""
     from kvpipe.sweep import _Serial, exact_rows
     from sim.evaluator import row_disagreement
