@@ -282,7 +282,7 @@ class Runner:
         order = sorted(chosen)
         sample, rows = [pts[i] for i in order], _evaluated_rows([pts[i] for i in order])
         _same_as_rows(figs.take(order), rows)
-        self.checked = len(sample)
+        self.checked = sum(r is not None for r in rows)  # a chosen point that does not fit has no row to compare
         return total, _check_rows(sample, rows, self.req.jobs)
 
 

@@ -171,3 +171,25 @@ def test_a_runner_answers_the_same_on_one_worker_and_on_two(monkeypatch: pytest.
     assert got[1].evaluated.sum() == len(pts) + len(pts) - len(resident) and (~got[1].evaluated).sum() == len(resident)
     for f in fields(got[1]):
         assert getattr(got[1], f.name).tolist() == getattr(got[2], f.name).tolist(), f.name
+
+
+def test_the_check_counts_the_points_it_compares(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Runner.check`` says how many points it re-simulated: those it compares, not a chosen point that does not fit
+    the device (it has no row)."""
+    from kvpipe import plan_run
+    from kvpipe.plan_run import Runner
+
+    compared: list[int] = []
+    real = plan_run._check_rows
+
+    def counting(pts: list, rows: list, jobs: int | None) -> float:  # type: ignore[type-arg]
+        compared.append(sum(r is not None for r in rows))
+        return real(pts, rows, jobs)
+
+    monkeypatch.setattr(plan_run, "_check_rows", counting)
+    req = PlanRequest(contexts=(4096, 480_000), tokens=2, max_depth=1, jobs=1)  # 480,000 cells do not fit the 12 GB card
+    runner = Runner(req)
+    f = runner.run(points(req, list(req.contexts), [0, 1], [0.0]), grid=True)
+    assert f.fits.tolist() == [True, True, False, False]
+    runner.check(8)
+    assert compared == [2] and runner.checked == 2
