@@ -5,7 +5,7 @@ A :class:`PlanRequest` names one model on one machine over contexts; a plan of i
 (contexts x depths x budgets, then each context's candidates under the memory cap). A :class:`Runner` answers them:
 the points inside the compiled evaluator's envelope (``sim.evaluator.in_envelope``) as arrays of the figures the
 plan reads (:class:`Figures`, from ``sim.evaluator.summarize``: no row is made for them), the others -- and every
-point under ``--exact`` -- by the simulator, through ``kvpipe.sweep.run_sweep``. The evaluated points are held to the
+point under ``--exact`` -- by the simulator, in a sweep's chunks (``kvpipe.sweep_work``). The evaluated points are held to the
 simulator once, at the plan's end (:meth:`Runner.check`): at least ``check_n`` of them drawn with a fixed seed, plus
 every point where, along the contexts asked, the best depth at a budget or a point's decline changes; only those
 points get rows, which are compared with exact simulations (``sim.evaluator.row_disagreement``).
@@ -15,6 +15,7 @@ Units: the figures' own (t/s, MiB, ms, rows).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -35,6 +36,7 @@ from sim.workload import ALL_LAYERS, layers_of_ngl
 DEFAULT_BUDGET_MIB = TransportConfig().budget_mib
 CHECK_N = 32  # the evaluator's points the plan re-simulates exact at its end, at least
 PARALLEL_POINTS = 20_000  # the fewest points per worker worth evaluating in a process of its own (pickling them: ~6 us each)
+PARALLEL_LINES = 1_000  # or the fewest lines (each builds its own graphs and numbers: ~1-3 ms a line)
 
 
 @dataclass(frozen=True)
@@ -174,51 +176,75 @@ class Runner:
         return got
 
     def run(self, pts: Sequence[Point], grid: bool = False) -> Figures:
-        """Every point's figures: evaluated in this process where the envelope allows (unless ``--exact``), else
-        simulated (``--jobs`` workers). ``grid``: the points are a grid along contexts, whose boundaries (where the
-        best depth or a decline changes) the check re-simulates. Blocks for the evaluation and the simulations."""
-        inside = np.zeros(len(pts), dtype=bool) if self.req.exact else np.fromiter(
-            (self._in_envelope(p) for p in pts), dtype=bool, count=len(pts))
-        parts: list[tuple[np.ndarray, Figures]] = []
-        idx = np.flatnonzero(inside)
-        if idx.size:
-            mine = [pts[i] for i in idx.tolist()]
-            s = self._summarize(mine)
-            figures = Figures(s.tokens_per_s, s.declined, s.ring_mib, s.ring_alloc_mib, s.window_rows, s.late_mib, s.blocked_ms,
-                              s.fits & (s.tokens_per_s > 0), np.ones(len(mine), dtype=bool))
-            parts.append((idx, figures))
-            if grid:
-                self.grids.append(len(self.evaluated))
-            self.evaluated.append((mine, figures))
-        rest = np.flatnonzero(~inside)
-        if rest.size:
-            parts.append((rest, Figures.of_rows(self._simulated([pts[i] for i in rest.tolist()]))))
-        return Figures.merge(len(pts), parts)
-
-    def _summarize(self, pts: list[Point]) -> Any:
-        """``sim.evaluator.summarize`` of ``pts``: in this process, or split in contiguous pieces over ``--jobs``
-        local workers when there are at least ``PARALLEL_POINTS`` (the pieces' figures joined in order)."""
-        from kvpipe.executors import executor_for
+        """Every point's figures: evaluated where the envelope allows (unless ``--exact``), else simulated; the
+        simulations and, when the work is worth it (``_pieces``), the evaluation's pieces share the ``--jobs``
+        workers. ``grid``: the points are a grid along contexts, whose boundaries (where the best depth or a decline
+        changes) the check re-simulates. Blocks for the evaluation and the simulations."""
+        from kvpipe.executors import _Serial, executor_for
         from sim.evaluator import Summary, summarize
 
-        workers = min(self.req.jobs or os.cpu_count() or 1, max(1, len(pts) // PARALLEL_POINTS))
-        if workers < 2:
-            return summarize(pts)
-        cuts = [len(pts) * k // workers for k in range(workers + 1)]
-        with executor_for(workers) as ex:
-            futures = [ex.submit(summarize, pts[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]
-            return Summary.concat([f.result() for f in futures])
+        inside = np.zeros(len(pts), dtype=bool) if self.req.exact else self._inside_of(pts)
+        idx, rest = np.flatnonzero(inside), np.flatnonzero(~inside)
+        mine, others = [pts[i] for i in idx.tolist()], [pts[i] for i in rest.tolist()]
+        pieces = self._pieces(mine)
+        parallel = (self.req.jobs or os.cpu_count() or 1) > 1 and (len(pieces) > 1 or bool(others))
+        with executor_for(self.req.jobs) if parallel else contextlib.nullcontext(_Serial()) as ex:
+            sims = self._submit(ex, others)
+            futures = [ex.submit(summarize, piece) for piece in pieces]
+            parts: list[tuple[np.ndarray, Figures]] = []
+            if mine:
+                s = Summary.concat([f.result() for f in futures])
+                figures = Figures(s.tokens_per_s, s.declined, s.ring_mib, s.ring_alloc_mib, s.window_rows, s.late_mib,
+                                  s.blocked_ms, s.fits & (s.tokens_per_s > 0), np.ones(len(mine), dtype=bool))
+                parts.append((idx, figures))
+                if grid:
+                    self.grids.append(len(self.evaluated))
+                self.evaluated.append((mine, figures))
+            if others:
+                parts.append((rest, Figures.of_rows(_rows_of(others, sims))))
+        return Figures.merge(len(pts), parts)
 
-    def _simulated(self, pts: list[Point]) -> list[dict[str, Any] | None]:
-        """The simulator's rows of ``pts`` in order (None where a point failed: it does not fit)."""
-        from kvpipe.sweep import key_of_point, key_of_row, run_sweep
+    def _inside_of(self, pts: Sequence[Point]) -> np.ndarray:
+        """Whether the evaluator answers each point (``_in_envelope``, asked once per workload, machine and config:
+        the ids of objects ``pts`` keeps alive while this runs)."""
+        seen: dict[tuple[int, int, int], bool] = {}
+        out = np.empty(len(pts), dtype=bool)
+        for i, p in enumerate(pts):
+            k = (id(p.workload), id(p.hardware), id(p.transport))
+            got = seen.get(k)
+            if got is None:
+                got = seen[k] = self._in_envelope(p)
+            out[i] = got
+        return out
+
+    def _pieces(self, pts: list[Point]) -> list[list[Point]]:
+        """``pts`` in contiguous pieces, one per ``--jobs`` worker when the work is worth it: at least
+        ``PARALLEL_POINTS`` points or ``PARALLEL_LINES`` lines (each builds its own graphs) per worker; else one."""
+        if not pts:
+            return []
+        worth = max(len(pts) // PARALLEL_POINTS, len({id(p.workload) for p in pts}) // PARALLEL_LINES)
+        workers = min(self.req.jobs or os.cpu_count() or 1, max(1, worth))
+        cuts = [len(pts) * k // workers for k in range(workers + 1)]
+        return [pts[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
+
+    def _submit(self, ex: Any, pts: list[Point]) -> list[tuple[Any, Any]]:
+        """The simulations of ``pts`` submitted to ``ex`` in chunks of whole partitions (``kvpipe.sweep_work.chunks``, the
+        fast path unless ``--exact``): (chunk, future) each. Does not block (but for this process's executor)."""
+        from kvpipe.sweep_work import chunks, run_chunk
 
         if not pts:
             return []
+        work = chunks(pts, self.req.jobs or os.cpu_count() or 1, exact=self.req.exact, evaluator=False)
+        return [(c, ex.submit(run_chunk, c)) for c in work]
 
-        res = run_sweep(pts, None, jobs=self.req.jobs, progress=False, exact=self.req.exact, evaluator=False)
-        by_key = {key_of_row(r): r for r in res.rows}
-        return [by_key.get(key_of_point(p)) for p in pts]
+    def _simulated(self, pts: list[Point]) -> list[dict[str, Any] | None]:
+        """The simulator's rows of ``pts`` in order (None where a point failed: it does not fit). Blocks."""
+        from kvpipe.executors import executor_for
+
+        if not pts:
+            return []
+        with executor_for(self.req.jobs) as ex:
+            return _rows_of(pts, self._submit(ex, pts))
 
     def rows(self, pts: Sequence[Point]) -> list[dict[str, Any] | None]:
         """Whole rows of a few points (the evaluator's where it answers them, kept for the check; else simulated);
@@ -256,8 +282,21 @@ class Runner:
         order = sorted(chosen)
         sample, rows = [pts[i] for i in order], _evaluated_rows([pts[i] for i in order])
         _same_as_rows(figs.take(order), rows)
-        self.checked = len(sample)
+        self.checked = sum(r is not None for r in rows)  # a chosen point that does not fit has no row to compare
         return total, _check_rows(sample, rows, self.req.jobs)
+
+
+def _rows_of(pts: Sequence[Point], sims: list[tuple[Any, Any]]) -> list[dict[str, Any] | None]:
+    """The rows of ``pts`` from their submitted simulations (None where a point failed: it does not fit). Blocks."""
+    from kvpipe.sweep_work import key_of_point
+    from sim.rows import key_of_row
+
+    by_key = {}
+    for _, fut in sims:
+        for r in fut.result():
+            if not isinstance(r, str):
+                by_key[key_of_row(r)] = r
+    return [by_key.get(key_of_point(p)) for p in pts]
 
 
 def _starts(runs: list[tuple[Sequence[Point], Figures]]) -> list[int]:
@@ -276,7 +315,7 @@ def _evaluated_rows(pts: Sequence[Point]) -> list[dict[str, Any] | None]:
 
 
 def _same_as_rows(figs: Figures, rows: Sequence[dict[str, Any] | None]) -> None:
-    """The figures the plan read are its rows' (the same lanes, summed as ``sim.simulate.row`` sums them): raises
+    """The figures the plan read are its rows' (the same lanes, summed as ``sim.rows.row`` sums them): raises
     EvaluatorDisagreement where one differs, so that holding the rows to the simulator holds the figures too."""
     from sim.evaluator import EvaluatorDisagreement
 
@@ -295,15 +334,14 @@ def _check_rows(pts: list[Point], rows: list[dict[str, Any] | None], jobs: int |
     """Re-simulate ``pts`` exact (on ``jobs`` workers) and compare each with its evaluated row; the largest relative
     disagreement. Raises EvaluatorDisagreement above the tolerance."""
     from kvpipe.executors import executor_for
-    from kvpipe.sweep import exact_row
+    from kvpipe.sweep_work import exact_rows
     from sim.evaluator import check_sample
 
     keep = [(p, r) for p, r in zip(pts, rows, strict=True) if r is not None]
 
     def resimulate(chosen: list[Point]) -> list[dict[str, Any]]:
         with executor_for(jobs) as ex:
-            futures = [ex.submit(exact_row, p) for p in chosen]
-            return [f.result() for f in futures]
+            return exact_rows(ex, chosen)
 
     return check_sample([p for p, _ in keep], [r for _, r in keep], n=len(keep), resimulate=resimulate)
 

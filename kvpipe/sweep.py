@@ -3,14 +3,14 @@
 A sweep is a list of points (the cross product of the grid flags) run on an
 executor -- a ``concurrent.futures.ProcessPoolExecutor`` over local cores, or
 a Dask cluster through ``dask.distributed``'s executor, which has the same
-interface -- each point through :func:`sim.checks.run_checked`, so whatever
+interface -- each point through :func:`sim.run.run.run_point`, so whatever
 checks a plain ``simulate`` applies apply here too. Points travel in small
 chunks of whole *partitions* (the points that differ only in depth and budget,
 the only ones that can share a simulation; a simulation costs a few
 milliseconds per simulated token, so one per task would spend a fair share of
-the time on pickling), and the worker's point planner (``sim.distinct``) maps
+the time on pickling), and the worker's point planner (``sim.run.tasks``) maps
 its chunk to the distinct simulations that decide it, each run once, on the
-fast path of ``sim.steady`` unless ``exact``.
+fast path (``sim.run.decode.run_steady``) unless ``exact``.
 
 Points inside the compiled evaluator's envelope (``sim.evaluator.in_envelope``: one device, pinned, the transport arm,
 no mutation) are not simulated unless ``exact``: the evaluator computes every token of them exactly, a few hundred
@@ -23,14 +23,13 @@ Every row has exactly the schema of ``kvpipe simulate --json``, plus ``engine``.
 coordinates*, the row fields that name it (model, hardware, cache type, context, depth, budget, tokens). The output
 folder (journal, snapshots, manifest, lock: ``kvpipe.row_store.RowStore``) lets a rerun skip every point it already
 holds, so an interrupted sweep loses at most the points in flight; where the work runs is
-``kvpipe.executors.executor_for``.
+``kvpipe.executors.executor_for``; the chunks and what a worker does with one, ``kvpipe.sweep_work``.
 
 Units: seconds inside; the rows carry their own units in their field names.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time
@@ -42,25 +41,20 @@ from typing import Any
 
 from kvpipe.executors import _Serial, executor_for, max_jobs  # noqa: F401 - re-exported: where a sweep's work runs
 from kvpipe.row_store import JOURNAL, LOCK, MANIFEST, ROWS_CSV, ROWS_JSON, RowStore, grid_id  # noqa: F401 - re-exported
+from kvpipe.sweep_work import (  # noqa: F401 - re-exported: a sweep's chunks
+    EVALUATED_PER_CHUNK,
+    SIMULATED,
+    Chunk,
+    chunks,
+    exact_rows,
+    key_of_point,
+    run_chunk,
+)
 from sim.errors import InputError
-from sim.rows import KEY_DEFAULTS, KEY_FIELDS, Key, _norm, key_of_row, placement_fields, row, with_gains  # noqa: F401 - the schema, re-exported
-from sim.run import tasks
+from sim.rows import KEY_DEFAULTS, KEY_FIELDS, Key, _norm, key_of_row, with_gains  # noqa: F401 - the schema, re-exported
 from sim.run.point import Point
-from sim.run.run import run_point
 
-SIMULATED = {"engine": "simulator"}
-EVALUATED_PER_CHUNK = 512  # envelope points per evaluator chunk (its cost is mostly per point; a few per worker)
 CHECK_N = 32  # evaluator rows the sample check re-simulates at least
-
-def key_of_point(p: Point) -> Key:
-    """The grid coordinates the row of ``p`` will carry (the labels ``sim.simulate.row`` uses)."""
-    wl = p.workload
-    fields = {"model": wl.model.name, "hardware": p.hardware.name, "cache_type": wl.cache_k.name, "context": p.context,
-              "contexts": list(wl.contexts), "parallel": wl.n_parallel, "unified": wl.unified, "split_mode": wl.split_mode,
-              "depth": p.transport.depth, "budget_mib": p.transport.budget_mib, "tokens": wl.tokens, "arm": p.transport.arm,
-              "cache_type_v": wl.cache_v.name, "kv_gpu_layers": KEY_DEFAULTS["kv_gpu_layers"],
-              "n_gpu_layers": KEY_DEFAULTS["n_gpu_layers"], **placement_fields(wl)}
-    return tuple(_norm(k, fields[k]) for k in KEY_FIELDS)
 
 
 def settings_of(points: Sequence[Point], exact: bool = False) -> dict[str, Any]:
@@ -78,103 +72,6 @@ def settings_of(points: Sequence[Point], exact: bool = False) -> dict[str, Any]:
         "flat_prefix": values(lambda p: p.workload.flat_prefix),
         "pack_streams": values(lambda p: p.transport.pack_streams),
     } | ({"exact": True} if exact else {})
-
-
-# ------------------------------------------------------------- chunks
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """Points that travel together: whole partitions of the grid (``sim.distinct.partitions``: the points that may
-    share a simulation), ``todo`` marking those to run (the others only count in ``shared_with_n``), and ``exact``."""
-
-    points: tuple[Point, ...]
-    todo: tuple[bool, ...]
-    exact: bool = False
-    evaluate: bool = False  # the points to do are inside the evaluator's envelope: evaluate them, not simulate
-
-    @property
-    def todo_points(self) -> list[Point]:
-        return [p for p, t in zip(self.points, self.todo, strict=True) if t]
-
-
-def run_chunk(chunk: Chunk | Sequence[Point]) -> list[dict[str, Any] | str]:
-    """Plan the chunk's points into their distinct simulations (``sim.distinct``) and run each (in a worker); a row
-    per point to do, in order, or a one-line error. A plain list of points is a chunk of its own. Blocks for the
-    simulations."""
-    if not isinstance(chunk, Chunk):
-        chunk = Chunk(tuple(chunk), (True,) * len(chunk))
-    if chunk.evaluate:
-        return _evaluated(chunk.todo_points)
-    out: dict[int, dict[str, Any] | str] = {}
-    for task in tasks.tasks(list(chunk.points), list(chunk.todo), exact=chunk.exact):
-        try:
-            rows: list[dict[str, Any] | str] = [row(r) | SIMULATED for r in tasks.run_task(task)]
-        except Exception as exc:  # one bad point must not sink the sweep; reported at the end
-            rows = [f"{type(exc).__name__}: {exc}"] * len(task.members)
-        for m, r in zip(task.members, rows, strict=True):
-            out[m.index] = r
-    return [out[i] for i, t in enumerate(chunk.todo) if t]
-
-
-def _evaluated(points: Sequence[Point]) -> list[dict[str, Any] | str]:
-    """The rows of envelope points from the compiled evaluator (which plans them together); a point whose graph does
-    not fit is simulated, which reports why. Blocks for the evaluation (CPU)."""
-    from sim.evaluator.evaluate import evaluations
-
-    out: list[dict[str, Any] | str | None] = []
-    t = time.perf_counter()
-    for _, ev in evaluations(points):
-        wall = (time.perf_counter() - t) / len(ev.points)
-        out += [ev.row(i, wall) if ev.plans.fits[i] else None for i in range(len(ev.points))]
-        t = time.perf_counter()
-    rest = [i for i, r in enumerate(out) if r is None]
-    if rest:
-        for i, got in zip(rest, run_chunk([points[i] for i in rest]), strict=True):
-            out[i] = got
-    return [r for r in out if r is not None]
-
-
-def exact_row(point: Point) -> dict[str, Any]:
-    """The simulator's row of ``point``, every token simulated (what the sample check compares with). Blocks."""
-    return row(run_point(point, exact=True)) | SIMULATED
-
-
-def chunks(points: Sequence[Point], workers: int, todo: Sequence[bool] | None = None, exact: bool = False,
-           evaluator: bool = True) -> list[Chunk]:
-    """The points to run in chunks of whole partitions: about 8 per worker, at most 16 points to do each unless one
-    partition holds more (progress stays live). Partitions with nothing to do are left out. Unless ``exact``, the
-    points inside the evaluator's envelope come first (``evaluator``: False simulates them too), in at least one chunk
-    per worker of at most ``EVALUATED_PER_CHUNK``."""
-    todo = list(todo) if todo is not None else [True] * len(points)
-    total = sum(todo)
-    if not total:
-        return []
-    out: list[Chunk] = []
-    parts = [part for part in tasks.partitions(points) if any(todo[i] for i in part)]
-    if evaluator and not exact:  # partitions inside the evaluator's envelope (depth and budget do not change it) go to it
-        from sim.evaluator import in_envelope
-
-        inside = [part for part in parts if in_envelope(points[part[0]]) is None]
-        parts = [part for part in parts if in_envelope(points[part[0]]) is not None]
-        answer = [points[i] for part in inside for i in part if todo[i]]
-        n = max(min(max(1, workers), len(answer)), math.ceil(len(answer) / EVALUATED_PER_CHUNK))
-        for k in range(n):
-            piece = tuple(answer[k * len(answer) // n : (k + 1) * len(answer) // n])
-            out.append(Chunk(piece, (True,) * len(piece), evaluate=True))
-        total = sum(todo[i] for part in parts for i in part)
-    size = max(1, min(16, math.ceil(total / (max(1, workers) * 8))))
-    pts: list[Point] = []
-    marks: list[bool] = []
-    for part in parts:
-        pts += [points[i] for i in part]
-        marks += [todo[i] for i in part]
-        if sum(marks) >= size:
-            out.append(Chunk(tuple(pts), tuple(marks), exact))
-            pts, marks = [], []
-    if pts:
-        out.append(Chunk(tuple(pts), tuple(marks), exact))
-    return out
 
 
 # ------------------------------------------------------------------ sweep
@@ -214,8 +111,8 @@ def run_sweep(
     (``result.check``); a disagreement above 1e-9 raises ``sim.evaluator.EvaluatorDisagreement`` after the rows
     are written. ``evaluator`` False: every point simulated (the fast path unless ``exact``), as before the evaluator.
 
-    The points are planned by partition in the workers (``sim.distinct``): each distinct simulation runs once, on
-    the fast path of ``sim.steady`` unless ``exact``, and every point gets its own row. Blocks until the sweep is done (wall time
+    The points are planned by partition in the workers (``sim.run.tasks``): each distinct simulation runs once, on
+    the fast path (``sim.run.decode.run_steady``) unless ``exact``, and every point gets its own row. Blocks until the sweep is done (wall time
     ~ distinct simulations x simulated tokens x a few ms / workers). Raises InputError on an empty grid or an
     unusable output folder. A point that raises is reported in ``failed`` and left out of the rows (a rerun
     retries it). ``resume`` adds this grid to a folder that holds another grid's sweep (``RowStore``).
@@ -257,9 +154,7 @@ def _check(ex: Executor, evaluated: list[tuple[Point, dict[str, Any]]], n: int, 
 
     def resimulate(pts: list[Point]) -> list[dict[str, Any]]:
         result.checked = len(pts)
-        # submit, not ``map``: an interrupted ``map`` cancels its futures while the pool marks them broken (a traceback)
-        futures = [ex.submit(exact_row, p) for p in pts]
-        return [f.result() for f in futures]
+        return exact_rows(ex, pts)
 
     result.check = check_sample([p for p, _ in evaluated], [r for _, r in evaluated], n=n, resimulate=resimulate)
 

@@ -238,7 +238,7 @@ def plan_points(points: Sequence[Point], each_line: Callable[[Point], Any] | Non
     """Replay the scheduler's plan for every token of every point (``sim.transport.planning``, the scheduler's own
     rules, over arrays of points: the points' memory on a ``planning.Ledger``), with no simulation. Pure; builds one
     graph per window size of each line (the points that differ only in depth and budget). ``each_line``: called with
-    each line's first point right after its graphs were built (while ``sim.simulate.graph_at`` keeps them)."""
+    each line's first point right after its graphs were built (while ``sim.run.point.graph_at`` keeps them)."""
     n = len(points)
     line_of, firsts = _lines(points)
     info = [_Line.of(p) for p in firsts]

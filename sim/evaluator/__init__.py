@@ -20,8 +20,8 @@ API (what a caller such as the planner or ``kvpipe sweep`` uses)::
 * ``in_envelope(point) -> str | None``: it answers one device, pinned host memory, any number of sequences, any
   ``--kv-gpu-layers`` and ``-ngl``, the ``transport`` arm at depth 0 (ordered) or 1..14 (pipelined) and any budget,
   no mutation (functional runs and traces are the simulator's); anything else gets a one-line reason, and the caller
-  simulates it (``sim.checks.run_checked``).
-* ``evaluate(points) -> list[dict]``: the row ``sim.simulate.row`` makes for a simulated point -- every field of
+  simulates it (``sim.run.run.run_point``).
+* ``evaluate(points) -> list[dict]``: the row ``sim.rows.row`` makes for a simulated point -- every field of
   it, each token evaluated (none extrapolated) -- plus ``engine: "evaluator"``, ``tokens_simulated: 0``,
   ``simulated_as`` (the point's own depth and budget) and ``shared_with_n: 1``; no ``hazards`` (no race checker
   ran). Raises ValueError for a point outside the envelope and ``backends.base.OutOfDeviceMemory`` for one whose

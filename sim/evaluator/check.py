@@ -5,7 +5,7 @@ difference over every numeric field (nested dicts and lists included), infinite 
 differs. Fields that say which engine made the row or how (``engine``, ``hazards``, ``tokens_simulated``,
 ``simulated_as``, ``shared_with_n``, wall times) are left out.
 
-:func:`check_sample` re-simulates (exact, every token: ``sim.checks.run_checked``) at least ``n`` of the
+:func:`check_sample` re-simulates (exact, every token: ``sim.run.run.run_point``) at least ``n`` of the
 evaluator's points, drawn with ``seed``, plus every point where a neighbour along the context axis (the same
 model, hardware, cache and budget at the next context asked for) has another best depth or another decline, and
 raises :class:`EvaluatorDisagreement` when any row differs by more than ``TOLERANCE``. The changes are found over arrays

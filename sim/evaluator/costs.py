@@ -4,7 +4,7 @@ A token's host program (``sim.transport.scheduler``) is a fixed sequence of oper
 decision are known; its timing depends on the graph only through a few numbers per split: a kernel's seconds and
 launches, the engine seconds and bytes of each blocking copy (small inputs H2D, new rows D2H, an ordered window),
 and a delivery's early and late copies. :func:`token_costs` reads them from the graph the simulator runs
-(``sim.simulate.graph_at``), shaping every copy by the machines' own rule (``backends.base.copy_calls``) and
+(``sim.run.point.graph_at``), shaping every copy by the machines' own rule (``backends.base.copy_calls``) and
 costing it by the SimPy machine's (``backends.simpy_copy.calls_seconds``), so nothing about a copy is derived twice.
 
 The numbers of one token are one float vector (:class:`TokenCosts`); its :class:`Layout` says which column is what
@@ -197,8 +197,8 @@ def token_costs(point: Point, step: int) -> TokenCosts:
 def point_costs(point: Point) -> list[TokenCosts]:
     """The numbers of every decode step of ``point`` (kept for the points that differ only in depth and budget).
 
-    The first step of each window size is built from its graph (``sim.simulate.graph_at``); a later step of the same
-    window -- of this point, or of another context of the same workload (``sim.distinct.context_free``: a copy's
+    The first step of each window size is built from its graph (``sim.run.point.graph_at``); a later step of the same
+    window -- of this point, or of another context of the same workload (``sim.replay.context_free``: a copy's
     seconds depend on its calls' bytes, not on where the cache's blocks start) -- differs from it only in the row its
     sequence writes, which splits each window into early and late bytes, so its deliveries are the first step's calls
     scaled to the new row (:class:`_Block`; ``tests/sim/test_evaluator.py`` holds every step to its own graph)."""

@@ -49,7 +49,7 @@ def clear_reasons() -> None:
 
 def _graph_reason(point: Point) -> str | None:
     """Why the point's decode graph is not the shape the evaluator's program runs (None: it is). Kept for the points
-    whose graphs share their shape (``sim.distinct.context_free``: the same workload at any context)."""
+    whose graphs share their shape (``sim.replay.context_free``: the same workload at any context)."""
     key = (context_free(point.workload, cells=False), tuple(d.compute for d in point.hardware.devices), point.transport.arm)
     if key not in _REASONS:
         if len(_REASONS) > 4096:

@@ -10,7 +10,7 @@ budget of an ordered point, every budget that keeps the same ring -- so a lane i
 share it. Lanes with the same graph shape, decision and machine run together as one matrix (``token.run_token``).
 
 An :class:`Evaluation` keeps, per (point, token), its lane, and per lane the fields ``GraphStats`` has; from them
-it makes a point's stats, its row (``sim.simulate.row``, so every field is computed as the simulator's row is),
+it makes a point's stats, its row (``sim.rows.row``, so every field is computed as the simulator's row is),
 or a :class:`Summary` of every point's figures as arrays, with no row at all.
 
 Units: seconds and bytes.
@@ -85,7 +85,7 @@ class Evaluation:
         return out
 
     def row(self, i: int, wall_s: float = 0.0) -> dict[str, Any]:
-        """Point ``i``'s row (``sim.simulate.row`` of its stats, plus ``engine: evaluator``, ``tokens_simulated: 0``,
+        """Point ``i``'s row (``sim.rows.row`` of its stats, plus ``engine: evaluator``, ``tokens_simulated: 0``,
         ``simulated_as`` its own depth and budget, ``shared_with_n: 1``). Raises OutOfDeviceMemory as :meth:`stats`."""
         p = self.points[i]
         placed = p if len(p.hardware.devices) == 1 else replace(p, hardware=placed_hardware(p))
@@ -95,7 +95,7 @@ class Evaluation:
         return row(result)
 
     def summary(self) -> Summary:
-        """Every point's figures (:class:`Summary`), computed as ``sim.simulate.row`` computes them. Pure."""
+        """Every point's figures (:class:`Summary`), computed as ``sim.rows.row`` computes them. Pure."""
         n, plans = len(self.points), self.plans
         tokens = plans.tokens
         n_par = np.array([p.workload.n_parallel for p in plans.lines], dtype=np.float64)[plans.line_of]

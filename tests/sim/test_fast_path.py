@@ -214,3 +214,29 @@ def test_a_fast_run_that_finds_a_hazard_runs_again_exact(monkeypatch: pytest.Mon
     result = run_point(p, exact=False)
     assert fast_calls == [True, False] and result.extra["hazards"] == 0
     assert [g.extrapolated_from for g in result.graphs] == [-1] * 6  # every token, every hazard counted
+
+
+def test_the_sample_checks_shared_exact_runs_are_each_points_own(grid: tuple[list[Point], list[RunResult]],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kvpipe.sweep_work.exact_rows`` (what the sample checks compare with) runs each distinct simulation once, every token
+    simulated, and gives each point the row of its own exact simulation (fields that say how a row was made aside)."""
+    from kvpipe.sweep import _Serial, exact_rows
+    from sim.evaluator import row_disagreement
+
+    pts, exact = grid
+    pick = sorted(random.Random(8).sample(range(len(pts)), 240))
+    ran: list[int] = []
+    real = tasks.run_task
+
+    def counting(task: Any) -> Any:
+        ran.append(len(task.members))
+        assert task.exact
+        return real(task)
+
+    monkeypatch.setattr(tasks, "run_task", counting)
+    got = exact_rows(_Serial(), [pts[i] for i in pick])
+    assert len(got) == len(pick) and sum(ran) == len(pick) and len(ran) < len(pick) * 3 // 4  # shared, and every point once
+    for i, r in zip(pick, got, strict=True):
+        want = row(exact[i])
+        assert (r["context"], r["depth"], r["budget_mib"]) == (want["context"], want["depth"], want["budget_mib"])
+        assert row_disagreement(r, want) <= 1e-12, (want["context"], want["depth"], want["budget_mib"])

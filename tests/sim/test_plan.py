@@ -151,3 +151,45 @@ def test_a_context_that_does_not_fit_is_left_out_of_the_gain_analysis_and_the_me
     assert "best_depth" in got[4096] and "best_depth" not in got[464384]
     assert got[464384]["memory_plan"]["best"] is None and "does not fit" not in got[4096]["memory_plan"]["reason"]
     assert got[464384]["memory_plan"]["reason"]
+
+
+def test_a_runner_answers_the_same_on_one_worker_and_on_two(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Runner.run`` with ``--jobs 2`` (the evaluation in pieces on the workers, the simulated points beside it)
+    gives every point the figures one process gives; the simulated points are the resident arm's."""
+    from dataclasses import fields, replace
+
+    from kvpipe import plan_run
+    from kvpipe.plan_run import Runner
+
+    monkeypatch.setattr(plan_run, "PARALLEL_LINES", 1)  # two pieces however few the lines
+
+    req = PlanRequest(contexts=(2048, 9000, 30000), tokens=2, max_depth=3)
+    pts = points(req, list(req.contexts), [0, 1, 3], [0.0, 64.0])
+    resident = [replace(p, transport=replace(p.transport, arm="resident", depth=0, budget_mib=0.0)) for p in pts[::6]]
+    mixed = [p for pair in zip(pts, [*resident, *pts][: len(pts)], strict=True) for p in pair]
+    got = {jobs: Runner(replace(req, jobs=jobs)).run(mixed) for jobs in (1, 2)}
+    assert got[1].evaluated.sum() == len(pts) + len(pts) - len(resident) and (~got[1].evaluated).sum() == len(resident)
+    for f in fields(got[1]):
+        assert getattr(got[1], f.name).tolist() == getattr(got[2], f.name).tolist(), f.name
+
+
+def test_the_check_counts_the_points_it_compares(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Runner.check`` says how many points it re-simulated: those it compares, not a chosen point that does not fit
+    the device (it has no row)."""
+    from kvpipe import plan_run
+    from kvpipe.plan_run import Runner
+
+    compared: list[int] = []
+    real = plan_run._check_rows
+
+    def counting(pts: list, rows: list, jobs: int | None) -> float:  # type: ignore[type-arg]
+        compared.append(sum(r is not None for r in rows))
+        return real(pts, rows, jobs)
+
+    monkeypatch.setattr(plan_run, "_check_rows", counting)
+    req = PlanRequest(contexts=(4096, 480_000), tokens=2, max_depth=1, jobs=1)  # 480,000 cells do not fit the 12 GB card
+    runner = Runner(req)
+    f = runner.run(points(req, list(req.contexts), [0, 1], [0.0]), grid=True)
+    assert f.fits.tolist() == [True, True, False, False]
+    runner.check(8)
+    assert compared == [2] and runner.checked == 2

@@ -1,0 +1,150 @@
+"""A sweep's work: points in chunks of whole partitions, each chunk run in a worker, and the exact re-simulation the
+sample checks compare with.
+
+A chunk is points that travel together to one worker (``concurrent.futures``): whole *partitions* of a grid (the
+points that differ only in depth and budget, the only ones that can share a simulation), so the worker's point planner
+(``sim.run.tasks``) maps its chunk to the distinct simulations that decide it, each run once, on the fast path of
+``sim.run.decode.run_steady`` unless ``exact``; or points inside the compiled evaluator's envelope, which the worker evaluates.
+:func:`exact_rows` is the simulator's answer every sample check compares the evaluator with. ``kvpipe.sweep`` runs
+chunks into a row store; a plan (``kvpipe.plan_run``) runs them for the points outside the envelope, with no store.
+
+Units: seconds inside; the rows carry their own units in their field names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+from sim.rows import KEY_DEFAULTS, KEY_FIELDS, Key, _norm, placement_fields, row
+from sim.run import tasks
+from sim.run.point import Point
+
+SIMULATED = {"engine": "simulator"}
+EVALUATED_PER_CHUNK = 512  # envelope points per evaluator chunk (its cost is mostly per point; a few per worker)
+
+
+def key_of_point(p: Point) -> Key:
+    """The grid coordinates the row of ``p`` will carry (the labels ``sim.rows.row`` uses)."""
+    wl = p.workload
+    fields = {"model": wl.model.name, "hardware": p.hardware.name, "cache_type": wl.cache_k.name, "context": p.context,
+              "contexts": list(wl.contexts), "parallel": wl.n_parallel, "unified": wl.unified, "split_mode": wl.split_mode,
+              "depth": p.transport.depth, "budget_mib": p.transport.budget_mib, "tokens": wl.tokens, "arm": p.transport.arm,
+              "cache_type_v": wl.cache_v.name, "kv_gpu_layers": KEY_DEFAULTS["kv_gpu_layers"],
+              "n_gpu_layers": KEY_DEFAULTS["n_gpu_layers"], **placement_fields(wl)}
+    return tuple(_norm(k, fields[k]) for k in KEY_FIELDS)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Points that travel together: whole partitions of the grid (``sim.run.tasks.partitions``: the points that may
+    share a simulation), ``todo`` marking those to run (the others only count in ``shared_with_n``), and ``exact``."""
+
+    points: tuple[Point, ...]
+    todo: tuple[bool, ...]
+    exact: bool = False
+    evaluate: bool = False  # the points to do are inside the evaluator's envelope: evaluate them, not simulate
+
+    @property
+    def todo_points(self) -> list[Point]:
+        return [p for p, t in zip(self.points, self.todo, strict=True) if t]
+
+
+def run_chunk(chunk: Chunk | Sequence[Point]) -> list[dict[str, Any] | str]:
+    """Plan the chunk's points into their distinct simulations (``sim.run.tasks``) and run each (in a worker); a row
+    per point to do, in order, or a one-line error. A plain list of points is a chunk of its own. Blocks for the
+    simulations."""
+    if not isinstance(chunk, Chunk):
+        chunk = Chunk(tuple(chunk), (True,) * len(chunk))
+    if chunk.evaluate:
+        return _evaluated(chunk.todo_points)
+    out: dict[int, dict[str, Any] | str] = {}
+    for task in tasks.tasks(list(chunk.points), list(chunk.todo), exact=chunk.exact):
+        try:
+            rows: list[dict[str, Any] | str] = [row(r) | SIMULATED for r in tasks.run_task(task)]
+        except Exception as exc:  # one bad point must not sink the sweep; reported at the end
+            rows = [f"{type(exc).__name__}: {exc}"] * len(task.members)
+        for m, r in zip(task.members, rows, strict=True):
+            out[m.index] = r
+    return [out[i] for i, t in enumerate(chunk.todo) if t]
+
+
+def _evaluated(points: Sequence[Point]) -> list[dict[str, Any] | str]:
+    """The rows of envelope points from the compiled evaluator (which plans them together); a point whose graph does
+    not fit is simulated, which reports why. Blocks for the evaluation (CPU)."""
+    from sim.evaluator.evaluate import evaluations
+
+    out: list[dict[str, Any] | str | None] = []
+    t = time.perf_counter()
+    for _, ev in evaluations(points):
+        wall = (time.perf_counter() - t) / len(ev.points)
+        out += [ev.row(i, wall) if ev.plans.fits[i] else None for i in range(len(ev.points))]
+        t = time.perf_counter()
+    rest = [i for i, r in enumerate(out) if r is None]
+    if rest:
+        for i, got in zip(rest, run_chunk([points[i] for i in rest]), strict=True):
+            out[i] = got
+    return [r for r in out if r is not None]
+
+
+def _exact_task_rows(task: tasks.Task) -> list[dict[str, Any]]:
+    return [row(r) | SIMULATED for r in tasks.run_task(task)]
+
+
+def exact_rows(ex: Executor, points: Sequence[Point]) -> list[dict[str, Any]]:
+    """The simulator's rows of ``points`` (in order), every token simulated, each distinct simulation once: the points
+    the point planner finds to be one run (``sim.run.tasks.tasks``: every budget of an ordered or declined point, every
+    budget that leaves each token's plan the same) share one exact simulation, and each gets its own row from it
+    (``sim.run.tasks.member_result``, as a sweep's rows do; ``tests/sim/test_fast_path.py`` holds such rows to each
+    point's own exact simulation). The simulations run on ``ex``. What the sample check compares with. Blocks."""
+    pts = list(points)
+    todo = [dataclasses.replace(t, exact=True) for t in tasks.tasks(pts)]
+    # submit, not ``map``: an interrupted ``map`` cancels its futures while the pool marks them broken (a traceback)
+    futures = [ex.submit(_exact_task_rows, t) for t in todo]
+    out: list[dict[str, Any] | None] = [None] * len(pts)
+    for t, f in zip(todo, futures, strict=True):
+        for m, r in zip(t.members, f.result(), strict=True):
+            out[m.index] = r
+    return [r for r in out if r is not None]
+
+
+def chunks(points: Sequence[Point], workers: int, todo: Sequence[bool] | None = None, exact: bool = False,
+           evaluator: bool = True) -> list[Chunk]:
+    """The points to run in chunks of whole partitions: about 8 per worker, at most 16 points to do each unless one
+    partition holds more (progress stays live). Partitions with nothing to do are left out. Unless ``exact``, the
+    points inside the evaluator's envelope come first (``evaluator``: False simulates them too), in at least one chunk
+    per worker of at most ``EVALUATED_PER_CHUNK``."""
+    todo = list(todo) if todo is not None else [True] * len(points)
+    total = sum(todo)
+    if not total:
+        return []
+    out: list[Chunk] = []
+    parts = [part for part in tasks.partitions(points) if any(todo[i] for i in part)]
+    if evaluator and not exact:  # partitions inside the evaluator's envelope (depth and budget do not change it) go to it
+        from sim.evaluator import in_envelope
+
+        inside = [part for part in parts if in_envelope(points[part[0]]) is None]
+        parts = [part for part in parts if in_envelope(points[part[0]]) is not None]
+        answer = [points[i] for part in inside for i in part if todo[i]]
+        n = max(min(max(1, workers), len(answer)), math.ceil(len(answer) / EVALUATED_PER_CHUNK))
+        for k in range(n):
+            piece = tuple(answer[k * len(answer) // n : (k + 1) * len(answer) // n])
+            out.append(Chunk(piece, (True,) * len(piece), evaluate=True))
+        total = sum(todo[i] for part in parts for i in part)
+    size = max(1, min(16, math.ceil(total / (max(1, workers) * 8))))
+    pts: list[Point] = []
+    marks: list[bool] = []
+    for part in parts:
+        pts += [points[i] for i in part]
+        marks += [todo[i] for i in part]
+        if sum(marks) >= size:
+            out.append(Chunk(tuple(pts), tuple(marks), exact))
+            pts, marks = [], []
+    if pts:
+        out.append(Chunk(tuple(pts), tuple(marks), exact))
+    return out
