@@ -168,18 +168,24 @@ def table(rows: list[dict[str, Any]], summ: dict[str, Any]) -> list[str]:
     return md + summary_table("held out (run 4)", summ)
 
 
+def write_blind(out: Path, name: str, profile: dict[str, Any], gguf: str, design: Any, cmd: str, log: str) -> int:
+    """Predict every held-out run of ``design`` from the profile alone, write ``out/blind.json`` (the command that
+    made it, ``--set name``) and print the predictions; 0. Blocks (simulations)."""
+    rows = [predict(profile, gguf, *d) | {"role": "held out"} for d in design]
+    (out / "blind.json").write_text(json.dumps({"command": f"python tools/llamacpp/predict.py --set {name} --blind --gguf {gguf}",
+                                                "fit_command": cmd, "rows": rows}, indent=1) + "\n")
+    print(log)
+    for r in rows:
+        print(f"{r['cache']:>10} -nkvo {r['nkvo']} -d {r['depth']:>6}: {r['predicted_tps']:.2f} t/s ±{r['band']:.1%} ({r['entry']})")
+    return 0
+
+
 def run(gguf: str, hardware: str, out: Path, blind: bool) -> int:
     """Fit, then write blind.json (``blind``) or prediction.json and prediction.md. Blocks."""
     out.mkdir(parents=True, exist_ok=True)
     profile, cmd, log = fit(gguf, hardware, out)
     if blind:
-        rows = [predict(profile, gguf, *d) | {"role": "held out"} for d in DESIGN]
-        (out / "blind.json").write_text(json.dumps({"command": f"python tools/llamacpp/predict.py --set types --blind --gguf {gguf}",
-                                                    "fit_command": cmd, "rows": rows}, indent=1) + "\n")
-        print(log)
-        for r in rows:
-            print(f"{r['cache']:>10} -nkvo {r['nkvo']} -d {r['depth']:>6}: {r['predicted_tps']:.2f} t/s ±{r['band']:.1%} ({r['entry']})")
-        return 0
+        return write_blind(out, "types", profile, gguf, DESIGN, cmd, log)
     cal = [r for run_, name, depths in CALIBRATION for r in measured_rows(profile, gguf, RESULTS / run_, (name,), "calibration")
            if (not depths or r["depth"] in depths) and _nkvo(run_) in (None, r["nkvo"])]
     held = measured_rows(profile, gguf, RESULTS / "run4" / "call1", HELD, "held out")

@@ -102,13 +102,7 @@ def run(gguf: str, hardware: str, out: Path, blind: bool) -> int:
     else:
         profile, cmd, log = fit(gguf, hardware, out)
     if blind:
-        rows = [pt.predict(profile, gguf, *d) | {"role": "held out"} for d in DESIGN]
-        (out / "blind.json").write_text(json.dumps({"command": f"python tools/llamacpp/predict.py --set types5 --blind --gguf {gguf}",
-                                                    "fit_command": cmd, "rows": rows}, indent=1) + "\n")
-        print(log)
-        for r in rows:
-            print(f"{r['cache']:>10} -nkvo {r['nkvo']} -d {r['depth']:>6}: {r['predicted_tps']:.2f} t/s ±{r['band']:.1%} ({r['entry']})")
-        return 0
+        return pt.write_blind(out, "types5", profile, gguf, DESIGN, cmd, log)
     cal = _rows(profile, gguf, RUN / "call1", CALIBRATION, "calibration")
     held = _rows(profile, gguf, RUN / "call1", HELD, "held out")
     fresh = _rows(profile, gguf, RUN / "fresh", HELD, "second machine") if (RUN / "fresh").is_dir() else []
