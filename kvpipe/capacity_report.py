@@ -4,6 +4,7 @@ sample check, and the llama.cpp flags of each context followed by the build that
 from __future__ import annotations
 
 from kvpipe.capacity import Choice, FitPlan, flags
+from sim.evaluator.check import ARM_N
 from sim.memory import GIB
 
 
@@ -57,7 +58,8 @@ def render_fit(fp: FitPlan, cache_type: str) -> str:
         lines.append(f"sample check: off (--check 0); {fp.check[0]:,} points from the evaluator, none re-simulated")
     elif fp.check[0]:
         lines.append(f"sample check: {fp.check[0]:,} points from the evaluator, {fp.checked:,} re-simulated exact ({fp.check_n} "
-                     f"drawn and every change of best depth or decline), largest disagreement {fp.check[1]:.2g} (tolerance 1e-9)")
+                     f"drawn, at least {min(fp.check_n, ARM_N)} of each arm, and every change of best depth or decline), "
+                     f"largest disagreement {fp.check[1]:.2g} (tolerance 1e-9)")
     if any(f.best is not None and f.best.cpu_layers_cost == "estimate" for f in fp.fits):
         lines.append("CPU layers (-ngl) priced at an estimated host rate: the profile has none (calibrate from llama-bench "
                      "runs at several -ngl)")

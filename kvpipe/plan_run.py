@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -266,15 +265,18 @@ class Runner:
 
     def check(self, n: int) -> tuple[int, float]:
         """(the evaluator's points in the plan, the largest relative disagreement of the sample re-simulated exact):
-        at least ``n`` of them drawn with a fixed seed plus every boundary (:func:`boundaries`). Raises
+        at least ``n`` of them drawn with a fixed seed (and at least ``ARM_N`` of each arm, ``sim.evaluator.check.draw``:
+        the resident arm's points are the evaluator's too) plus every boundary (:func:`boundaries`). Raises
         EvaluatorDisagreement above 1e-9. Blocks for the simulations (``--jobs`` workers)."""
+        from sim.evaluator.check import draw
+
         total = sum(len(p) for p, _ in self.evaluated)
         if not total or not n:
             return total, 0.0
         pts = [p for ps, _ in self.evaluated for p in ps]
         figs = Figures.merge(total, [(np.arange(lo, lo + len(ps)), f) for lo, (ps, f) in zip(_starts(self.evaluated),
                                                                                                 self.evaluated, strict=True)])
-        chosen = set(random.Random(0).sample(range(total), min(n, total)))
+        chosen = draw([p.transport.arm for p in pts], n, seed=0)  # and at least ARM_N of each arm the evaluator answered
         for k, lo in enumerate(_starts(self.evaluated)):
             if k in self.grids:
                 chosen |= {lo + i for i in boundaries(self.evaluated[k][0], self.evaluated[k][1])}

@@ -19,8 +19,9 @@ API (what a caller such as the planner or ``kvpipe sweep`` uses)::
 
 * ``in_envelope(point) -> str | None``: it answers one device, pinned host memory, any number of sequences, any
   ``--kv-gpu-layers`` and ``-ngl``, the ``transport`` arm at depth 0 (ordered) or 1..14 (pipelined) and any budget,
-  no mutation (functional runs and traces are the simulator's); anything else gets a one-line reason, and the caller
-  simulates it (``sim.run.run.run_point``).
+  the ``resident`` arm (pinned or pageable; its first graph, the cache's load, a warm-up left out of the row as
+  ``sim.run.run.run_point`` leaves it out), no mutation (functional runs and traces are the simulator's); anything
+  else gets a one-line reason, and the caller simulates it (``sim.run.run.run_point``).
 * ``evaluate(points) -> list[dict]``: the row ``sim.rows.row`` makes for a simulated point -- every field of
   it, each token evaluated (none extrapolated) -- plus ``engine: "evaluator"``, ``tokens_simulated: 0``,
   ``simulated_as`` (the point's own depth and budget) and ``shared_with_n: 1``; no ``hazards`` (no race checker
@@ -35,8 +36,9 @@ API (what a caller such as the planner or ``kvpipe sweep`` uses)::
 * ``row_disagreement(a, b) -> float``: the comparison both use (relative, over every numeric field; ``inf`` where a
   flag or a string differs).
 
-Held to the simulator by ``tests/sim/test_evaluator.py``: the 1,020-point figures grid against ``kvpipe sweep
---exact`` rows, and random points of the envelope against ``run_checked(point, exact=True)``, within 1e-9.
+Held to the simulator by ``tests/sim/test_evaluator.py``: the 1,020-point figures grid (and its contexts on the resident
+arm, four machines) against ``kvpipe sweep --exact`` rows, and random points of the envelope against
+``run_checked(point, exact=True)``, within 1e-9.
 
 Modules: ``envelope`` (in_envelope), ``costs`` (a token's numbers, read off the graph), ``token`` (the program over
 lanes), ``evaluate`` (grouping, stats, rows), ``check`` (comparison, sample check). Units: seconds and bytes.

@@ -25,6 +25,7 @@ from sim.rows import row
 from sim.run.point import Point
 
 TOLERANCE = 1e-9
+ARM_N = 8  # of each arm the evaluator answered, the check draws at least this many (all if fewer)
 TIE_TPS = 1e-9  # t/s within this fraction of the best are a tie (the plan's TIE_GAIN, relative to the best)
 IGNORED = frozenset({"engine", "hazards", "hazard_examples", "tokens_simulated", "simulated_as", "shared_with_n", "wall_s",
                      "sim_wall_s"})
@@ -98,6 +99,23 @@ def boundaries(line: np.ndarray, context: np.ndarray, depth: np.ndarray, budget:
     return out
 
 
+def draw(arms: Sequence[str], n: int, seed: int = 0) -> set[int]:
+    """Indices to re-simulate of points whose arms are ``arms``: ``n`` drawn with ``seed`` (all if fewer), then, for
+    each arm of which fewer than ``min(ARM_N, n)`` were drawn, more of its points drawn with ``seed`` up to that (all if
+    fewer): a plan's few resident points are held as surely as its many transport ones. Pure."""
+    rng = random.Random(seed)
+    chosen = set(rng.sample(range(len(arms)), min(n, len(arms))))
+    by_arm: dict[str, list[int]] = {}
+    for i, arm in enumerate(arms):
+        by_arm.setdefault(arm, []).append(i)
+    for arm in sorted(by_arm):
+        mine = [i for i in by_arm[arm] if i not in chosen]
+        short = min(ARM_N, n) - (len(by_arm[arm]) - len(mine))
+        if short > 0 and mine:
+            chosen |= set(rng.sample(mine, min(short, len(mine))))
+    return chosen
+
+
 def _simulated(points: list[Point]) -> list[dict[str, Any]]:
     from sim.run.run import run_point
 
@@ -106,7 +124,8 @@ def _simulated(points: list[Point]) -> list[dict[str, Any]]:
 
 def check_sample(points: Sequence[Point], rows: Sequence[dict[str, Any]], n: int = 32, seed: int = 0,
                  tolerance: float = TOLERANCE, resimulate: Callable[[list[Point]], list[dict[str, Any]]] | None = None) -> float:
-    """Re-simulate (exact) ``n`` of the evaluator's rows drawn with ``seed`` (all if fewer) and every row at a change
+    """Re-simulate (exact) ``n`` of the evaluator's rows drawn with ``seed`` (all if fewer; at least ``ARM_N`` of each
+    arm, :func:`draw`) and every row at a change
     of best depth or decline between neighbouring contexts (:func:`boundary_points`); return the largest relative
     disagreement (0.0 with nothing to check). Rows not made by the evaluator (``engine`` other than ``evaluator``)
     are not drawn. Raises EvaluatorDisagreement above ``tolerance``. ``resimulate``: the simulator's rows of a list
@@ -115,7 +134,7 @@ def check_sample(points: Sequence[Point], rows: Sequence[dict[str, Any]], n: int
     mine = [i for i, r in enumerate(rows) if r.get("engine", "evaluator") == "evaluator"]
     if not mine:
         return 0.0
-    chosen = set(random.Random(seed).sample(mine, min(n, len(mine))))
+    chosen = {mine[j] for j in draw([str(rows[i].get("arm", "transport")) for i in mine], n, seed)}
     chosen |= {mine[j] for j in boundary_points([rows[i] for i in mine])}
     order = sorted(chosen)
     wanted = (resimulate or _simulated)([points[i] for i in order])

@@ -101,20 +101,28 @@ def _nbytes(ranges: Any) -> int:
 def build(point: Point, graph: DecodeGraph) -> TokenCosts:
     """The numbers of ``graph`` run by ``point``'s scheduler on its (single) device. Pure."""
     h2d, d2h, span = _links(point)
+    if point.transport.arm == "resident":
+        return _build(graph, h2d, d2h, span, {}, resident=True)
     deliveries = _deliveries(graph, span)
     return _build(graph, h2d, d2h, span, deliveries)
 
 
-def _build(graph: DecodeGraph, h2d: LinkCurve, d2h: LinkCurve, span: SpanFn, deliveries: dict[int, Delivery]) -> TokenCosts:
+def _build(graph: DecodeGraph, h2d: LinkCurve, d2h: LinkCurve, span: SpanFn, deliveries: dict[int, Delivery],
+           resident: bool = False) -> TokenCosts:
+    """The numbers of ``graph``; ``resident``: as the resident arm runs it -- the windows already on the device (no
+    delivery, no window copy) and no CPU split that stores rows (the kernels store them), the -ngl CPU layers kept."""
     shape: list[SplitShape] = []
     vals: list[float] = []
     for s in graph.splits:
-        shape.append((s.kind, len(s.ordered), len(s.staged), s.n_launches))
+        if resident and s.kind == "cpu" and s.stores_rows:
+            continue
+        staged = () if resident else s.staged
+        shape.append((s.kind, len(s.ordered), len(staged), s.n_launches))
         vals.append(s.compute_s)
         link = h2d if s.kind == "gpu" else d2h
         for small in s.ordered:
             vals += [_seconds(link, (CopyRange(0, 0, small.nbytes),)), small.nbytes]
-        if s.staged:
+        if staged:
             d = deliveries[s.index]
             vals += [_seconds(h2d, d.early), d.early_bytes, _seconds(h2d, d.late), d.late_bytes]
             off = 0
@@ -153,7 +161,9 @@ class _Block:
     scaled: tuple[tuple[int, int, int, int, tuple[int, ...], tuple[int, ...]], ...] | None
 
 
-def _block(graph: DecodeGraph, costs: TokenCosts, h2d: LinkCurve, deliveries: dict[int, Delivery]) -> _Block:
+def _block(graph: DecodeGraph, costs: TokenCosts, h2d: LinkCurve, deliveries: dict[int, Delivery], resident: bool = False) -> _Block:
+    if resident:  # no delivery: every step of a window (one sequence) is the first one's numbers
+        return _Block(costs, h2d, () if len(graph.positions) == 1 else None)
     row = graph.positions[0]
     late_rows = graph.window_rows - row
     out = []
@@ -201,9 +211,11 @@ def point_costs(point: Point) -> list[TokenCosts]:
     window -- of this point, or of another context of the same workload (``sim.replay.context_free``: a copy's
     seconds depend on its calls' bytes, not on where the cache's blocks start) -- differs from it only in the row its
     sequence writes, which splits each window into early and late bytes, so its deliveries are the first step's calls
-    scaled to the new row (:class:`_Block`; ``tests/sim/test_evaluator.py`` holds every step to its own graph)."""
+    scaled to the new row (:class:`_Block`; ``tests/sim/test_evaluator.py`` holds every step to its own graph). The
+    resident arm's numbers have no delivery: a later step of a window is its first step's."""
     cfg, hw, wl = point.transport, point.hardware, point.workload
-    base = (wl, hw.devices[0], cfg.pack_streams, cfg.min_alignment_bytes)
+    resident = cfg.arm == "resident"
+    base = (wl, hw.devices[0], cfg.pack_streams, cfg.min_alignment_bytes, resident)
     family = (context_free(wl, cells=False), *base[1:])  # a window's numbers do not depend on the context otherwise
     kept = _KEPT.get(base)
     if kept is None:
@@ -218,10 +230,10 @@ def point_costs(point: Point) -> list[TokenCosts]:
             if block is None or block.scaled is None:
                 graph = graph_at(point, step)
                 h2d, d2h, span = _links(point)
-                deliveries = _deliveries(graph, span)
-                got = _build(graph, h2d, d2h, span, deliveries)
+                deliveries = {} if resident else _deliveries(graph, span)
+                got = _build(graph, h2d, d2h, span, deliveries, resident)
                 if block is None:
-                    _keep(_BLOCKS, (family, rows), _block(graph, got, h2d, deliveries), KEPT_BLOCKS)
+                    _keep(_BLOCKS, (family, rows), _block(graph, got, h2d, deliveries, resident), KEPT_BLOCKS)
             else:
                 got = _scaled(block, wl.writes(step)[0][1])
             kept[step] = got

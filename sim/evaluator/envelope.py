@@ -6,8 +6,11 @@ a stream's queued copies first (every preset), a ring margin of 2..32 slots, and
 token program is written for: the -ngl CPU layers' split (if any), split 0 on the GPU with the small inputs, then per
 host-cache attention layer a CPU split (the new rows come back) and a GPU split that reads the layer's window. Any
 number of sequences (unified or split cache), ``--kv-gpu-layers`` and ``-ngl`` are inside, each held to the
-simulator by ``tests/sim/test_evaluator.py``. Outside (a pageable host cache, several devices, the other arms),
-callers use the simulator. Pure; builds at most the point's first graph (kept per workload at any context).
+simulator by ``tests/sim/test_evaluator.py``. The ``resident`` arm (the whole cache on the device, no ``-nkvo``) is
+inside too, pinned or not (only its warm-up graph, the cache's load, reads the host cache): the same program with the
+windows already on the device, no row stores, the -ngl CPU layers' split and the small inputs. Outside (the transport
+arm's pageable host cache, several devices, the copy-only and host-attention arms), callers use the simulator.
+Pure; builds at most the point's first graph (kept per workload at any context).
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ def in_envelope(point: Point) -> str | None:
     """None if the evaluator answers ``point``; else why not (one line)."""
     wl, hw, cfg = point.workload, point.hardware, point.transport
     checks = (
-        (cfg.arm != "transport", f"arm {cfg.arm} (the evaluator runs the transport arm)"),
+        (cfg.arm not in ("transport", "resident"), f"arm {cfg.arm} (the evaluator runs the transport and resident arms)"),
         (bool(cfg.mutations), f"mutated ({', '.join(sorted(cfg.mutations))})"),
         (cfg.schedule.active, f"schedule {cfg.schedule.name} (the evaluator models the reference schedule)"),
         (len(hw.devices) != 1 or wl.split_mode != "none", f"{len(hw.devices)} devices, split mode {wl.split_mode}"),
-        (not wl.pinned, "pageable host cache"),
+        (not wl.pinned and cfg.arm != "resident", "pageable host cache"),  # resident: only its warm-up reads the cache
         (not 2 <= cfg.margin_slots <= 32, f"ring margin {cfg.margin_slots} (the evaluator needs 2..32)"),
     )
     for bad, why in checks:
@@ -54,13 +57,18 @@ def _graph_reason(point: Point) -> str | None:
     if key not in _REASONS:
         if len(_REASONS) > 4096:
             _REASONS.clear()
-        _REASONS[key] = _reason(graph_at(point, 0))
+        _REASONS[key] = _reason(graph_at(point, 0), point.transport.arm == "resident")
     return _REASONS[key]
 
 
-def _reason(g: DecodeGraph) -> str | None:
+def _reason(g: DecodeGraph, resident: bool = False) -> str | None:
     if g.host_writes_at_start or not g.reads_output:
         return "the graph writes host cells at its start or its output is not read"
+    if resident:  # the windows on the device and no row stores: each split's own inputs, from and to this device
+        for s in g.splits:
+            if any(i.src_device >= 0 or i.to_device != (s.kind == "gpu") for i in s.ordered):
+                return f"split {s.name}: inputs from another device or the wrong way"
+        return None
     splits = g.splits
     if splits[0].kind == "cpu" and not splits[0].ordered and not splits[0].stores_rows:  # -ngl: the CPU layers first
         splits = splits[1:]

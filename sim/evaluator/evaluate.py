@@ -66,10 +66,15 @@ class Summary:
 
 
 class Evaluation:
-    """The evaluator's answer for a batch of points: their plans, each (point, token)'s lane and each lane's fields."""
+    """The evaluator's answer for a batch of points: their plans, each (point, token)'s lane and each lane's fields.
 
-    def __init__(self, points: Sequence[Point], plans: Plans, lane: np.ndarray, fields: dict[str, np.ndarray]) -> None:
+    ``warm``: each point's warm-up tokens (the resident arm's first graph loads the cache, as ``sim.run.run.run_point``
+    runs it): planned and counted as the simulator runs them (``plans`` has them), left out of the stats and rows."""
+
+    def __init__(self, points: Sequence[Point], plans: Plans, lane: np.ndarray, fields: dict[str, np.ndarray],
+                 warm: np.ndarray | None = None) -> None:
         self.points, self.plans, self.lane, self.fields = points, plans, lane, fields
+        self.warm = np.zeros(len(points), dtype=np.int64) if warm is None else warm
 
     def stats(self, i: int) -> list[GraphStats]:
         """Point ``i``'s GraphStats, one per token, as the simulator would report them. Raises OutOfDeviceMemory for a
@@ -78,7 +83,7 @@ class Evaluation:
             raise OutOfDeviceMemory(self.plans.reasons.get(i, ""))
         cfg = self.points[i].transport
         out = []
-        for k in range(self.points[i].workload.tokens):
+        for k in range(int(self.warm[i]), int(self.plans.tokens[i])):
             lane = int(self.lane[i, k])
             values: dict[str, Any] = {f: (float if f in TIME_FIELDS else int)(self.fields[f][lane]) for f in self.fields}
             out.append(GraphStats(token=k, **values, **dict(zip(_PLAN, self.plans.graphs[k].fields(i, cfg), strict=True))))
@@ -97,20 +102,21 @@ class Evaluation:
     def summary(self) -> Summary:
         """Every point's figures (:class:`Summary`), computed as ``sim.rows.row`` computes them. Pure."""
         n, plans = len(self.points), self.plans
-        tokens = plans.tokens
+        warm = self.warm
+        tokens = plans.tokens - warm  # the tokens a row counts (the warm-up ones are not)
         n_par = np.array([p.workload.n_parallel for p in plans.lines], dtype=np.float64)[plans.line_of]
         sums = {f: np.zeros(n) for f in ("total_s", "late_bytes", "blocked_ordered_s")}
         any_declined, any_delivered = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         last_need, last_alloc = np.zeros(n), np.zeros(n)
         for k in range(self.lane.shape[1]):
-            here = tokens > k
+            here = (plans.tokens > k) & (warm <= k)
             lane = np.where(here, self.lane[:, k], 0)
             for f, acc in sums.items():
                 acc += np.where(here, self.fields[f][lane], 0.0)  # token by token, as Python's sum adds them
             g = plans.graphs[k]
             any_declined |= here & g.declined
             any_delivered |= here & (self.fields["deliveries"][lane] > 0)
-            last = tokens == k + 1
+            last = plans.tokens == k + 1
             last_need = np.where(last, g.slot_need * g.ring_slots, last_need)
             last_alloc = np.where(last, g.slot_alloc * g.ring_slots, last_alloc)
         ms = sums["total_s"] / np.maximum(tokens, 1) * 1e3
@@ -122,20 +128,38 @@ class Evaluation:
                        sums["blocked_ordered_s"] / np.maximum(tokens, 1) * 1e3, plans.rows[0].copy(), fits)
 
 
+def _as_run(points: Sequence[Point]) -> tuple[list[Point], np.ndarray]:
+    """The points as ``sim.run.run.run_point`` runs them, and each one's warm-up tokens: the resident arm's with one
+    graph more, first (the cache's load), the others as they are. Points that share a workload share its runs'."""
+    warm = np.fromiter((p.transport.arm == "resident" for p in points), dtype=np.int64, count=len(points))
+    if not warm.any():
+        return list(points), warm
+    longer: dict[int, Any] = {}
+
+    def run(p: Point) -> Point:
+        wl = longer.get(id(p.workload))
+        if wl is None:
+            wl = longer[id(p.workload)] = replace(p.workload, tokens=p.workload.tokens + 1)
+        return replace(p, workload=wl)
+
+    return [run(p) if w else p for p, w in zip(points, warm.tolist(), strict=True)], warm
+
+
 def evaluate_batch(points: Sequence[Point], first: int = 0) -> Evaluation:
     """Plan and evaluate ``points`` (each inside the envelope: ``in_envelope``). Points that do not fit are kept
     (``plans.fits`` False; their lanes are a placeholder). Raises ValueError for a point outside the envelope
     (``first``: the index the messages count from). Blocks for the evaluation (CPU)."""
     costs: list[list[TokenCosts]] = []
+    runs, warm = _as_run(points)
 
     def line(p: Point) -> None:  # each line in turn, while its graphs are kept
         reason = in_envelope(p)
         if reason:
-            raise ValueError(f"point {first + list(points).index(p)} is outside the evaluator's envelope: {reason}")
+            raise ValueError(f"point {first + runs.index(p)} is outside the evaluator's envelope: {reason}")
         costs.append(point_costs(p))
 
-    plans = plan_points(points, line)
-    n, n_tok = len(points), max(p.workload.tokens for p in points)
+    plans = plan_points(runs, line)
+    n, n_tok = len(points), max(p.workload.tokens for p in runs)
     depth, n_slots, tokens = plans.policy.depth, plans.policy.n_slots, plans.tokens
     # each (point, token)'s lane key: its line and token, and its ring decision as one number
     keys = np.full((n, n_tok), -1, dtype=np.int64)
@@ -145,7 +169,7 @@ def evaluate_batch(points: Sequence[Point], first: int = 0) -> Evaluation:
         active = plans.active(k)
         used &= ~plans.graphs[k].fresh.get(0, np.zeros(n, dtype=bool))
         code = np.where(active, 2 + (((depth * 64 + n_slots) * 2 + used) * 2 + before), before)
-        keys[:, k] = np.where(live & (tokens > k), (plans.line_of * n_tok + k) * (1 << 24) + code, -1)
+        keys[:, k] = np.where(live & (tokens > k) & (warm <= k), (plans.line_of * n_tok + k) * (1 << 24) + code, -1)
         used |= active
         before = active
     uniq, inverse = np.unique(keys, return_inverse=True)
@@ -155,7 +179,7 @@ def evaluate_batch(points: Sequence[Point], first: int = 0) -> Evaluation:
     lane[keys < 0] = 0
     if not wanted.size:  # nothing fits: placeholder lanes
         fields = {f: np.zeros(1) for f in (*TIME_FIELDS, *BYTE_FIELDS, *COUNT_FIELDS)}
-    return Evaluation(points, plans, lane, fields)
+    return Evaluation(points, plans, lane, fields, warm)
 
 
 def _run_lanes(plans: Plans, costs_of: list[list[TokenCosts]], keys: np.ndarray, n_tok: int) -> dict[str, np.ndarray]:

@@ -7,6 +7,9 @@
 * random points of the envelope (every model preset, four hardware presets, contexts 1..200,000, depths 0..8,
   budgets 0..1,024 MiB) against ``sim.run.run.run_point(point, exact=True)``; and as many of each extension of it:
   ``--kv-gpu-layers`` or ``-ngl``, and several sequences (2-8, unified or split, one context or one each);
+* the resident arm (the whole cache on the device; its first graph, the cache's load, a warm-up left out of the
+  row): the figures grid's contexts on four machines against the exact sweep, and random points (one or several
+  sequences, -ngl, a pinned or pageable host cache) against ``run_point(point, exact=True)``;
 * ``check_sample``: what it re-simulates, what it returns, that it raises on a disagreement;
 * ``in_envelope``: each reason.
 """
@@ -37,7 +40,13 @@ HARDWARE = ("rtx4070-gen4x16", "rtx3060-gen3x4", "h200-gen5x16", "gh200-c2c")
 
 
 def _against_exact_sweep(pts: list[Point]) -> float:
+    """Every point's evaluated row against the exact sweep's; a point the evaluator finds does not fit has no row there."""
+    from sim.evaluator import summarize
+
     exact = {sweep.key_of_row(r): r for r in sweep.run_sweep(pts, jobs=1, progress=False, exact=True).rows}
+    fits = summarize(pts).fits.tolist()
+    assert [sweep.key_of_point(p) in exact for p in pts] == fits
+    pts = [p for p, f in zip(pts, fits, strict=True) if f]
     rows = evaluate(pts)
     worst = 0.0
     for p, r in zip(pts, rows, strict=True):
@@ -59,6 +68,37 @@ def test_figures_grid_sample_matches_the_exact_sweep() -> None:
 def test_figures_grid_matches_the_exact_sweep() -> None:
     worst = _against_exact_sweep(points(GRID))
     print(f"figures grid, 1,020 points: max relative disagreement {worst:.3g}")
+
+
+def test_resident_grid_matches_the_exact_sweep() -> None:
+    """The resident arm (one point per context: no depth, no budget) at the figures grid's 51 contexts, four machines."""
+    grid = points(replace(GRID, hardware=HARDWARE, kv_offload=(False,)))
+    assert len(grid) == 51 * 4 and {p.transport.arm for p in grid} == {"resident"}
+    _against_exact_sweep(grid)
+    from sim.evaluator import summarize
+
+    fits = summarize(grid).fits
+    assert fits.any() and not fits.all()  # the cache outgrows the 12 GB cards within the grid: both answers are held
+
+
+@st.composite
+def resident_points(draw: Any) -> Point:
+    """The resident arm: one sequence or several (unified or split, one context or one each), -ngl, pinned or not."""
+    n = draw(st.sampled_from([1, 1, 2, 3, 4, 8]))
+    each = n > 1 and draw(st.booleans())
+    ctx = tuple(draw(st.integers(1, 60_000)) for _ in range(n)) if each else (draw(st.integers(1, 200_000 // n)),)
+    ngl = draw(st.sampled_from([999, 999, draw(st.integers(2, 60))]))
+    spec = GridSpec(models=(draw(st.sampled_from(MODELS)),), hardware=(draw(st.sampled_from(HARDWARE)),), contexts=(ctx,),
+                    parallels=(n,), unified=draw(st.booleans()), kv_offload=(False,), tokens=draw(st.integers(1, 6)),
+                    n_gpu_layers=(ngl,), pinned=draw(st.booleans()))
+    return points(spec)[0]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(resident_points())
+def test_random_resident_points_match_the_simulator(point: Point) -> None:
+    assert point.transport.arm == "resident"
+    _held(point)
 
 
 @st.composite
@@ -137,7 +177,9 @@ def test_every_token_and_field_of_a_point_with_a_decline_midway() -> None:
 @pytest.mark.parametrize("hardware,cache_v,placed", [("rtx4070-gen4x16", (), {}), ("h200-gen5x16", ("f16",), {}),
                                                      ("rtx3060-gen3x4", ("q4_0",), {}),
                                                      ("rtx4070-gen4x16", (), {"kv_gpu_layers": (4,)}),
-                                                     ("h200-gen5x16", (), {"n_gpu_layers": (40,)})])
+                                                     ("h200-gen5x16", (), {"n_gpu_layers": (40,)}),
+                                                     ("rtx4070-gen4x16", (), {"kv_offload": (False,)}),
+                                                     ("h200-gen5x16", (), {"kv_offload": (False,), "n_gpu_layers": (40,)})])
 def test_scaled_steps_equal_their_own_graphs(hardware: str, cache_v: tuple[str, ...], placed: dict[str, Any]) -> None:
     """A later step of a window is its first step's numbers with the deliveries scaled to its row: equal, to the bit,
     to the numbers built from its own graph (across a window boundary too; and from another context's first step of
@@ -179,7 +221,7 @@ def test_in_envelope_reasons() -> None:
     assert in_envelope(p) is None
     wl, cfg = p.workload, p.transport
     cases = [
-        (replace(p, transport=replace(cfg, arm="resident", depth=0)), "arm resident"),
+        (replace(p, transport=replace(cfg, arm="copy-only")), "arm copy-only"),
         (replace(p, transport=replace(cfg, mutations=frozenset({"margin0"}))), "mutated"),
         (replace(p, workload=replace(wl, pinned=False)), "pageable"),
         (points(GridSpec(hardware=("rtx4070-gen4x16+rtx3060-gen3x4",), split_mode="layer", contexts=((4096,),), depths=(1,)))[0],
@@ -190,6 +232,8 @@ def test_in_envelope_reasons() -> None:
         assert why in (in_envelope(q) or ""), why
     with pytest.raises(ValueError, match="outside the evaluator's envelope: pageable"):
         evaluate([cases[2][0]])
+    # the resident arm is inside, pinned or not (only its warm-up, the cache's load, reads the host cache)
+    assert in_envelope(replace(p, workload=replace(wl, pinned=False), transport=replace(cfg, arm="resident", depth=0))) is None
 
 
 def test_the_summary_a_plan_reads_is_what_the_rows_say() -> None:
@@ -198,6 +242,7 @@ def test_the_summary_a_plan_reads_is_what_the_rows_say() -> None:
     from sim.evaluator import summarize
 
     pts = points(GridSpec(contexts=((4096,), (30000,), (80352,)), depths=(0, 1, 3), budgets_mib=(0.0, 40.0), tokens=5))
+    pts += points(GridSpec(contexts=((4096,), (30000,)), kv_offload=(False,), tokens=3))  # resident: a warm-up left out
     pts += points(GridSpec(models=("llama-3.1-70b",), contexts=((4096,),), depths=(0, 1)))  # 70B on 12 GB: does not fit
     s = summarize(pts)
     for i, p in enumerate(pts):

@@ -155,7 +155,8 @@ def test_a_context_that_does_not_fit_is_left_out_of_the_gain_analysis_and_the_me
 
 def test_a_runner_answers_the_same_on_one_worker_and_on_two(monkeypatch: pytest.MonkeyPatch) -> None:
     """``Runner.run`` with ``--jobs 2`` (the evaluation in pieces on the workers, the simulated points beside it)
-    gives every point the figures one process gives; the simulated points are the resident arm's."""
+    gives every point the figures one process gives; the simulated points are a pageable host cache's (outside the
+    evaluator's envelope), the resident arm's are evaluated."""
     from dataclasses import fields, replace
 
     from kvpipe import plan_run
@@ -165,10 +166,11 @@ def test_a_runner_answers_the_same_on_one_worker_and_on_two(monkeypatch: pytest.
 
     req = PlanRequest(contexts=(2048, 9000, 30000), tokens=2, max_depth=3)
     pts = points(req, list(req.contexts), [0, 1, 3], [0.0, 64.0])
-    resident = [replace(p, transport=replace(p.transport, arm="resident", depth=0, budget_mib=0.0)) for p in pts[::6]]
-    mixed = [p for pair in zip(pts, [*resident, *pts][: len(pts)], strict=True) for p in pair]
+    pageable = [replace(p, workload=replace(p.workload, pinned=False)) for p in pts[::6]]
+    resident = [replace(p, transport=replace(p.transport, arm="resident", depth=0, budget_mib=0.0)) for p in pts[1::6]]
+    mixed = [p for pair in zip(pts, [*pageable, *resident, *pts][: len(pts)], strict=True) for p in pair]
     got = {jobs: Runner(replace(req, jobs=jobs)).run(mixed) for jobs in (1, 2)}
-    assert got[1].evaluated.sum() == len(pts) + len(pts) - len(resident) and (~got[1].evaluated).sum() == len(resident)
+    assert got[1].evaluated.sum() == len(pts) + len(pts) - len(pageable) and (~got[1].evaluated).sum() == len(pageable)
     for f in fields(got[1]):
         assert getattr(got[1], f.name).tolist() == getattr(got[2], f.name).tolist(), f.name
 
@@ -193,3 +195,30 @@ def test_the_check_counts_the_points_it_compares(monkeypatch: pytest.MonkeyPatch
     assert f.fits.tolist() == [True, True, False, False]
     runner.check(8)
     assert compared == [2] and runner.checked == 2
+
+
+def test_the_check_draws_the_resident_arm_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resident arm's points come from the evaluator, so the check re-simulates some of them however few they are
+    beside the transport arm's (at least ``ARM_N``, or ``n`` if smaller), and compares them."""
+    from dataclasses import replace
+
+    from kvpipe import plan_run
+    from kvpipe.plan_run import Runner
+    from sim.evaluator.check import ARM_N
+
+    arms: list[str] = []
+    real = plan_run._check_rows
+
+    def seen(pts: list, rows: list, jobs: int | None) -> float:  # type: ignore[type-arg]
+        arms.extend(p.transport.arm for p, r in zip(pts, rows, strict=True) if r is not None)
+        return real(pts, rows, jobs)
+
+    monkeypatch.setattr(plan_run, "_check_rows", seen)
+    req = PlanRequest(contexts=tuple(range(2048, 2048 * 41, 2048)), tokens=1, max_depth=4, jobs=1)
+    pts = points(req, list(req.contexts), [0, 1, 2, 3, 4], [0.0, 64.0])  # 400 transport points
+    resident = [replace(p, transport=replace(p.transport, arm="resident", depth=0, budget_mib=0.0)) for p in pts[:100:10]]
+    runner = Runner(req)
+    f = runner.run([*pts, *resident])
+    assert f.evaluated.all() and f.fits[-len(resident):].all()
+    assert runner.check(12)[1] <= 1e-9
+    assert arms.count("resident") == ARM_N and arms.count("transport") >= 12 - ARM_N
