@@ -28,7 +28,6 @@ cells within them.
 from __future__ import annotations
 
 import functools
-import itertools
 from typing import Any
 
 from backends.profile import ComputeModel
@@ -53,22 +52,27 @@ __all__ = ["CacheLayout", "DecodeGraph", "SmallInput", "Split", "StagedInput", "
            "decode_graph", "head_ranges", "layout_id", "layout_of"]
 
 
-_LAYOUT_IDS: dict[Any, int] = {}  # a piece layout's key -> its id (see StagedInput.layout_id)
-LAYOUT_IDS_KEPT = 1 << 20
+_ID_BLOCKS: dict[Any, int] = {}  # (layout, KV heads, rows, head slice) -> the first of its windows' layout ids
+ID_BLOCKS_KEPT = 1 << 16  # bounded; ids are never reused, so what was derived from an old one stays right
+_next_block = [0]
 
 
 def layout_id(wl: Workload, layout: CacheLayout, j: int, kind: str, rows: int, heads: tuple[int, int] | None) -> int:
-    """The id of the layout :func:`_windows` gives layer ``j``'s ``kind`` window of ``rows`` rows. Does not block."""
-    if len(_LAYOUT_IDS) >= LAYOUT_IDS_KEPT:  # bounded; ids are never reused, so what was derived from an old one stays right
-        _LAYOUT_IDS.clear()
-    key = (layout, wl.model.n_head_kv, j, kind, rows, heads)
-    got = _LAYOUT_IDS.get(key)
+    """The id of the layout :func:`_windows` gives layer ``j``'s ``kind`` window of ``rows`` rows (``heads``: a tensor
+    split's head slice): one block of ids per window size and slice, two per attention layer. Does not block."""
+    return _id_block(layout, wl.model.n_head_kv, rows, heads) + 2 * j + (kind == "v")
+
+
+def _id_block(layout: CacheLayout, n_head_kv: int, rows: int, heads: tuple[int, int] | None) -> int:
+    key = (layout, n_head_kv, rows, heads)
+    got = _ID_BLOCKS.get(key)
     if got is None:
-        got = _LAYOUT_IDS[key] = next(_NEXT_LAYOUT_ID)
+        if len(_ID_BLOCKS) >= ID_BLOCKS_KEPT:
+            _ID_BLOCKS.clear()
+        got = _ID_BLOCKS[key] = _next_block[0]
+        _next_block[0] += 2 * layout.n_attn
     return got
 
-
-_NEXT_LAYOUT_ID = itertools.count()
 
 #: One window of one attention layer at one size: (input name, layer, layout id, per stream (src_offset, nbytes,
 #: rows, src_pitch, reserve_bytes, cell_bytes) -- every field of its piece but the prefix --, total bytes).
@@ -81,32 +85,36 @@ def _windows(wl: Workload, layout: CacheLayout, rows: int, heads: tuple[int, int
              suffix: str = "") -> tuple[tuple[_Window, _Window], ...]:
     """Per attention layer j, its (K, V) windows of ``rows`` rows (``heads``: a tensor split's head slice; ``suffix``:
     its device's name suffix): everything of a window but the stable prefix, the same for every token of a window
-    size, so kept (by layout and shape; the layout ids come from :func:`layout_id`). Does not block."""
+    size, so kept (by layout and shape; the layout ids are :func:`layout_id`'s). Does not block."""
     model = wl.model
     key = (layout, model.n_head_kv, model.attn_layers, rows, heads, suffix)
     got = _WINDOWS.get(key)
     if got is None:
         if len(_WINDOWS) >= WINDOWS_KEPT:
             _WINDOWS.clear()
+        block = _id_block(layout, model.n_head_kv, rows, heads)
+        k, v = _window_bases(layout, "k", rows, heads, model.n_head_kv), _window_bases(layout, "v", rows, heads, model.n_head_kv)
+        layer_b = layout.cells * (layout.k_row_bytes + layout.v_row_bytes)  # one attention layer's K and V blocks
         got = _WINDOWS[key] = tuple(
-            tuple(_window(wl, layout, j, a, kind, rows, heads, suffix) for kind in ("k", "v"))  # type: ignore[misc]
+            tuple((cache_input(kind, a, suffix), a, block + 2 * j + i, bases_j, sum(b[1] for b in bases_j))  # type: ignore[misc]
+                  for i, (kind, bases) in enumerate((("k", k), ("v", v)))
+                  for bases_j in [tuple((o + j * layer_b, *rest) for o, *rest in bases)])
             for j, a in enumerate(model.attn_layers))
     return got
 
 
-def _window(wl: Workload, layout: CacheLayout, j: int, a: int, kind: str, rows: int, heads: tuple[int, int] | None,
-            suffix: str) -> _Window:
+def _window_bases(layout: CacheLayout, kind: str, rows: int, heads: tuple[int, int] | None,
+                  n_head_kv: int) -> tuple[tuple[int, int, int, int, int, int], ...]:
+    """Attention layer 0's ``kind`` window per stream (layer j's starts ``j`` K+V blocks further)."""
     row_b = layout.k_row_bytes if kind == "k" else layout.v_row_bytes
     offset = layout.k_offset if kind == "k" else layout.v_offset
     cps = layout.cells_per_stream
     if heads:
         h0, h1 = heads
-        head_b = row_b // wl.model.n_head_kv
+        head_b = row_b // n_head_kv
         width = (h1 - h0) * head_b
-        bases = tuple((offset(j, s, 0) + h0 * head_b, rows * width, rows, row_b, cps * width, width) for s in range(layout.n_streams))
-    else:
-        bases = tuple((offset(j, s, 0), rows * row_b, 1, 0, cps * row_b, row_b) for s in range(layout.n_streams))
-    return cache_input(kind, a, suffix), a, layout_id(wl, layout, j, kind, rows, heads), bases, sum(b[1] for b in bases)
+        return tuple((offset(0, s, 0) + h0 * head_b, rows * width, rows, row_b, cps * width, width) for s in range(layout.n_streams))
+    return tuple((offset(0, s, 0), rows * row_b, 1, 0, cps * row_b, row_b) for s in range(layout.n_streams))
 
 
 def _prefix_rows(wl: Workload, layout: CacheLayout, rows: int, writes: tuple[tuple[int, int], ...],
@@ -202,6 +210,7 @@ def decode_graph(
     computes = compute if isinstance(compute, tuple) else (compute,)
     tensor = wl.split_mode == "tensor" and n_devices > 1
     devs = device_of_layer or wl.devices_of_layers(n_devices)
+    one_device = devs.count(devs[0]) == len(devs)
     kb, vb = layout.k_row_bytes, layout.v_row_bytes
     n_tok = len(writes)
     attn_layers = model.attn_layers
@@ -256,12 +265,13 @@ def decode_graph(
                                         compute_s=secs + (c.head_s * frac if head else 0.0), layers=tuple(layers),
                                         attn_layer=attn_layer, staged=staged, ordered=ordered if d == 0 else ()))
             return
-        runs: list[list[int]] = []
-        for layer in layers:
-            if runs and devs[runs[-1][-1]] == devs[layer]:
-                runs[-1].append(layer)
-            else:
-                runs.append([layer])
+        runs: list[list[int]] = [layers] if one_device else []  # runs of layers on one device
+        if not one_device:
+            for layer in layers:
+                if runs and devs[runs[-1][-1]] == devs[layer]:
+                    runs[-1].append(layer)
+                else:
+                    runs.append([layer])
         if not runs:
             runs = [[]]
         for i, run in enumerate(runs):
@@ -353,7 +363,7 @@ def decode_graph(
         host_cache_bytes=layout.nbytes,
         positions=tuple(r for _, r in writes),
         device_kv_bytes=layout.k_offset(wl.kv_gpu_layers) if wl.kv_gpu_layers else 0,
-        host_only_kv_bytes=layout.k_offset(sum(1 for a in model.attn_layers if a < wl.gpu_layer_start)),
+        host_only_kv_bytes=layout.k_offset(sum(1 for a in attn_layers if a < start)),
     )
 
 
