@@ -143,7 +143,10 @@ def _staged(win: _Window, prefix_rows: list[int], checked: bool) -> StagedInput:
     if checked:
         pieces = tuple(WindowPiece(o, n, pr * cell, r, pitch, reserve, cell)
                        for (o, n, r, pitch, reserve, cell), pr in zip(bases, prefix_rows, strict=True))
-    else:  # 0 <= prefix <= rows: prefix_bytes within the piece, a strided piece of whole rows
+    elif len(bases) == 1:  # one stream (below: 0 <= prefix <= rows, so prefix_bytes within the piece, whole rows)
+        (o, n, r, pitch, reserve, cell), = bases
+        pieces = (_new_piece((o, n, prefix_rows[0] * cell, r, pitch, reserve, cell)),)
+    else:
         pieces = tuple([_new_piece((o, n, pr * cell, r, pitch, reserve, cell))
                         for (o, n, r, pitch, reserve, cell), pr in zip(bases, prefix_rows, strict=True)])
     return new_staged_input(name=name, layer=layer, pieces=pieces, layout_id=lid)
