@@ -40,6 +40,7 @@ from sim.graph_parts import (
     StagedInput,
     WindowPiece,
     computed_once,
+    head_ranges,
     layout_of,
     new_small_input,
     new_split,
@@ -152,19 +153,6 @@ def _staged(win: _Window, prefix_rows: list[int], checked: bool) -> StagedInput:
     return new_staged_input(name=name, layer=layer, pieces=pieces, layout_id=lid)
 
 
-def head_ranges(n_head_kv: int, proportions: tuple[float, ...], n_devices: int) -> list[tuple[int, int]]:
-    """Whole KV heads per device in ``proportions`` (tensor split); devices may get none."""
-    props = list(proportions[:n_devices]) or [1.0] * n_devices
-    props += [0.0] * (n_devices - len(props))
-    total, acc, out, lo = sum(props), 0.0, [], 0
-    for p in props:
-        acc += p
-        hi = round(acc / total * n_head_kv)
-        out.append((lo, hi))
-        lo = hi
-    return out
-
-
 def decode_graph(
     wl: Workload,
     compute: ComputeModel | tuple[ComputeModel, ...],
@@ -261,7 +249,8 @@ def decode_graph(
                 cd = comp(d)
                 c = computes[cd]
                 secs = len(layers) * layer_s[cd] * frac
-                secs += c.batch_seconds(n_tok, len(layers), bool(staged)) * frac
+                if n_tok > 1:  # as below
+                    secs += c.batch_seconds(n_tok, len(layers), bool(staged)) * frac
                 if staged:
                     secs += c.attention_seconds(dev_windows[d][attn_j][0][4] + dev_windows[d][attn_j][1][4])
                 splits.append(new_split(index=len(splits), kind="gpu", device=d, name=f"{name}@{d}",
@@ -286,7 +275,8 @@ def decode_graph(
             if i == 0 and attn_j >= 0 and not host_attention:
                 staged = window_pair(windows[attn_j])
                 secs += c.attention_seconds(windows[attn_j][0][4] + windows[attn_j][1][4])
-            secs += c.batch_seconds(n_tok, len(run), i == 0 and attn_j >= 0)
+            if n_tok > 1:  # one sequence: the batch term is 0.0, and secs (>= 0) + 0.0 is secs
+                secs += c.batch_seconds(n_tok, len(run), i == 0 and attn_j >= 0)
             if resident:
                 res_s, res_w, res_rows = resident_parts(c, [j for j in resident if attn_layers[j] in run])
                 secs += res_s

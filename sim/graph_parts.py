@@ -262,6 +262,19 @@ def layout_of(wl: Workload) -> CacheLayout:
     return CacheLayout(wl.model.n_attn, wl.cells_per_stream, wl.n_streams, wl.k_row_bytes, wl.v_row_bytes)
 
 
+def head_ranges(n_head_kv: int, proportions: tuple[float, ...], n_devices: int) -> list[tuple[int, int]]:
+    """Whole KV heads per device in ``proportions`` (tensor split); devices may get none."""
+    props = list(proportions[:n_devices]) or [1.0] * n_devices
+    props += [0.0] * (n_devices - len(props))
+    total, acc, out, lo = sum(props), 0.0, [], 0
+    for p in props:
+        acc += p
+        hi = round(acc / total * n_head_kv)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
 # Fast construction. A graph of a 32-layer model holds ~260 of these values and the generated ``__init__`` of a frozen
 # dataclass sets each field through ``object.__setattr__`` (a Split: ~4 us, most of a graph's build). These classes
 # have no ``__post_init__`` and no factory defaults, so a function that fills ``__dict__`` with every field (its
