@@ -28,6 +28,7 @@ cells within them.
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Any
 
 from backends.profile import ComputeModel
@@ -55,7 +56,7 @@ __all__ = ["CacheLayout", "DecodeGraph", "SmallInput", "Split", "StagedInput", "
 
 _ID_BLOCKS: dict[Any, int] = {}  # (layout, KV heads, rows, head slice) -> the first of its windows' layout ids
 ID_BLOCKS_KEPT = 1 << 16  # bounded; ids are never reused, so what was derived from an old one stays right
-_next_block = [0]
+ID_BLOCK, _NEXT_BLOCK = 1 << 20, itertools.count()  # ids a block spans (two per attention layer); next() is atomic
 
 
 def layout_id(wl: Workload, layout: CacheLayout, j: int, kind: str, rows: int, heads: tuple[int, int] | None) -> int:
@@ -70,8 +71,8 @@ def _id_block(layout: CacheLayout, n_head_kv: int, rows: int, heads: tuple[int, 
     if got is None:
         if len(_ID_BLOCKS) >= ID_BLOCKS_KEPT:
             _ID_BLOCKS.clear()
-        got = _ID_BLOCKS[key] = _next_block[0]
-        _next_block[0] += 2 * layout.n_attn
+        assert 2 * layout.n_attn <= ID_BLOCK, layout.n_attn
+        got = _ID_BLOCKS[key] = next(_NEXT_BLOCK) * ID_BLOCK
     return got
 
 
