@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sim.graph as graph_mod
+import sim.graph_windows as graph_mod
 from backends.profile_types import ComputeModel
 from sim.graph import DecodeGraph, decode_graph, head_ranges, layout_of
 from sim.graph_parts import SmallInput, Split, StagedInput, WindowPiece
