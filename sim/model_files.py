@@ -14,6 +14,7 @@ names the bad value. ``sim.workload`` re-exports what is public here.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -211,61 +212,67 @@ def _from_hf_config(cfg: dict[str, Any], where: str) -> ModelShape:
     )
 
 
-def _from_gguf(path: Path) -> ModelShape:
+def _gguf_reader(path: Path) -> Any:
+    """The file's ``GGUFReader`` (reads the header and the tensor list; blocks on the read); a bad file: ValueError."""
     try:
         from gguf import GGUFReader
     except ImportError as exc:  # pragma: no cover - gguf is a dependency
         raise ValueError("reading .gguf files needs the 'gguf' package") from exc
     if not path.is_file():
         raise ValueError(f"cannot read GGUF file {shown(path)}: no such file")
-    where = str(path)
     note_input(path)
     try:
-        reader = GGUFReader(str(path), "r")
+        return GGUFReader(str(path), "r")
     except Exception as exc:  # gguf raises ValueError/struct.error/OSError/MemoryError on bad files (an array of 2^60)
         reason = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise ValueError(f"cannot read GGUF file {shown(path)}: {reason}; allowed: a GGUF file llama.cpp can load") from exc
 
-    def field_value(key: str) -> Any:
-        f = reader.fields.get(key)
-        if f is None:
-            return None
-        if len(f.data) == 1:
-            return f.contents()
-        return f.contents()
 
-    arch = field_value("general.architecture")
-    if not arch:
-        raise ValueError(f"GGUF file {str(path)!r} has no general.architecture")
-
-    def need(key: str) -> Any:
-        v = field_value(f"{arch}.{key}")
-        if v is None:
-            raise ValueError(f"GGUF file {str(path)!r} lacks {arch}.{key}")
-        return v
-
-    n_layers = count(need("block_count"), f"{arch}.block_count", str(path), "layers")
-    n_head = count(need("attention.head_count"), f"{arch}.attention.head_count", str(path), "heads")
+def _gguf_attention(field_value: Callable[[str], Any], kv: Any, arch: str, where: str,
+                    n_layers: int) -> tuple[int, tuple[int, ...]]:
+    """(KV heads, attention layers): ``head_count_kv`` per layer (0: no attention) or one count with an optional
+    ``full_attention_interval``."""
     kv_key = f"{arch}.attention.head_count_kv"
-    kv = need("attention.head_count_kv")
     if isinstance(kv, list):
         if len(kv) != n_layers:
             raise InputError(f"{where}: {kv_key} lists {len(kv):,} layers; allowed: one per layer ({n_layers})")
         heads = [whole_value(h, kv_key, where, 0, COUNT_BOUNDS["heads"]) for h in kv]
-        attn = tuple(i for i, h in enumerate(heads) if h > 0)
-        n_head_kv = count(max(heads), kv_key, where, "heads")
-    else:
-        n_head_kv = count(kv, kv_key, where, "heads")
-        every = field_value(f"{arch}.full_attention_interval")
-        every = 1 if every is None else interval(every, f"{arch}.full_attention_interval", where, n_layers)
-        attn = tuple(i for i in range(n_layers) if i % every == every - 1)
-    hidden = count(need("embedding_length"), f"{arch}.embedding_length", str(path), "hidden")
-    head_k = count(field_value(f"{arch}.attention.key_length") or hidden // n_head, f"{arch}.attention.key_length", str(path),
+        return count(max(heads), kv_key, where, "heads"), tuple(i for i, h in enumerate(heads) if h > 0)
+    every = field_value(f"{arch}.full_attention_interval")
+    every = 1 if every is None else interval(every, f"{arch}.full_attention_interval", where, n_layers)
+    return count(kv, kv_key, where, "heads"), tuple(i for i in range(n_layers) if i % every == every - 1)
+
+
+def _from_gguf(path: Path) -> ModelShape:
+    reader = _gguf_reader(path)
+    where = str(path)
+
+    def field_value(key: str) -> Any:
+        f = reader.fields.get(key)
+        return None if f is None else f.contents()
+
+    arch = field_value("general.architecture")
+    if not arch:
+        raise ValueError(f"GGUF file {where!r} has no general.architecture")
+
+    def need(key: str, bound: str) -> int:
+        v = field_value(f"{arch}.{key}")
+        if v is None:
+            raise ValueError(f"GGUF file {where!r} lacks {arch}.{key}")
+        return count(v, f"{arch}.{key}", where, bound)
+
+    n_layers, n_head = need("block_count", "layers"), need("attention.head_count", "heads")
+    kv = field_value(f"{arch}.attention.head_count_kv")
+    if kv is None:
+        raise ValueError(f"GGUF file {where!r} lacks {arch}.attention.head_count_kv")
+    n_head_kv, attn = _gguf_attention(field_value, kv, arch, where, n_layers)
+    hidden = need("embedding_length", "hidden")
+    head_k = count(field_value(f"{arch}.attention.key_length") or hidden // n_head, f"{arch}.attention.key_length", where,
                    "head_dim")
-    head_v = count(field_value(f"{arch}.attention.value_length") or head_k, f"{arch}.attention.value_length", str(path),
+    head_v = count(field_value(f"{arch}.attention.value_length") or head_k, f"{arch}.attention.value_length", where,
                    "head_dim")
     ffn_v = field_value(f"{arch}.feed_forward_length") or 0
-    ffn = count(max(ffn_v) if isinstance(ffn_v, list) else ffn_v, f"{arch}.feed_forward_length", str(path), "ffn")
+    ffn = count(max(ffn_v) if isinstance(ffn_v, list) else ffn_v, f"{arch}.feed_forward_length", where, "ffn")
     vocab = field_value(f"{arch}.vocab_size")
     if vocab is None:
         tokens = reader.fields.get("tokenizer.ggml.tokens")
@@ -273,24 +280,12 @@ def _from_gguf(path: Path) -> ModelShape:
     vocab = count(vocab, f"{arch}.vocab_size", where, "vocab")
     weight_bytes = int(sum(int(t.n_bytes) for t in reader.tensors))
     if weight_bytes <= 0:
-        raise ValueError(f"GGUF file {str(path)!r} holds no tensors, so its weights' size is unknown; "
+        raise ValueError(f"GGUF file {where!r} holds no tensors, so its weights' size is unknown; "
                          "give the whole file, or the model's config.json")
-    name = field_value("general.name") or path.stem
-    return ModelShape(
-        name=str(name),
-        n_layers=n_layers,
-        attn_layers=attn,
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        head_dim_k=head_k,
-        head_dim_v=head_v,
-        hidden=hidden,
-        ffn=ffn,
-        vocab=vocab,
-        weight_bytes=weight_bytes,
-        source=f"GGUF header {path}",
-        n_params=int(sum(int(t.n_elements) for t in reader.tensors)),
-    )
+    return ModelShape(name=str(field_value("general.name") or path.stem), n_layers=n_layers, attn_layers=attn,
+                      n_head=n_head, n_head_kv=n_head_kv, head_dim_k=head_k, head_dim_v=head_v, hidden=hidden, ffn=ffn,
+                      vocab=vocab, weight_bytes=weight_bytes, source=f"GGUF header {path}",
+                      n_params=int(sum(int(t.n_elements) for t in reader.tensors)))
 
 
 #: Bits per weight of llama.cpp's weight types (the mixes' averages as llama.cpp's quantize reports them for a Llama).
