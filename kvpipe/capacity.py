@@ -244,7 +244,8 @@ class FitPlan:
     n_layers: int = 0
     check_n: int = 0
     check: tuple[int, float] = (0, 0.0)  # (the evaluator's points in the plan, the sample check's largest disagreement)
-    checked: int = 0  # the points the sample check re-simulated
+    checked: int = 0  # the points the sample check re-simulated (the simulator's default path)
+    checked_exact: int = 0  # of those, the points simulated again exact (their default-path rows differed by > 1e-9)
 
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model, "hardware": self.hardware, "vram_gib": self.limits.vram_bytes / GIB,
@@ -255,6 +256,7 @@ class FitPlan:
                 "largest_resident_context": self.largest_resident_context,
                 "min_tps": self.min_tps, "largest_context_at_min_tps": self.largest_at_min_tps,
                 "evaluated_rows": self.check[0], "sample_check_resimulated": self.checked,
+                "sample_check_resimulated_exact": self.checked_exact,
                 "sample_check_max_disagreement": self.check[1]}
 
 
@@ -331,7 +333,8 @@ def plan_fit(req: Any) -> FitPlan:
 
     runner = Runner(req)
     out = _plan_fit(req, runner)
-    out.check, out.checked = runner.check(req.check_n), runner.checked
+    out.check = runner.check(req.check_n)
+    out.checked, out.checked_exact = runner.checked, runner.checked_exact
     return out
 
 

@@ -1,12 +1,13 @@
-"""A sweep's work: points in chunks of whole partitions, each chunk run in a worker, and the exact re-simulation the
-sample checks compare with.
+"""A sweep's work: points in chunks of whole partitions, each chunk run in a worker, and the re-simulations the sample
+checks compare with.
 
 A chunk is points that travel together to one worker (``concurrent.futures``): whole *partitions* of a grid (the
 points that differ only in depth and budget, the only ones that can share a simulation), so the worker's point planner
 (``sim.run.tasks``) maps its chunk to the distinct simulations that decide it, each run once, on the fast path of
 ``sim.run.decode.run_steady`` unless ``exact``; or points inside the compiled evaluator's envelope, which the worker evaluates.
-:func:`exact_rows` is the simulator's answer every sample check compares the evaluator with. ``kvpipe.sweep`` runs
-chunks into a row store; a plan (``kvpipe.plan_run``) runs them for the points outside the envelope, with no store.
+:func:`simulated_rows` is the simulator's answer every sample check compares the evaluator with (the default path;
+:func:`exact_rows` where the two disagree). ``kvpipe.sweep`` runs chunks into a row store; a plan
+(``kvpipe.plan_run``) runs them for the points outside the envelope, with no store.
 
 Units: seconds inside; the rows carry their own units in their field names.
 """
@@ -92,25 +93,34 @@ def _evaluated(points: Sequence[Point]) -> list[dict[str, Any] | str]:
     return [r for r in out if r is not None]
 
 
-def _exact_task_rows(task: tasks.Task) -> list[dict[str, Any]]:
-    return [row(r) | SIMULATED for r in tasks.run_task(task)]
+def _task_rows(task: tasks.Task) -> list[dict[str, Any]]:
+    """A sample check's simulation: the rows of ``task``'s members, no race checker (the check compares rows)."""
+    return [row(r) | SIMULATED for r in tasks.run_task(task, checked=False)]
 
 
-def exact_rows(ex: Executor, points: Sequence[Point]) -> list[dict[str, Any]]:
-    """The simulator's rows of ``points`` (in order), every token simulated, each distinct simulation once: the points
-    the point planner finds to be one run (``sim.run.tasks.tasks``: every budget of an ordered or declined point, every
-    budget that leaves each token's plan the same) share one exact simulation, and each gets its own row from it
-    (``sim.run.tasks.member_result``, as a sweep's rows do; ``tests/sim/test_fast_path.py`` holds such rows to each
-    point's own exact simulation). The simulations run on ``ex``. What the sample check compares with. Blocks."""
+def simulated_rows(ex: Executor, points: Sequence[Point], exact: bool = False) -> list[dict[str, Any]]:
+    """The simulator's rows of ``points`` (in order), each distinct simulation once, as a sample check compares them:
+    the points the point planner finds to be one run (``sim.run.tasks.tasks``: every budget of an ordered or declined
+    point, every budget that leaves each token's plan the same) share one simulation, and each gets its own row from it
+    (``sim.run.tasks.member_result``, as a sweep's rows do). The simulator's default path (``kvpipe simulate``'s: the
+    steady tokens extrapolated, ``sim.run.decode.run_steady``) unless ``exact`` (every token), and no race checker
+    either way: the check compares rows, not hazards. ``tests/sim/test_fast_path.py`` holds both kinds of row to each
+    point's own exact, checked simulation. The simulations run on ``ex``. Blocks."""
     pts = list(points)
-    todo = [dataclasses.replace(t, exact=True) for t in tasks.tasks(pts)]
+    todo = [dataclasses.replace(t, exact=True) if exact else t for t in tasks.tasks(pts)]
     # submit, not ``map``: an interrupted ``map`` cancels its futures while the pool marks them broken (a traceback)
-    futures = [ex.submit(_exact_task_rows, t) for t in todo]
+    futures = [ex.submit(_task_rows, t) for t in todo]
     out: list[dict[str, Any] | None] = [None] * len(pts)
     for t, f in zip(todo, futures, strict=True):
         for m, r in zip(t.members, f.result(), strict=True):
             out[m.index] = r
     return [r for r in out if r is not None]
+
+
+def exact_rows(ex: Executor, points: Sequence[Point]) -> list[dict[str, Any]]:
+    """:func:`simulated_rows` with every token simulated: what a sample check falls back on where the default path's
+    row and the evaluator's disagree. Blocks."""
+    return simulated_rows(ex, points, exact=True)
 
 
 def chunks(points: Sequence[Point], workers: int, todo: Sequence[bool] | None = None, exact: bool = False,

@@ -184,7 +184,7 @@ def test_the_check_counts_the_points_it_compares(monkeypatch: pytest.MonkeyPatch
     compared: list[int] = []
     real = plan_run._check_rows
 
-    def counting(pts: list, rows: list, jobs: int | None) -> float:  # type: ignore[type-arg]
+    def counting(pts: list, rows: list, jobs: int | None) -> tuple[float, int]:  # type: ignore[type-arg]
         compared.append(sum(r is not None for r in rows))
         return real(pts, rows, jobs)
 
