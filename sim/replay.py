@@ -30,7 +30,7 @@ from sim.transport.deliveries import span_fn
 from sim.transport.planning import PLAN_FIELDS
 from sim.workload import Workload
 
-__all__ = ["PLAN_FIELDS", "Plans", "PointPlan", "TokenPlan", "config_but_depth_budget", "context_free", "line_key", "plan_point",
+__all__ = ["PLAN_FIELDS", "Plans", "PointPlan", "TokenPlan", "config_but_depth_budget", "config_class", "context_free", "line_key", "plan_point",
            "plan_points", "window_rows_at"]
 
 
@@ -164,15 +164,27 @@ _rest = operator.attrgetter(*(f.name for f in fields(TransportConfig) if f.name 
 
 def config_but_depth_budget(cfg: TransportConfig) -> tuple[Any, ...]:
     """``cfg``'s fields but depth and budget (what a line shares), kept per config object."""
+    return _kept_rest(cfg)[1]
+
+
+def config_class(cfg: TransportConfig) -> int:
+    """A number for ``cfg``'s fields but depth and budget: equal numbers, equal :func:`config_but_depth_budget` (a key
+    that hashes as one int where millions of points are told apart). Kept per config object."""
+    return _kept_rest(cfg)[2]
+
+
+def _kept_rest(cfg: TransportConfig) -> tuple[TransportConfig, tuple[Any, ...], int]:
     got = _RESTS.get(id(cfg))
     if got is None or got[0] is not cfg:
         if len(_RESTS) > 4096:
             _RESTS.clear()
-        got = _RESTS[id(cfg)] = (cfg, _rest(cfg))
-    return got[1]
+        rest = _rest(cfg)
+        got = _RESTS[id(cfg)] = (cfg, rest, _CLASSES.setdefault(rest, len(_CLASSES)))
+    return got
 
 
-_RESTS: dict[int, tuple[TransportConfig, tuple[Any, ...]]] = {}
+_RESTS: dict[int, tuple[TransportConfig, tuple[Any, ...], int]] = {}
+_CLASSES: dict[tuple[Any, ...], int] = {}  # never cleared (the numbers must stay): one entry per distinct config but depth/budget
 
 
 def _lines(points: Sequence[Point]) -> tuple[np.ndarray, list[Point]]:
@@ -181,16 +193,21 @@ def _lines(points: Sequence[Point]) -> tuple[np.ndarray, list[Point]]:
     by_id: dict[Any, int] = {}
     lines: dict[Any, int] = {}
     firsts: list[Point] = []
-    line_of = np.empty(len(points), dtype=np.intp)
-    for i, p in enumerate(points):
-        k = (id(p.workload), id(p.hardware), config_but_depth_budget(p.transport))
+    classes: dict[int, int] = {}  # config object -> config_class (a grid shares a few config objects)
+    out: list[int] = []
+    for p in points:
+        cfg = p.transport
+        c = classes.get(id(cfg))
+        if c is None:
+            c = classes[id(cfg)] = config_class(cfg)
+        k = (id(p.workload), id(p.hardware), c)
         li = by_id.get(k)
         if li is None:
             li = by_id[k] = lines.setdefault(line_key(p), len(lines))
             if li == len(firsts):
                 firsts.append(p)
-        line_of[i] = li
-    return line_of, firsts
+        out.append(li)
+    return np.array(out, dtype=np.intp), firsts
 
 
 @dataclass

@@ -185,10 +185,18 @@ def _scaled(block: _Block, row: int) -> TokenCosts:
     vals = block.costs.values.copy()
     late_rows = block.costs.window_rows - row
     seconds = block.link.seconds
+    memo: dict[int, float] = {}  # a call's seconds by its bytes: every attention layer's window has the same calls
+
+    def sec(nbytes: int) -> float:
+        got = memo.get(nbytes)
+        if got is None:
+            got = memo[nbytes] = seconds(nbytes)
+        return got
+
     for es, eb, ls, lb, early, late in block.scaled:
-        vals[es] = sum(seconds(n * row) for n in early)
+        vals[es] = sum([sec(n * row) for n in early])
         vals[eb] = sum(early) * row
-        vals[ls] = sum(seconds(n * late_rows) for n in late)
+        vals[ls] = sum([sec(n * late_rows) for n in late])
         vals[lb] = sum(late) * late_rows
     return TokenCosts(block.costs.layout, vals, block.costs.window_rows)
 
