@@ -30,8 +30,8 @@ from sim.transport.deliveries import span_fn
 from sim.transport.planning import PLAN_FIELDS
 from sim.workload import Workload
 
-__all__ = ["PLAN_FIELDS", "Plans", "PointPlan", "TokenPlan", "config_but_depth_budget", "config_class", "context_free", "line_key", "plan_point",
-           "plan_points", "window_rows_at"]
+__all__ = ["PLAN_FIELDS", "Plans", "PointPlan", "TokenPlan", "config_but_depth_budget", "config_class", "context_free", "line_key",
+           "plan_point", "plan_points", "window_rows_at"]
 
 
 @dataclass(frozen=True)
