@@ -352,15 +352,16 @@ def _check_rows(pts: list[Point], rows: list[dict[str, Any] | None], jobs: int |
     from sim.evaluator import check_sample
 
     keep = [(p, r) for p, r in zip(pts, rows, strict=True) if r is not None]
+    workers = jobs or os.cpu_count() or 1
     again: list[int] = []
     with executor_for(jobs) as ex:
 
         def exact(chosen: list[Point]) -> list[dict[str, Any]]:
             again.append(len(chosen))
-            return exact_rows(ex, chosen)
+            return exact_rows(ex, chosen, workers)
 
         worst = check_sample([p for p, _ in keep], [r for _, r in keep], n=len(keep),
-                             resimulate=lambda chosen: simulated_rows(ex, chosen), exact=exact)
+                             resimulate=lambda chosen: simulated_rows(ex, chosen, workers=workers), exact=exact)
     return worst, sum(again)
 
 

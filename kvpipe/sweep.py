@@ -146,23 +146,24 @@ def run_sweep(
             store.close(order)
         if evaluated and check_n:
             place = {k: i for i, k in enumerate(order)}  # grid order, not the order chunks finished: the same sample each run
-            _check(ex, sorted(evaluated, key=lambda pr: place[key_of_point(pr[0])]), check_n, result)
+            _check(ex, sorted(evaluated, key=lambda pr: place[key_of_point(pr[0])]), check_n, result,
+                   1 if isinstance(ex, _Serial) else (jobs or os.cpu_count() or 1))
     result.rows = store.ordered(order) if out_dir else [store.rows[k] for k in order if k in store.rows]
     result.wall_s = time.perf_counter() - t0
     return result
 
 
-def _check(ex: Executor, evaluated: list[tuple[Point, dict[str, Any]]], n: int, result: SweepResult) -> None:
-    """The sample check of the evaluator's rows (``sim.evaluator.check_sample``), its simulations on ``ex``."""
+def _check(ex: Executor, evaluated: list[tuple[Point, dict[str, Any]]], n: int, result: SweepResult, workers: int) -> None:
+    """The sample check of the evaluator's rows (``sim.evaluator.check_sample``), its simulations on ``ex`` (``workers``)."""
     from sim.evaluator import check_sample
 
     def resimulate(pts: list[Point]) -> list[dict[str, Any]]:
         result.checked = len(pts)
-        return simulated_rows(ex, pts)
+        return simulated_rows(ex, pts, workers=workers)
 
     def exact(pts: list[Point]) -> list[dict[str, Any]]:
         result.checked_exact = len(pts)
-        return exact_rows(ex, pts)
+        return exact_rows(ex, pts, workers=workers)
 
     result.check = check_sample([p for p, _ in evaluated], [r for _, r in evaluated], n=n, resimulate=resimulate, exact=exact)
 
