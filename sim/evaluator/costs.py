@@ -159,6 +159,22 @@ class _Block:
     costs: TokenCosts
     link: LinkCurve
     scaled: tuple[tuple[int, int, int, int, tuple[int, ...], tuple[int, ...]], ...] | None
+    early: tuple[_Group, ...] = ()  # ``scaled``'s early copies grouped by their calls (every attention layer's are alike)
+    late: tuple[_Group, ...] = ()
+
+
+#: Staged splits whose early (or late) copies are the same calls: (bytes per row of each call, the splits' seconds
+#: columns, their bytes columns).
+_Group = tuple[tuple[int, ...], np.ndarray, np.ndarray]
+
+
+def _groups(scaled: tuple[tuple[int, int, int, int, tuple[int, ...], tuple[int, ...]], ...], late: bool) -> tuple[_Group, ...]:
+    by: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
+    for es, eb, ls, lb, early_calls, late_calls in scaled:
+        cols = by.setdefault(late_calls if late else early_calls, ([], []))
+        cols[0].append(ls if late else es)
+        cols[1].append(lb if late else eb)
+    return tuple((calls, np.array(sc, dtype=np.intp), np.array(bc, dtype=np.intp)) for calls, (sc, bc) in by.items())
 
 
 def _block(graph: DecodeGraph, costs: TokenCosts, h2d: LinkCurve, deliveries: dict[int, Delivery], resident: bool = False) -> _Block:
@@ -176,28 +192,20 @@ def _block(graph: DecodeGraph, costs: TokenCosts, h2d: LinkCurve, deliveries: di
         if len(graph.positions) != 1 or row <= 0 or late_rows <= 0 or any(n % row for n in early) or any(n % late_rows for n in late):
             return _Block(costs, h2d, None)
         out.append((*c.early, *c.late, tuple(n // row for n in early), tuple(n // late_rows for n in late)))
-    return _Block(costs, h2d, tuple(out))
+    scaled = tuple(out)
+    return _Block(costs, h2d, scaled, _groups(scaled, False), _groups(scaled, True))
 
 
 def _scaled(block: _Block, row: int) -> TokenCosts:
-    """The step of ``block``'s window whose sequence writes row ``row``. Pure."""
+    """The step of ``block``'s window whose sequence writes row ``row``: each group of alike deliveries' numbers computed
+    once (the same calls, summed in the same order) and written to every split of the group. Pure."""
     assert block.scaled is not None
     vals = block.costs.values.copy()
-    late_rows = block.costs.window_rows - row
     seconds = block.link.seconds
-    memo: dict[int, float] = {}  # a call's seconds by its bytes: every attention layer's window has the same calls
-
-    def sec(nbytes: int) -> float:
-        got = memo.get(nbytes)
-        if got is None:
-            got = memo[nbytes] = seconds(nbytes)
-        return got
-
-    for es, eb, ls, lb, early, late in block.scaled:
-        vals[es] = sum([sec(n * row) for n in early])
-        vals[eb] = sum(early) * row
-        vals[ls] = sum([sec(n * late_rows) for n in late])
-        vals[lb] = sum(late) * late_rows
+    for groups, rows in ((block.early, row), (block.late, block.costs.window_rows - row)):
+        for calls, s_cols, b_cols in groups:
+            vals[s_cols] = sum([seconds(n * rows) for n in calls])
+            vals[b_cols] = sum(calls) * rows
     return TokenCosts(block.costs.layout, vals, block.costs.window_rows)
 
 
