@@ -372,20 +372,22 @@ def boundaries(pts: Sequence[Point], figs: Figures) -> set[int]:
     from sim.evaluator.check import boundaries as changes
 
     lines: dict[Any, int] = {}
-    by_id: dict[Any, int] = {}
-
-    def line(p: Point) -> int:
-        k = (id(p.workload), id(p.hardware), p.transport.arm)
-        got = by_id.get(k)
-        if got is None:
-            wl = p.workload
-            got = by_id[k] = lines.setdefault((wl.model.name, p.hardware.name, wl.cache_k.name, wl.cache_v.name, wl.n_parallel,
-                                               wl.unified, wl.split_mode, wl.tokens, p.transport.arm, wl.kv_gpu_layers,
-                                               wl.n_gpu_layers, wl.pinned), len(lines))
-        return got
-
+    of_config: dict[int, tuple[int, float, str]] = {}  # config object -> (depth, budget, arm): a grid shares a few
+    of_workload: dict[tuple[int, int, str], tuple[int, int]] = {}  # (workload, machine, arm) objects -> (line, context)
     n = len(pts)
-    return changes(np.fromiter((line(p) for p in pts), dtype=np.int64, count=n),
-                   np.fromiter((p.context for p in pts), dtype=np.int64, count=n),
-                   np.fromiter((p.transport.depth for p in pts), dtype=np.int64, count=n),
-                   np.fromiter((p.transport.budget_mib for p in pts), dtype=np.float64, count=n), figs.tokens_per_s, figs.declined)
+    line, context, depth = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    budget = np.empty(n, dtype=np.float64)
+    for i, p in enumerate(pts):
+        cfg = p.transport
+        c = of_config.get(id(cfg))
+        if c is None:
+            c = of_config[id(cfg)] = (cfg.depth, cfg.budget_mib, cfg.arm)
+        k = (id(p.workload), id(p.hardware), c[2])
+        w = of_workload.get(k)
+        if w is None:
+            wl = p.workload
+            w = of_workload[k] = (lines.setdefault((wl.model.name, p.hardware.name, wl.cache_k.name, wl.cache_v.name,
+                                                    wl.n_parallel, wl.unified, wl.split_mode, wl.tokens, c[2],
+                                                    wl.kv_gpu_layers, wl.n_gpu_layers, wl.pinned), len(lines)), p.context)
+        line[i], context[i], depth[i], budget[i] = w[0], w[1], c[0], c[1]
+    return changes(line, context, depth, budget, figs.tokens_per_s, figs.declined)

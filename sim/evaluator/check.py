@@ -92,13 +92,14 @@ def boundaries(line: np.ndarray, context: np.ndarray, depth: np.ndarray, budget:
     group = np.r_[True, (line[order][1:] != line[order][:-1]) | (budget[order][1:] != budget[order][:-1]) |
                   (context[order][1:] != context[order][:-1])]
     starts = np.flatnonzero(group)
-    best = []
-    for lo, hi in zip(starts, [*starts[1:], n], strict=True):
-        tps = tokens_per_s[order[lo:hi]]
-        best.append(int(order[lo + int(np.argmax(tps >= tps.max() * (1 - TIE_TPS)))]))
-    for a, b in zip(best, best[1:], strict=False):
-        if line[a] == line[b] and budget[a] == budget[b] and depth[a] != depth[b]:
-            out |= {a, b}
+    tps = tokens_per_s[order]
+    top = np.maximum.reduceat(tps, starts) * (1 - TIE_TPS)  # each group's highest t/s, less the tie
+    at = np.arange(n)
+    first = np.minimum.reduceat(np.where(tps >= np.repeat(top, np.diff(np.r_[starts, n])), at, n), starts)  # its shallowest
+    best = order[np.where(first < n, first, starts)]  # (none: a NaN; the group's first, as argmax of all-False gives)
+    a, b = best[:-1], best[1:]
+    change = (line[a] == line[b]) & (budget[a] == budget[b]) & (depth[a] != depth[b])
+    out |= set(a[change].tolist()) | set(b[change].tolist())
     return out
 
 
