@@ -329,11 +329,13 @@ def plan_fit(req: Any) -> FitPlan:
     """The plan under the memory cap for ``req`` (a ``kvpipe.plan.PlanRequest``), its evaluated points held to the
     simulator once at the end (``FitPlan.check``). Blocks for the evaluation and simulations. Raises
     EvaluatorDisagreement."""
+    from kvpipe.executors import without_cycle_collection
     from kvpipe.plan_run import Runner
 
     runner = Runner(req)
-    out = _plan_fit(req, runner)
-    out.check = runner.check(req.check_n)
+    with without_cycle_collection():
+        out = _plan_fit(req, runner)
+        out.check = runner.check(req.check_n)
     out.checked, out.checked_exact = runner.checked, runner.checked_exact
     return out
 
