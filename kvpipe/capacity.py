@@ -164,17 +164,21 @@ def candidates(point: Point, limits: Limits, max_depth: int, rings_mib: dict[int
     if not fits_host_cache(wl, limits, reserved):
         return out
     headroom = int(TransportConfig().headroom_mib * MIB)
+    # the device's free bytes before the ring (integers: less the ring, the same as with it in the account)
+    free0 = device_memory(wl, limits.vram_bytes, reserved, kv_offload=False, ring_bytes=scheduler_need_bytes(wl)).free_bytes
+    placed: dict[int, Workload] = {}  # the candidates with the same resident layers share their workload
     for depth in range(0, (max_depth if build == "fork" else 0) + 1):
         ring = int(math.ceil(rings_mib.get(depth, 0.0)) * MIB) if depth else 0
-        free = device_memory(wl, limits.vram_bytes, reserved, kv_offload=False,
-                             ring_bytes=scheduler_need_bytes(wl) + ring).free_bytes - (headroom if depth else 0)
+        free = free0 - ring - (headroom if depth else 0)
         if depth and free < 0:
             continue
         # the fork's resident layers with every layer on the GPU (kvpipe does not model them beside CPU layers)
         n = max_resident_layers(wl, free) if build == "fork" and not wl.gpu_layer_start else 0
         budget = float(math.ceil(rings_mib.get(depth, 0.0))) if depth else 0.0
-        out.append(replace(point, workload=replace(wl, kv_gpu_layers=n),
-                           transport=replace(point.transport, arm="transport", depth=depth, budget_mib=budget)))
+        wl_n = placed.get(n)
+        if wl_n is None:
+            wl_n = placed[n] = replace(wl, kv_gpu_layers=n)
+        out.append(replace(point, workload=wl_n, transport=replace(point.transport, arm="transport", depth=depth, budget_mib=budget)))
     return out
 
 

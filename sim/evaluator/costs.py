@@ -27,7 +27,7 @@ from backends.base import CopyRange, copy_calls
 from backends.profile import LinkCurve
 from backends.simpy_copy import calls_seconds
 from sim.graph import DecodeGraph
-from sim.replay import context_free, window_rows_at
+from sim.replay import context_free, interned, window_rows_at
 from sim.run.point import Point, graph_at
 from sim.transport.deliveries import Delivery, SpanFn, ordered_copy, plan_deliveries, slot_entries, span_fn
 
@@ -232,7 +232,7 @@ def point_costs(point: Point) -> list[TokenCosts]:
     cfg, hw, wl = point.transport, point.hardware, point.workload
     resident = cfg.arm == "resident"
     base = (wl, hw.devices[0], cfg.pack_streams, cfg.min_alignment_bytes, resident)
-    family = (context_free(wl, cells=False), *base[1:])  # a window's numbers do not depend on the context otherwise
+    family = interned((context_free(wl, cells=False), *base[1:]))  # a window's numbers do not depend on the context otherwise
     kept = _KEPT.get(base)
     if kept is None:
         kept = {}
