@@ -29,6 +29,7 @@ from backends.simpy_copy import calls_seconds
 from sim.graph import DecodeGraph
 from sim.replay import context_free, interned, window_rows_at
 from sim.run.point import Point, graph_at
+from sim.transport import planning
 from sim.transport.deliveries import Delivery, SpanFn, ordered_copy, plan_deliveries, slot_entries, span_fn
 
 #: A split's shape: (kind, ordered inputs, staged inputs, kernel launches).
@@ -140,10 +141,16 @@ def _links(point: Point) -> tuple[LinkCurve, LinkCurve, SpanFn]:
     return dev.link(True, True), dev.link(False, True), span_fn(cfg.pack_streams, max(dev.alignment_bytes, cfg.min_alignment_bytes))
 
 
-def _deliveries(graph: DecodeGraph, span: SpanFn) -> dict[int, Delivery]:
-    """The graph's deliveries by split (one slot at 0: a slot's place moves no copy's shape). Pure."""
+def _deliveries(graph: DecodeGraph, span: SpanFn, slot_key: Any = None) -> dict[int, Delivery]:
+    """The graph's deliveries by split (one slot at 0: a slot's place moves no copy's shape). Pure. ``slot_key``: the
+    point planner's name of ``span`` on device 0 (``sim.replay``'s ``(pack_streams, (alignment,))``); given, and every
+    staged split on device 0 (the envelope's one device), the slot's entries are the planner's, kept with the graph
+    (``planning.slot_needs``: the point planner asked them of the same graph)."""
     staged = list(graph.staged_splits)
-    _, entries = slot_entries(staged, span)
+    if slot_key is not None and staged and all(s.device == 0 for s in staged):
+        entries = planning.slot_needs(graph, [span], slot_key)[0][3]
+    else:
+        _, entries = slot_entries(staged, span)
     return {d.split: d for d in plan_deliveries(staged, entries, 1, lambda slot: 0, span)}
 
 
@@ -246,7 +253,8 @@ def point_costs(point: Point) -> list[TokenCosts]:
             if block is None or block.scaled is None:
                 graph = graph_at(point, step)
                 h2d, d2h, span = _links(point)
-                deliveries = {} if resident else _deliveries(graph, span)
+                align = max(point.hardware.devices[0].alignment_bytes, cfg.min_alignment_bytes)
+                deliveries = {} if resident else _deliveries(graph, span, (cfg.pack_streams, (align,)))
                 got = _build(graph, h2d, d2h, span, deliveries, resident)
                 if block is None:
                     _keep(_BLOCKS, (family, rows), _block(graph, got, h2d, deliveries, resident), KEPT_BLOCKS)
