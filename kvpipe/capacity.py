@@ -164,17 +164,21 @@ def candidates(point: Point, limits: Limits, max_depth: int, rings_mib: dict[int
     if not fits_host_cache(wl, limits, reserved):
         return out
     headroom = int(TransportConfig().headroom_mib * MIB)
+    # the device's free bytes before the ring (integers: less the ring, the same as with it in the account)
+    free0 = device_memory(wl, limits.vram_bytes, reserved, kv_offload=False, ring_bytes=scheduler_need_bytes(wl)).free_bytes
+    placed: dict[int, Workload] = {}  # the candidates with the same resident layers share their workload
     for depth in range(0, (max_depth if build == "fork" else 0) + 1):
         ring = int(math.ceil(rings_mib.get(depth, 0.0)) * MIB) if depth else 0
-        free = device_memory(wl, limits.vram_bytes, reserved, kv_offload=False,
-                             ring_bytes=scheduler_need_bytes(wl) + ring).free_bytes - (headroom if depth else 0)
+        free = free0 - ring - (headroom if depth else 0)
         if depth and free < 0:
             continue
         # the fork's resident layers with every layer on the GPU (kvpipe does not model them beside CPU layers)
         n = max_resident_layers(wl, free) if build == "fork" and not wl.gpu_layer_start else 0
         budget = float(math.ceil(rings_mib.get(depth, 0.0))) if depth else 0.0
-        out.append(replace(point, workload=replace(wl, kv_gpu_layers=n),
-                           transport=replace(point.transport, arm="transport", depth=depth, budget_mib=budget)))
+        wl_n = placed.get(n)
+        if wl_n is None:
+            wl_n = placed[n] = replace(wl, kv_gpu_layers=n)
+        out.append(replace(point, workload=wl_n, transport=replace(point.transport, arm="transport", depth=depth, budget_mib=budget)))
     return out
 
 
@@ -244,7 +248,8 @@ class FitPlan:
     n_layers: int = 0
     check_n: int = 0
     check: tuple[int, float] = (0, 0.0)  # (the evaluator's points in the plan, the sample check's largest disagreement)
-    checked: int = 0  # the points the sample check re-simulated
+    checked: int = 0  # the points the sample check re-simulated (the simulator's default path)
+    checked_exact: int = 0  # of those, the points simulated again exact (their default-path rows differed by > 1e-9)
 
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model, "hardware": self.hardware, "vram_gib": self.limits.vram_bytes / GIB,
@@ -255,6 +260,7 @@ class FitPlan:
                 "largest_resident_context": self.largest_resident_context,
                 "min_tps": self.min_tps, "largest_context_at_min_tps": self.largest_at_min_tps,
                 "evaluated_rows": self.check[0], "sample_check_resimulated": self.checked,
+                "sample_check_resimulated_exact": self.checked_exact,
                 "sample_check_max_disagreement": self.check[1]}
 
 
@@ -327,11 +333,14 @@ def plan_fit(req: Any) -> FitPlan:
     """The plan under the memory cap for ``req`` (a ``kvpipe.plan.PlanRequest``), its evaluated points held to the
     simulator once at the end (``FitPlan.check``). Blocks for the evaluation and simulations. Raises
     EvaluatorDisagreement."""
+    from kvpipe.executors import without_cycle_collection
     from kvpipe.plan_run import Runner
 
     runner = Runner(req)
-    out = _plan_fit(req, runner)
-    out.check, out.checked = runner.check(req.check_n), runner.checked
+    with without_cycle_collection():
+        out = _plan_fit(req, runner)
+        out.check = runner.check(req.check_n)
+    out.checked, out.checked_exact = runner.checked, runner.checked_exact
     return out
 
 

@@ -4,12 +4,14 @@
 ``--jobs 1``, easy to debug and profile), a ``ProcessPoolExecutor`` of local workers, or ``dask.distributed``'s
 executor, which has the same interface. Local workers leave Ctrl-C to the parent, which keeps the rows that finished
 and ends the pool, and they die with the parent even when it is killed by SIGKILL (:func:`_worker_init`).
+:func:`without_cycle_collection` runs a large plan without Python's cycle collector (and its workers with it).
 
 Units: seconds.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -108,3 +110,18 @@ def _watch_parent(parent: int, every_s: float = 1.0) -> None:
     while os.getppid() == parent:
         time.sleep(every_s)
     os._exit(1)
+
+
+@contextmanager
+def without_cycle_collection() -> Iterator[None]:
+    """Run a plan with Python's cycle collector off (as it was, after): a plan holds hundreds of thousands of points
+    and their numbers, and each full collection walks them all (a fifth of the issue's plan's time, measured in Round
+    11 of docs/performance.md) while the plan makes no cyclic garbage that matters (its peak RSS is the same). Memory
+    freed by reference counting is freed as before; workers forked meanwhile inherit the setting. Does not block."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()

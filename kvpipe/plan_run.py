@@ -8,7 +8,8 @@ plan reads (:class:`Figures`, from ``sim.evaluator.summarize``: no row is made f
 point under ``--exact`` -- by the simulator, in a sweep's chunks (``kvpipe.sweep_work``). The evaluated points are held to the
 simulator once, at the plan's end (:meth:`Runner.check`): at least ``check_n`` of them drawn with a fixed seed, plus
 every point where, along the contexts asked, the best depth at a budget or a point's decline changes; only those
-points get rows, which are compared with exact simulations (``sim.evaluator.row_disagreement``).
+points get rows, which are compared with the simulator's (its default path, ``kvpipe simulate``'s; exact where the two
+differ: ``sim.evaluator.check_sample``).
 
 Units: the figures' own (t/s, MiB, ms, rows).
 """
@@ -33,7 +34,7 @@ from sim.transport.config import MAX_BUDGET_MIB, MAX_DEPTH, TransportConfig
 from sim.workload import ALL_LAYERS, layers_of_ngl
 
 DEFAULT_BUDGET_MIB = TransportConfig().budget_mib
-CHECK_N = 32  # the evaluator's points the plan re-simulates exact at its end, at least
+CHECK_N = 32  # the evaluator's points the plan re-simulates at its end, at least
 PARALLEL_POINTS = 20_000  # the fewest points per worker worth evaluating in a process of its own (pickling them: ~6 us each)
 PARALLEL_LINES = 1_000  # or the fewest lines (each builds its own graphs and numbers: ~1-3 ms a line)
 
@@ -61,7 +62,7 @@ class PlanRequest:
     min_tps: float | None = None  # also: the largest context at or above this t/s
     n_gpu_layers: int = ALL_LAYERS  # llama.cpp's -ngl (default: every layer; lowered by the plan if the weights do not fit)
     weights_type: str = ""  # the weights' type or bits per weight, for a model file that does not say (a config.json)
-    check_n: int = CHECK_N  # the evaluator's points re-simulated exact at the plan's end, at least (0: none)
+    check_n: int = CHECK_N  # the evaluator's points re-simulated at the plan's end, at least (0: none)
 
     def __post_init__(self) -> None:
         if not self.contexts:
@@ -160,7 +161,8 @@ class Runner:
         self.evaluated: list[tuple[Sequence[Point], Figures]] = []  # each run's points and figures
         self.grids: list[int] = []  # the runs that are grids along contexts (their boundaries are checked)
         self.marked: set[int] = set()  # ids of points the check re-simulates whatever the draw (see ``mark``)
-        self.checked = 0  # the points the sample check re-simulated
+        self.checked = 0  # the points the sample check re-simulated (the simulator's default path)
+        self.checked_exact = 0  # of those, the points simulated again exact (the default path's row differed by > 1e-9)
         self._inside: dict[Any, bool] = {}
 
     def _in_envelope(self, p: Point) -> bool:
@@ -204,12 +206,19 @@ class Runner:
         return Figures.merge(len(pts), parts)
 
     def _inside_of(self, pts: Sequence[Point]) -> np.ndarray:
-        """Whether the evaluator answers each point (``_in_envelope``, asked once per workload, machine and config:
-        the ids of objects ``pts`` keeps alive while this runs)."""
+        """Whether the evaluator answers each point (``_in_envelope``, asked once per workload, machine and config but
+        depth and budget: the ids of objects ``pts`` keeps alive while this runs)."""
+        from sim.replay import config_class
+
         seen: dict[tuple[int, int, int], bool] = {}
+        classes: dict[int, int] = {}  # config object -> config_class (a grid shares a few config objects)
         out = np.empty(len(pts), dtype=bool)
         for i, p in enumerate(pts):
-            k = (id(p.workload), id(p.hardware), id(p.transport))
+            cfg = p.transport
+            c = classes.get(id(cfg))
+            if c is None:
+                c = classes[id(cfg)] = config_class(cfg)
+            k = (id(p.workload), id(p.hardware), c)
             got = seen.get(k)
             if got is None:
                 got = seen[k] = self._in_envelope(p)
@@ -264,7 +273,8 @@ class Runner:
         self.marked |= {id(p) for p in pts}
 
     def check(self, n: int) -> tuple[int, float]:
-        """(the evaluator's points in the plan, the largest relative disagreement of the sample re-simulated exact):
+        """(the evaluator's points in the plan, the largest relative disagreement of the sample re-simulated on the
+        simulator's default path, exact where the two differ):
         at least ``n`` of them drawn with a fixed seed (and at least ``ARM_N`` of each arm, ``sim.evaluator.check.draw``:
         the resident arm's points are the evaluator's too) plus every boundary (:func:`boundaries`). Raises
         EvaluatorDisagreement above 1e-9. Blocks for the simulations (``--jobs`` workers)."""
@@ -285,7 +295,8 @@ class Runner:
         sample, rows = [pts[i] for i in order], _evaluated_rows([pts[i] for i in order])
         _same_as_rows(figs.take(order), rows)
         self.checked = sum(r is not None for r in rows)  # a chosen point that does not fit has no row to compare
-        return total, _check_rows(sample, rows, self.req.jobs)
+        worst, self.checked_exact = _check_rows(sample, rows, self.req.jobs)
+        return total, worst
 
 
 def _rows_of(pts: Sequence[Point], sims: list[tuple[Any, Any]]) -> list[dict[str, Any] | None]:
@@ -332,20 +343,26 @@ def _same_as_rows(figs: Figures, rows: Sequence[dict[str, Any] | None]) -> None:
             raise EvaluatorDisagreement(f"the plan's figures of a point differ from its row: {got} != {want}")
 
 
-def _check_rows(pts: list[Point], rows: list[dict[str, Any] | None], jobs: int | None) -> float:
-    """Re-simulate ``pts`` exact (on ``jobs`` workers) and compare each with its evaluated row; the largest relative
-    disagreement. Raises EvaluatorDisagreement above the tolerance."""
+def _check_rows(pts: list[Point], rows: list[dict[str, Any] | None], jobs: int | None) -> tuple[float, int]:
+    """Re-simulate ``pts`` on ``jobs`` workers (the simulator's default path, exact where it differs) and compare each
+    with its evaluated row: (the largest relative disagreement, the points simulated again exact). Raises
+    EvaluatorDisagreement above the tolerance."""
     from kvpipe.executors import executor_for
-    from kvpipe.sweep_work import exact_rows
+    from kvpipe.sweep_work import exact_rows, simulated_rows
     from sim.evaluator import check_sample
 
     keep = [(p, r) for p, r in zip(pts, rows, strict=True) if r is not None]
+    workers = jobs or os.cpu_count() or 1
+    again: list[int] = []
+    with executor_for(jobs) as ex:
 
-    def resimulate(chosen: list[Point]) -> list[dict[str, Any]]:
-        with executor_for(jobs) as ex:
-            return exact_rows(ex, chosen)
+        def exact(chosen: list[Point]) -> list[dict[str, Any]]:
+            again.append(len(chosen))
+            return exact_rows(ex, chosen, workers)
 
-    return check_sample([p for p, _ in keep], [r for _, r in keep], n=len(keep), resimulate=resimulate)
+        worst = check_sample([p for p, _ in keep], [r for _, r in keep], n=len(keep),
+                             resimulate=lambda chosen: simulated_rows(ex, chosen, workers=workers), exact=exact)
+    return worst, sum(again)
 
 
 def boundaries(pts: Sequence[Point], figs: Figures) -> set[int]:
@@ -355,20 +372,22 @@ def boundaries(pts: Sequence[Point], figs: Figures) -> set[int]:
     from sim.evaluator.check import boundaries as changes
 
     lines: dict[Any, int] = {}
-    by_id: dict[Any, int] = {}
-
-    def line(p: Point) -> int:
-        k = (id(p.workload), id(p.hardware), p.transport.arm)
-        got = by_id.get(k)
-        if got is None:
-            wl = p.workload
-            got = by_id[k] = lines.setdefault((wl.model.name, p.hardware.name, wl.cache_k.name, wl.cache_v.name, wl.n_parallel,
-                                               wl.unified, wl.split_mode, wl.tokens, p.transport.arm, wl.kv_gpu_layers,
-                                               wl.n_gpu_layers, wl.pinned), len(lines))
-        return got
-
+    of_config: dict[int, tuple[int, float, str]] = {}  # config object -> (depth, budget, arm): a grid shares a few
+    of_workload: dict[tuple[int, int, str], tuple[int, int]] = {}  # (workload, machine, arm) objects -> (line, context)
     n = len(pts)
-    return changes(np.fromiter((line(p) for p in pts), dtype=np.int64, count=n),
-                   np.fromiter((p.context for p in pts), dtype=np.int64, count=n),
-                   np.fromiter((p.transport.depth for p in pts), dtype=np.int64, count=n),
-                   np.fromiter((p.transport.budget_mib for p in pts), dtype=np.float64, count=n), figs.tokens_per_s, figs.declined)
+    line, context, depth = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    budget = np.empty(n, dtype=np.float64)
+    for i, p in enumerate(pts):
+        cfg = p.transport
+        c = of_config.get(id(cfg))
+        if c is None:
+            c = of_config[id(cfg)] = (cfg.depth, cfg.budget_mib, cfg.arm)
+        k = (id(p.workload), id(p.hardware), c[2])
+        w = of_workload.get(k)
+        if w is None:
+            wl = p.workload
+            w = of_workload[k] = (lines.setdefault((wl.model.name, p.hardware.name, wl.cache_k.name, wl.cache_v.name,
+                                                    wl.n_parallel, wl.unified, wl.split_mode, wl.tokens, c[2],
+                                                    wl.kv_gpu_layers, wl.n_gpu_layers, wl.pinned), len(lines)), p.context)
+        line[i], context[i], depth[i], budget[i] = w[0], w[1], c[0], c[1]
+    return changes(line, context, depth, budget, figs.tokens_per_s, figs.declined)

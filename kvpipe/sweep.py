@@ -15,9 +15,10 @@ fast path (``sim.run.decode.run_steady``) unless ``exact``.
 Points inside the compiled evaluator's envelope (``sim.evaluator.in_envelope``: one device, pinned, the transport arm,
 no mutation) are not simulated unless ``exact``: the evaluator computes every token of them exactly, a few hundred
 points to a chunk, and their rows say ``engine: evaluator``; the rest are simulated (``engine: simulator``). A sweep
-that evaluated points then re-simulates a sample of them, exact (``sim.evaluator.check_sample``: at least
-``check_n``, plus every point where the best depth or a decline changes between neighbouring contexts), and reports
-the largest relative disagreement; above 1e-9 it raises ``EvaluatorDisagreement`` (the rows are written first).
+that evaluated points then re-simulates a sample of them on the simulator's default path (``sim.evaluator.check_sample``:
+at least ``check_n``, plus every point where the best depth or a decline changes between neighbouring contexts; a row
+that differs by more than 1e-9 is simulated again exact, which decides), and reports the largest relative
+disagreement; above 1e-9 it raises ``EvaluatorDisagreement`` (the rows are written first).
 
 Every row has exactly the schema of ``kvpipe simulate --json``, plus ``engine``. A point is identified by its *grid
 coordinates*, the row fields that name it (model, hardware, cache type, context, depth, budget, tokens). The output
@@ -49,6 +50,7 @@ from kvpipe.sweep_work import (  # noqa: F401 - re-exported: a sweep's chunks
     exact_rows,
     key_of_point,
     run_chunk,
+    simulated_rows,
 )
 from sim.errors import InputError
 from sim.rows import KEY_DEFAULTS, KEY_FIELDS, Key, _norm, key_of_row, with_gains  # noqa: F401 - the schema, re-exported
@@ -90,7 +92,8 @@ class SweepResult:
     simulations: int = 0
     evaluated: int = 0
     check: float | None = None  # the sample check's largest relative disagreement (None: nothing evaluated was checked)
-    checked: int = 0  # the evaluator rows it re-simulated
+    checked: int = 0  # the evaluator rows it re-simulated (the simulator's default path)
+    checked_exact: int = 0  # of those, the rows simulated again exact (the default path's row differed by > 1e-9)
 
 
 def run_sweep(
@@ -107,15 +110,16 @@ def run_sweep(
     """Run every point not already in ``out_dir``; returns all rows in grid order.
 
     Unless ``exact``, points inside the evaluator's envelope are evaluated (``sim.evaluator``), and a sample of at
-    least ``check_n`` of them (0: none) plus the boundary points is re-simulated exact on the same executor
-    (``result.check``); a disagreement above 1e-9 raises ``sim.evaluator.EvaluatorDisagreement`` after the rows
-    are written. ``evaluator`` False: every point simulated (the fast path unless ``exact``), as before the evaluator.
+    least ``check_n`` of them (0: none) plus the boundary points is re-simulated on the same executor (the
+    simulator's default path; exact where it differs: ``result.check``); a disagreement above 1e-9 raises
+    ``sim.evaluator.EvaluatorDisagreement`` after the rows are written. ``evaluator`` False: every point simulated
+    (the fast path unless ``exact``), as before the evaluator.
 
     The points are planned by partition in the workers (``sim.run.tasks``): each distinct simulation runs once, on
-    the fast path (``sim.run.decode.run_steady``) unless ``exact``, and every point gets its own row. Blocks until the sweep is done (wall time
-    ~ distinct simulations x simulated tokens x a few ms / workers). Raises InputError on an empty grid or an
-    unusable output folder. A point that raises is reported in ``failed`` and left out of the rows (a rerun
-    retries it). ``resume`` adds this grid to a folder that holds another grid's sweep (``RowStore``).
+    the fast path (``sim.run.decode.run_steady``) unless ``exact``, and every point gets its own row. Blocks until the
+    sweep is done (wall time ~ distinct simulations x simulated tokens x a few ms / workers). Raises InputError on an
+    empty grid or an unusable output folder. A point that raises is reported in ``failed`` and left out of the rows (a
+    rerun retries it). ``resume`` adds this grid to a folder that holds another grid's sweep (``RowStore``).
     """
     if not points:
         raise InputError("the grid is empty; give at least one value per flag")
@@ -142,21 +146,26 @@ def run_sweep(
             store.close(order)
         if evaluated and check_n:
             place = {k: i for i, k in enumerate(order)}  # grid order, not the order chunks finished: the same sample each run
-            _check(ex, sorted(evaluated, key=lambda pr: place[key_of_point(pr[0])]), check_n, result)
+            _check(ex, sorted(evaluated, key=lambda pr: place[key_of_point(pr[0])]), check_n, result,
+                   1 if isinstance(ex, _Serial) else (jobs or os.cpu_count() or 1))
     result.rows = store.ordered(order) if out_dir else [store.rows[k] for k in order if k in store.rows]
     result.wall_s = time.perf_counter() - t0
     return result
 
 
-def _check(ex: Executor, evaluated: list[tuple[Point, dict[str, Any]]], n: int, result: SweepResult) -> None:
-    """The sample check of the evaluator's rows (``sim.evaluator.check_sample``), its simulations on ``ex``."""
+def _check(ex: Executor, evaluated: list[tuple[Point, dict[str, Any]]], n: int, result: SweepResult, workers: int) -> None:
+    """The sample check of the evaluator's rows (``sim.evaluator.check_sample``), its simulations on ``ex`` (``workers``)."""
     from sim.evaluator import check_sample
 
     def resimulate(pts: list[Point]) -> list[dict[str, Any]]:
         result.checked = len(pts)
-        return exact_rows(ex, pts)
+        return simulated_rows(ex, pts, workers=workers)
 
-    result.check = check_sample([p for p, _ in evaluated], [r for _, r in evaluated], n=n, resimulate=resimulate)
+    def exact(pts: list[Point]) -> list[dict[str, Any]]:
+        result.checked_exact = len(pts)
+        return exact_rows(ex, pts, workers=workers)
+
+    result.check = check_sample([p for p, _ in evaluated], [r for _, r in evaluated], n=n, resimulate=resimulate, exact=exact)
 
 
 def _collect(ex: Executor, work: list[Chunk], store: RowStore, order: Sequence[Key], result: SweepResult,

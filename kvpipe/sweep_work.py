@@ -1,12 +1,13 @@
-"""A sweep's work: points in chunks of whole partitions, each chunk run in a worker, and the exact re-simulation the
-sample checks compare with.
+"""A sweep's work: points in chunks of whole partitions, each chunk run in a worker, and the re-simulations the sample
+checks compare with.
 
 A chunk is points that travel together to one worker (``concurrent.futures``): whole *partitions* of a grid (the
 points that differ only in depth and budget, the only ones that can share a simulation), so the worker's point planner
 (``sim.run.tasks``) maps its chunk to the distinct simulations that decide it, each run once, on the fast path of
 ``sim.run.decode.run_steady`` unless ``exact``; or points inside the compiled evaluator's envelope, which the worker evaluates.
-:func:`exact_rows` is the simulator's answer every sample check compares the evaluator with. ``kvpipe.sweep`` runs
-chunks into a row store; a plan (``kvpipe.plan_run``) runs them for the points outside the envelope, with no store.
+:func:`simulated_rows` is the simulator's answer every sample check compares the evaluator with (the default path;
+:func:`exact_rows` where the two disagree). ``kvpipe.sweep`` runs chunks into a row store; a plan
+(``kvpipe.plan_run``) runs them for the points outside the envelope, with no store.
 
 Units: seconds inside; the rows carry their own units in their field names.
 """
@@ -92,25 +93,46 @@ def _evaluated(points: Sequence[Point]) -> list[dict[str, Any] | str]:
     return [r for r in out if r is not None]
 
 
-def _exact_task_rows(task: tasks.Task) -> list[dict[str, Any]]:
-    return [row(r) | SIMULATED for r in tasks.run_task(task)]
-
-
-def exact_rows(ex: Executor, points: Sequence[Point]) -> list[dict[str, Any]]:
-    """The simulator's rows of ``points`` (in order), every token simulated, each distinct simulation once: the points
-    the point planner finds to be one run (``sim.run.tasks.tasks``: every budget of an ordered or declined point, every
-    budget that leaves each token's plan the same) share one exact simulation, and each gets its own row from it
-    (``sim.run.tasks.member_result``, as a sweep's rows do; ``tests/sim/test_fast_path.py`` holds such rows to each
-    point's own exact simulation). The simulations run on ``ex``. What the sample check compares with. Blocks."""
+def _sample_rows(points: Sequence[Point], exact: bool) -> list[dict[str, Any]]:
+    """A sample check's simulations of whole partitions (in a worker): planned together (``sim.run.tasks.tasks``),
+    each distinct one run once -- the default path, or every token if ``exact`` -- with no race checker (the check
+    compares rows); each point's row, in order. Raises what a simulation raises."""
     pts = list(points)
-    todo = [dataclasses.replace(t, exact=True) for t in tasks.tasks(pts)]
-    # submit, not ``map``: an interrupted ``map`` cancels its futures while the pool marks them broken (a traceback)
-    futures = [ex.submit(_exact_task_rows, t) for t in todo]
     out: list[dict[str, Any] | None] = [None] * len(pts)
-    for t, f in zip(todo, futures, strict=True):
-        for m, r in zip(t.members, f.result(), strict=True):
-            out[m.index] = r
+    for t in tasks.tasks(pts):
+        task = dataclasses.replace(t, exact=True) if exact else t
+        for m, r in zip(task.members, tasks.run_task(task, checked=False), strict=True):
+            out[m.index] = row(r) | SIMULATED
     return [r for r in out if r is not None]
+
+
+def simulated_rows(ex: Executor, points: Sequence[Point], exact: bool = False, workers: int = 2) -> list[dict[str, Any]]:
+    """The simulator's rows of ``points`` (in order), each distinct simulation once, as a sample check compares them:
+    the points the point planner finds to be one run (``sim.run.tasks.tasks``: every budget of an ordered or declined
+    point, every budget that leaves each token's plan the same) share one simulation, and each gets its own row from it
+    (``sim.run.tasks.member_result``, as a sweep's rows do). The simulator's default path (``kvpipe simulate``'s: the
+    steady tokens extrapolated, ``sim.run.decode.run_steady``) unless ``exact`` (every token), and no race checker
+    either way: the check compares rows, not hazards. ``tests/sim/test_fast_path.py`` holds both kinds of row to each
+    point's own exact, checked simulation. The points go to ``ex`` in about two pieces per worker (``workers``) of
+    whole partitions (a simulation never spans two), each planned where it runs, so that the worker's graphs serve
+    both its planning and its simulations. Blocks."""
+    pts = list(points)
+    parts = tasks.partitions(pts)
+    n = max(1, min(len(parts), 2 * workers))
+    pieces = [[i for part in parts[k * len(parts) // n : (k + 1) * len(parts) // n] for i in part] for k in range(n)]
+    # submit, not ``map``: an interrupted ``map`` cancels its futures while the pool marks them broken (a traceback)
+    futures = [ex.submit(_sample_rows, [pts[i] for i in piece], exact) for piece in pieces]
+    out: list[dict[str, Any] | None] = [None] * len(pts)
+    for piece, f in zip(pieces, futures, strict=True):
+        for i, r in zip(piece, f.result(), strict=True):
+            out[i] = r
+    return [r for r in out if r is not None]
+
+
+def exact_rows(ex: Executor, points: Sequence[Point], workers: int = 2) -> list[dict[str, Any]]:
+    """:func:`simulated_rows` with every token simulated: what a sample check falls back on where the default path's
+    row and the evaluator's disagree. Blocks."""
+    return simulated_rows(ex, points, exact=True, workers=workers)
 
 
 def chunks(points: Sequence[Point], workers: int, todo: Sequence[bool] | None = None, exact: bool = False,

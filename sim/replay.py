@@ -15,6 +15,7 @@ Units: bytes.
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -30,8 +31,8 @@ from sim.transport.deliveries import span_fn
 from sim.transport.planning import PLAN_FIELDS
 from sim.workload import Workload
 
-__all__ = ["PLAN_FIELDS", "Plans", "PointPlan", "TokenPlan", "config_but_depth_budget", "context_free", "line_key", "plan_point",
-           "plan_points", "window_rows_at"]
+__all__ = ["PLAN_FIELDS", "Plans", "PointPlan", "TokenPlan", "config_but_depth_budget", "config_class", "context_free", "line_key",
+           "plan_point", "plan_points", "window_rows_at"]
 
 
 @dataclass(frozen=True)
@@ -111,11 +112,32 @@ def context_free(wl: Workload, cells: bool) -> Any:
     return replace(wl, context=(1,), tokens=1, ctx_size=wl.cells if cells else 0)
 
 
-def _shape(point: Point, step: int, rows: int, spans: list[Any], slot_key: Any) -> _Shape:
+def interned(key: Any) -> int:
+    """A number for ``key`` (equal keys, equal numbers; a number is never given to another key, even after the table
+    is emptied): what a cache keyed by it hashes instead of a workload, once per line rather than once per token."""
+    got = _INTERNED.get(key)
+    if got is None:
+        if len(_INTERNED) > 1 << 16:
+            _INTERNED.clear()
+        got = _INTERNED[key] = next(_NUMBERS)
+    return got
+
+
+_INTERNED: dict[Any, int] = {}
+_NUMBERS = itertools.count()
+
+
+def _family(point: Point) -> int:
+    """What a step's shape depends on but its window and slot layout (``context_free`` with the cache's size), as a
+    number."""
+    return interned((context_free(point.workload, cells=True), tuple(d.compute for d in point.hardware.devices),
+                     point.transport.arm))
+
+
+def _shape(point: Point, step: int, rows: int, spans: list[Any], slot_key: Any, family: int | None = None) -> _Shape:
     """The shape of step ``step``'s graph (its window: ``rows``); kept for the next points whose graphs share it
-    (``slot_key``: what the slot spans depend on)."""
-    wl = point.workload
-    key = (context_free(wl, cells=True), tuple(d.compute for d in point.hardware.devices), point.transport.arm, rows, slot_key)
+    (``slot_key``: what the slot spans depend on; ``family``: the point's :func:`_family`, if known)."""
+    key = (_family(point) if family is None else family, rows, slot_key)
     shape = _SHAPES.get(key)
     if shape is None:
         graph = graph_at(point, step)
@@ -140,17 +162,19 @@ class _Line:
     spans: list[Any]
     slot_key: Any
     io_bytes: int
+    family: int  # _family(point)
+    rows: tuple[int, ...]  # each token's window rows
 
     @staticmethod
     def of(point: Point) -> _Line:
-        cfg, devices = point.transport, placed_hardware(point).devices
+        cfg, devices, wl = point.transport, placed_hardware(point).devices, point.workload
         align = tuple(max(d.alignment_bytes, cfg.min_alignment_bytes) for d in devices)
         return _Line(point, tuple(d.memory_total_bytes for d in devices), tuple(d.memory_used_bytes for d in devices), align,
-                     [span_fn(cfg.pack_streams, a) for a in align], (cfg.pack_streams, align), io_bytes_for(point.workload))
+                     [span_fn(cfg.pack_streams, a) for a in align], (cfg.pack_streams, align), io_bytes_for(wl),
+                     _family(point), tuple(window_rows_at(wl, k) for k in range(wl.tokens)))
 
     def shape(self, step: int) -> _Shape:
-        rows = window_rows_at(self.point.workload, step)
-        return _shape(self.point, step, rows, self.spans, self.slot_key)
+        return _shape(self.point, step, self.rows[step], self.spans, self.slot_key, self.family)
 
 
 def line_key(point: Point) -> Any:
@@ -164,15 +188,27 @@ _rest = operator.attrgetter(*(f.name for f in fields(TransportConfig) if f.name 
 
 def config_but_depth_budget(cfg: TransportConfig) -> tuple[Any, ...]:
     """``cfg``'s fields but depth and budget (what a line shares), kept per config object."""
+    return _kept_rest(cfg)[1]
+
+
+def config_class(cfg: TransportConfig) -> int:
+    """A number for ``cfg``'s fields but depth and budget: equal numbers, equal :func:`config_but_depth_budget` (a key
+    that hashes as one int where millions of points are told apart). Kept per config object."""
+    return _kept_rest(cfg)[2]
+
+
+def _kept_rest(cfg: TransportConfig) -> tuple[TransportConfig, tuple[Any, ...], int]:
     got = _RESTS.get(id(cfg))
     if got is None or got[0] is not cfg:
         if len(_RESTS) > 4096:
             _RESTS.clear()
-        got = _RESTS[id(cfg)] = (cfg, _rest(cfg))
-    return got[1]
+        rest = _rest(cfg)
+        got = _RESTS[id(cfg)] = (cfg, rest, _CLASSES.setdefault(rest, len(_CLASSES)))
+    return got
 
 
-_RESTS: dict[int, tuple[TransportConfig, tuple[Any, ...]]] = {}
+_RESTS: dict[int, tuple[TransportConfig, tuple[Any, ...], int]] = {}
+_CLASSES: dict[tuple[Any, ...], int] = {}  # never cleared (the numbers must stay): one entry per distinct config but depth/budget
 
 
 def _lines(points: Sequence[Point]) -> tuple[np.ndarray, list[Point]]:
@@ -181,16 +217,21 @@ def _lines(points: Sequence[Point]) -> tuple[np.ndarray, list[Point]]:
     by_id: dict[Any, int] = {}
     lines: dict[Any, int] = {}
     firsts: list[Point] = []
-    line_of = np.empty(len(points), dtype=np.intp)
-    for i, p in enumerate(points):
-        k = (id(p.workload), id(p.hardware), config_but_depth_budget(p.transport))
+    classes: dict[int, int] = {}  # config object -> config_class (a grid shares a few config objects)
+    out: list[int] = []
+    for p in points:
+        cfg = p.transport
+        c = classes.get(id(cfg))
+        if c is None:
+            c = classes[id(cfg)] = config_class(cfg)
+        k = (id(p.workload), id(p.hardware), c)
         li = by_id.get(k)
         if li is None:
             li = by_id[k] = lines.setdefault(line_key(p), len(lines))
             if li == len(firsts):
                 firsts.append(p)
-        line_of[i] = li
-    return line_of, firsts
+        out.append(li)
+    return np.array(out, dtype=np.intp), firsts
 
 
 @dataclass
@@ -268,8 +309,7 @@ def plan_points(points: Sequence[Point], each_line: Callable[[Point], Any] | Non
         here = {li: sh[k] for li, sh in enumerate(shapes) if len(sh) > k}
         live = (tokens > k) & ledger.fits
         arr = _ShapeArrays(here, len(info), n_dev, line_of)
-        rows.append(np.array([window_rows_at(x.point.workload, k) if li in here else 0 for li, x in enumerate(info)],
-                             dtype=np.int64)[line_of])
+        rows.append(np.array([x.rows[k] if li in here else 0 for li, x in enumerate(info)], dtype=np.int64)[line_of])
         gp = planning.GraphPlan.empty(n)
         for d in range(n_dev):  # the --kv-gpu-layers prefix is placed before any ring is sized (not on the resident arm)
             ledger.alloc(d, "resident", arr.kv_bytes, live & arr.kv[:, d] & ~pol.resident_arm &

@@ -52,8 +52,8 @@ def register(sub: Any) -> None:
     p.add_argument("--exact", action="store_true", help=EXACT_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object per context")
     p.add_argument("--check", type=int, default=32, metavar="N",
-                   help="re-simulate at least N of the evaluator's rows exact at the end, and every point where the best "
-                        "depth changes (default 32; 0: no check)")
+                   help="re-simulate at least N of the evaluator's rows at the end (the simulator's default path; exact "
+                        "where it differs), and every point where the best depth changes (default 32; 0: no check)")
     p.add_argument("--plot", metavar="PREFIX", help="also write PREFIX.png and PREFIX.svg: t/s and the memory split per context")
     p.set_defaults(func=run)
 

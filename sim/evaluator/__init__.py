@@ -30,9 +30,11 @@ API (what a caller such as the planner or ``kvpipe sweep`` uses)::
 * ``evaluate_stats(points) -> list[list[GraphStats]]``: the per-token stats behind the rows.
 * ``summarize(points) -> Summary``: every point's figures as arrays (t/s, ms, declined, ring, ...), no rows: what a
   plan of half a million points reads.
-* ``check_sample(points, rows, n=32, seed=0) -> float``: re-simulates, exact, ``n`` rows drawn with ``seed`` plus
-  every row where the best depth or the decline changes between neighbouring contexts, returns the largest
-  relative disagreement, raises ``EvaluatorDisagreement`` above 1e-9. Blocks for the simulations (tens of ms each).
+* ``check_sample(points, rows, n=32, seed=0) -> float``: re-simulates ``n`` rows drawn with ``seed`` plus every row
+  where the best depth or the decline changes between neighbouring contexts, on the simulator's default path (the
+  steady tokens extrapolated, no race checker; a row that differs by more than 1e-9 again exact, which decides),
+  returns the largest relative disagreement, raises ``EvaluatorDisagreement`` above 1e-9. Blocks for the
+  simulations (a few to tens of ms each).
 * ``row_disagreement(a, b) -> float``: the comparison both use (relative, over every numeric field; ``inf`` where a
   flag or a string differs).
 

@@ -27,8 +27,9 @@ from backends.base import CopyRange, copy_calls
 from backends.profile import LinkCurve
 from backends.simpy_copy import calls_seconds
 from sim.graph import DecodeGraph
-from sim.replay import context_free, window_rows_at
+from sim.replay import context_free, interned, window_rows_at
 from sim.run.point import Point, graph_at
+from sim.transport import planning
 from sim.transport.deliveries import Delivery, SpanFn, ordered_copy, plan_deliveries, slot_entries, span_fn
 
 #: A split's shape: (kind, ordered inputs, staged inputs, kernel launches).
@@ -91,7 +92,21 @@ class TokenCosts:
 
 
 def _seconds(link: LinkCurve, ranges: Any) -> float:
+    """Engine seconds of a copy of ``ranges`` (``copy_calls``' shape, ``calls_seconds``' cost). One 1D range is one
+    call of its bytes (none if empty): its seconds are kept by link and bytes (a graph's small inputs and many of its
+    windows' copies are the same sizes)."""
+    if len(ranges) == 1 and ranges[0].rows == 1:
+        n = ranges[0].nbytes
+        got = _ONE_CALL.get((id(link), n))
+        if got is None or got[0] is not link:
+            if len(_ONE_CALL) > 1 << 16:
+                _ONE_CALL.clear()
+            got = _ONE_CALL[id(link), n] = (link, float(calls_seconds(link, copy_calls(ranges))))
+        return got[1]
     return float(calls_seconds(link, copy_calls(ranges)))
+
+
+_ONE_CALL: dict[tuple[int, int], tuple[LinkCurve, float]] = {}
 
 
 def _nbytes(ranges: Any) -> int:
@@ -140,10 +155,16 @@ def _links(point: Point) -> tuple[LinkCurve, LinkCurve, SpanFn]:
     return dev.link(True, True), dev.link(False, True), span_fn(cfg.pack_streams, max(dev.alignment_bytes, cfg.min_alignment_bytes))
 
 
-def _deliveries(graph: DecodeGraph, span: SpanFn) -> dict[int, Delivery]:
-    """The graph's deliveries by split (one slot at 0: a slot's place moves no copy's shape). Pure."""
+def _deliveries(graph: DecodeGraph, span: SpanFn, slot_key: Any = None) -> dict[int, Delivery]:
+    """The graph's deliveries by split (one slot at 0: a slot's place moves no copy's shape). Pure. ``slot_key``: the
+    point planner's name of ``span`` on device 0 (``sim.replay``'s ``(pack_streams, (alignment,))``); given, and every
+    staged split on device 0 (the envelope's one device), the slot's entries are the planner's, kept with the graph
+    (``planning.slot_needs``: the point planner asked them of the same graph)."""
     staged = list(graph.staged_splits)
-    _, entries = slot_entries(staged, span)
+    if slot_key is not None and staged and all(s.device == 0 for s in staged):
+        entries = planning.slot_needs(graph, [span], slot_key)[0][3]
+    else:
+        _, entries = slot_entries(staged, span)
     return {d.split: d for d in plan_deliveries(staged, entries, 1, lambda slot: 0, span)}
 
 
@@ -159,6 +180,22 @@ class _Block:
     costs: TokenCosts
     link: LinkCurve
     scaled: tuple[tuple[int, int, int, int, tuple[int, ...], tuple[int, ...]], ...] | None
+    early: tuple[_Group, ...] = ()  # ``scaled``'s early copies grouped by their calls (every attention layer's are alike)
+    late: tuple[_Group, ...] = ()
+
+
+#: Staged splits whose early (or late) copies are the same calls: (bytes per row of each call, the splits' seconds
+#: columns, their bytes columns).
+_Group = tuple[tuple[int, ...], np.ndarray, np.ndarray]
+
+
+def _groups(scaled: tuple[tuple[int, int, int, int, tuple[int, ...], tuple[int, ...]], ...], late: bool) -> tuple[_Group, ...]:
+    by: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
+    for es, eb, ls, lb, early_calls, late_calls in scaled:
+        cols = by.setdefault(late_calls if late else early_calls, ([], []))
+        cols[0].append(ls if late else es)
+        cols[1].append(lb if late else eb)
+    return tuple((calls, np.array(sc, dtype=np.intp), np.array(bc, dtype=np.intp)) for calls, (sc, bc) in by.items())
 
 
 def _block(graph: DecodeGraph, costs: TokenCosts, h2d: LinkCurve, deliveries: dict[int, Delivery], resident: bool = False) -> _Block:
@@ -176,20 +213,20 @@ def _block(graph: DecodeGraph, costs: TokenCosts, h2d: LinkCurve, deliveries: di
         if len(graph.positions) != 1 or row <= 0 or late_rows <= 0 or any(n % row for n in early) or any(n % late_rows for n in late):
             return _Block(costs, h2d, None)
         out.append((*c.early, *c.late, tuple(n // row for n in early), tuple(n // late_rows for n in late)))
-    return _Block(costs, h2d, tuple(out))
+    scaled = tuple(out)
+    return _Block(costs, h2d, scaled, _groups(scaled, False), _groups(scaled, True))
 
 
 def _scaled(block: _Block, row: int) -> TokenCosts:
-    """The step of ``block``'s window whose sequence writes row ``row``. Pure."""
+    """The step of ``block``'s window whose sequence writes row ``row``: each group of alike deliveries' numbers computed
+    once (the same calls, summed in the same order) and written to every split of the group. Pure."""
     assert block.scaled is not None
     vals = block.costs.values.copy()
-    late_rows = block.costs.window_rows - row
     seconds = block.link.seconds
-    for es, eb, ls, lb, early, late in block.scaled:
-        vals[es] = sum(seconds(n * row) for n in early)
-        vals[eb] = sum(early) * row
-        vals[ls] = sum(seconds(n * late_rows) for n in late)
-        vals[lb] = sum(late) * late_rows
+    for groups, rows in ((block.early, row), (block.late, block.costs.window_rows - row)):
+        for calls, s_cols, b_cols in groups:
+            vals[s_cols] = sum([seconds(n * rows) for n in calls])
+            vals[b_cols] = sum(calls) * rows
     return TokenCosts(block.costs.layout, vals, block.costs.window_rows)
 
 
@@ -216,7 +253,7 @@ def point_costs(point: Point) -> list[TokenCosts]:
     cfg, hw, wl = point.transport, point.hardware, point.workload
     resident = cfg.arm == "resident"
     base = (wl, hw.devices[0], cfg.pack_streams, cfg.min_alignment_bytes, resident)
-    family = (context_free(wl, cells=False), *base[1:])  # a window's numbers do not depend on the context otherwise
+    family = interned((context_free(wl, cells=False), *base[1:]))  # a window's numbers do not depend on the context otherwise
     kept = _KEPT.get(base)
     if kept is None:
         kept = {}
@@ -230,7 +267,8 @@ def point_costs(point: Point) -> list[TokenCosts]:
             if block is None or block.scaled is None:
                 graph = graph_at(point, step)
                 h2d, d2h, span = _links(point)
-                deliveries = {} if resident else _deliveries(graph, span)
+                align = max(point.hardware.devices[0].alignment_bytes, cfg.min_alignment_bytes)
+                deliveries = {} if resident else _deliveries(graph, span, (cfg.pack_streams, (align,)))
                 got = _build(graph, h2d, d2h, span, deliveries, resident)
                 if block is None:
                     _keep(_BLOCKS, (family, rows), _block(graph, got, h2d, deliveries, resident), KEPT_BLOCKS)
@@ -245,6 +283,7 @@ def clear_costs() -> None:
     """Forget every kept token's numbers (a timing that must build them, as ``kvpipe bench`` does)."""
     _KEPT.clear()
     _BLOCKS.clear()
+    _ONE_CALL.clear()
 
 
 def _keep(cache: OrderedDict[Any, Any], key: Any, value: Any, most: int = KEPT_POINTS) -> None:

@@ -25,17 +25,17 @@ from sim.run.point import Point, graph_at
 def in_envelope(point: Point) -> str | None:
     """None if the evaluator answers ``point``; else why not (one line)."""
     wl, hw, cfg = point.workload, point.hardware, point.transport
-    checks = (
-        (cfg.arm not in ("transport", "resident"), f"arm {cfg.arm} (the evaluator runs the transport and resident arms)"),
-        (bool(cfg.mutations), f"mutated ({', '.join(sorted(cfg.mutations))})"),
-        (cfg.schedule.active, f"schedule {cfg.schedule.name} (the evaluator models the reference schedule)"),
-        (len(hw.devices) != 1 or wl.split_mode != "none", f"{len(hw.devices)} devices, split mode {wl.split_mode}"),
-        (not wl.pinned and cfg.arm != "resident", "pageable host cache"),  # resident: only its warm-up reads the cache
-        (not 2 <= cfg.margin_slots <= 32, f"ring margin {cfg.margin_slots} (the evaluator needs 2..32)"),
+    checks = (  # each reason formatted only where it applies
+        (cfg.arm not in ("transport", "resident"), lambda: f"arm {cfg.arm} (the evaluator runs the transport and resident arms)"),
+        (bool(cfg.mutations), lambda: f"mutated ({', '.join(sorted(cfg.mutations))})"),
+        (cfg.schedule.active, lambda: f"schedule {cfg.schedule.name} (the evaluator models the reference schedule)"),
+        (len(hw.devices) != 1 or wl.split_mode != "none", lambda: f"{len(hw.devices)} devices, split mode {wl.split_mode}"),
+        (not wl.pinned and cfg.arm != "resident", lambda: "pageable host cache"),  # resident: only its warm-up reads the cache
+        (not 2 <= cfg.margin_slots <= 32, lambda: f"ring margin {cfg.margin_slots} (the evaluator needs 2..32)"),
     )
     for bad, why in checks:
         if bad:
-            return why
+            return why()
     dev = hw.devices[0]
     if dev.h2d_engines != 1 or dev.d2h_engines != 1 or not dev.copy_engine_drains_stream:
         return "copy engines other than one FIFO engine per direction that drains a stream"

@@ -153,9 +153,10 @@ def member_result(result: RunResult, member: Member, simulated: Point) -> RunRes
     return replace(result, point=result.point if member.point is simulated else member.point, graphs=graphs, extra=extra)
 
 
-def run_task(task: Task, trace: bool = False, functional: bool = False) -> list[RunResult]:
-    """Simulate ``task`` once under the race checker (``run_point``; the fast path unless the task is exact) and
-    return one result per member. Blocks for the simulation's wall time. Raises what the simulation raises."""
-    result = run_point(task.point, exact=task.exact, trace=trace, functional=functional, plan=task.plan)
+def run_task(task: Task, trace: bool = False, functional: bool = False, checked: bool = True) -> list[RunResult]:
+    """Simulate ``task`` once (``run_point``; the fast path unless the task is exact; under the race checker unless not
+    ``checked``) and return one result per member. Blocks for the simulation's wall time. Raises what the simulation
+    raises."""
+    result = run_point(task.point, exact=task.exact, trace=trace, functional=functional, plan=task.plan, checked=checked)
     result.extra["tokens_simulated"] = sum(1 for g in result.graphs if g.extrapolated_from < 0)
     return [member_result(result, m, task.point) for m in task.members]

@@ -203,9 +203,34 @@ def test_check_sample_resimulates_and_reports() -> None:
     bad = [dict(r) for r in rows]
     for r in bad:
         r["ms_per_token"] *= 1 + 1e-6
-    with pytest.raises(EvaluatorDisagreement, match="differs from the simulator's by 1e-06"):
+    with pytest.raises(EvaluatorDisagreement, match=r"differs from the simulator's \(exact\) by 1e-06"):
         check_sample(pts, bad, n=len(bad))
     assert check_sample(pts, [{**r, "engine": "simulator"} for r in rows]) == 0.0
+
+
+def test_check_sample_runs_the_default_path_and_lets_the_exact_path_decide() -> None:
+    """The check re-simulates on the simulator's default path (the fast path, no race checker); a row of it that differs
+    from the evaluator's by more than the tolerance is simulated again exact, and that row decides."""
+    pts = points(GridSpec(contexts=((4096,), (32768,)), depths=(0, 2), budgets_mib=(0.0,), tokens=6))
+    rows = evaluate(pts)
+    calls: list[tuple[str, int]] = []
+
+    def fast(chosen: list[Point]) -> list[dict[str, Any]]:
+        calls.append(("fast", len(chosen)))
+        runs = [run_point(p, exact=False, checked=False) for p in chosen]
+        assert all(any(g.extrapolated_from >= 0 for g in r.graphs) and "hazards" not in r.extra for r in runs)  # fast, unchecked
+        out = [row(r) for r in runs]
+        out[0] = {**out[0], "ms_per_token": out[0]["ms_per_token"] * (1 + 1e-6)}  # as if its extrapolation were off
+        return out
+
+    def exact(chosen: list[Point]) -> list[dict[str, Any]]:
+        calls.append(("exact", len(chosen)))
+        return [row(run_point(p, exact=True, checked=False)) for p in chosen]
+
+    assert check_sample(pts, rows, n=len(pts), resimulate=fast, exact=exact) <= TOL
+    assert calls == [("fast", len(pts)), ("exact", 1)]  # only the row that differed ran again
+    with pytest.raises(EvaluatorDisagreement, match="1e-06"):  # and where the exact row differs too, it fails
+        check_sample(pts, rows, n=len(pts), resimulate=fast, exact=lambda chosen: fast(chosen)[:len(chosen)])
 
 
 def test_row_disagreement() -> None:

@@ -216,11 +216,14 @@ def test_a_fast_run_that_finds_a_hazard_runs_again_exact(monkeypatch: pytest.Mon
     assert [g.extrapolated_from for g in result.graphs] == [-1] * 6  # every token, every hazard counted
 
 
-def test_the_sample_checks_shared_exact_runs_are_each_points_own(grid: tuple[list[Point], list[RunResult]],
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """``kvpipe.sweep_work.exact_rows`` (what the sample checks compare with) runs each distinct simulation once, every token
-    simulated, and gives each point the row of its own exact simulation (fields that say how a row was made aside)."""
-    from kvpipe.sweep import _Serial, exact_rows
+@pytest.mark.parametrize("exact_path", [False, True])
+def test_the_sample_checks_shared_runs_are_each_points_own(grid: tuple[list[Point], list[RunResult]], exact_path: bool,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kvpipe.sweep_work.simulated_rows`` (what the sample checks compare with: the simulator's default path, no race
+    checker) and ``exact_rows`` (what they fall back on) run each distinct simulation once -- on the fast path, or every
+    token -- and give each point a row within 1e-9 (default path) or 1e-12 (exact) of its own exact, checked simulation
+    (fields that say how a row was made aside)."""
+    from kvpipe.sweep import _Serial, exact_rows, simulated_rows
     from sim.evaluator import row_disagreement
 
     pts, exact = grid
@@ -228,15 +231,16 @@ def test_the_sample_checks_shared_exact_runs_are_each_points_own(grid: tuple[lis
     ran: list[int] = []
     real = tasks.run_task
 
-    def counting(task: Any) -> Any:
+    def counting(task: Any, checked: bool = True) -> Any:
         ran.append(len(task.members))
-        assert task.exact
-        return real(task)
+        assert task.exact == exact_path and not checked
+        return real(task, checked=checked)
 
     monkeypatch.setattr(tasks, "run_task", counting)
-    got = exact_rows(_Serial(), [pts[i] for i in pick])
+    got = (exact_rows if exact_path else simulated_rows)(_Serial(), [pts[i] for i in pick])
     assert len(got) == len(pick) and sum(ran) == len(pick) and len(ran) < len(pick) * 3 // 4  # shared, and every point once
+    assert all((r["tokens_simulated"] == 8) == exact_path for r in got)  # 8 tokens; the fast path extrapolates
     for i, r in zip(pick, got, strict=True):
         want = row(exact[i])
         assert (r["context"], r["depth"], r["budget_mib"]) == (want["context"], want["depth"], want["budget_mib"])
-        assert row_disagreement(r, want) <= 1e-12, (want["context"], want["depth"], want["budget_mib"])
+        assert row_disagreement(r, want) <= (1e-12 if exact_path else 1e-9), (want["context"], want["depth"], want["budget_mib"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -184,7 +185,7 @@ def test_the_check_counts_the_points_it_compares(monkeypatch: pytest.MonkeyPatch
     compared: list[int] = []
     real = plan_run._check_rows
 
-    def counting(pts: list, rows: list, jobs: int | None) -> float:  # type: ignore[type-arg]
+    def counting(pts: list, rows: list, jobs: int | None) -> tuple[float, int]:  # type: ignore[type-arg]
         compared.append(sum(r is not None for r in rows))
         return real(pts, rows, jobs)
 
@@ -222,3 +223,35 @@ def test_the_check_draws_the_resident_arm_too(monkeypatch: pytest.MonkeyPatch) -
     assert f.evaluated.all() and f.fits[-len(resident):].all()
     assert runner.check(12)[1] <= 1e-9
     assert arms.count("resident") == ARM_N and arms.count("transport") >= 12 - ARM_N
+
+
+def test_a_plan_runs_without_the_cycle_collector_and_restores_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``plan_fit`` runs its points with Python's cycle collector off (a full collection walks every point it holds)
+    and leaves it as it found it, also when the plan raises."""
+    import gc
+
+    from kvpipe import capacity
+
+    seen: list[bool] = []
+    real = capacity._plan_fit
+
+    def spy(req: Any, runner: Any) -> Any:
+        seen.append(gc.isenabled())
+        return real(req, runner)
+
+    monkeypatch.setattr(capacity, "_plan_fit", spy)
+    req = PlanRequest(contexts=(4096,), tokens=2, max_depth=1, jobs=1, check_n=0)
+    assert gc.isenabled()
+    capacity.plan_fit(req)
+    assert seen == [False] and gc.isenabled()
+    monkeypatch.setattr(capacity, "_plan_fit", lambda req, runner: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        capacity.plan_fit(req)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        monkeypatch.setattr(capacity, "_plan_fit", spy)
+        capacity.plan_fit(req)
+        assert not gc.isenabled()  # off before, off after
+    finally:
+        gc.enable()
