@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.profile import DeviceProfile, HostCosts
-from sim.evaluator.costs import Layout
+from sim.evaluator.costs import Layout, SplitCols
 
 Arr = np.ndarray
 INF = np.inf
@@ -236,91 +236,110 @@ class _Machine:
 
 def run_token(layout: Layout, X: Arr, setup: Setup, host: HostCosts, dev: DeviceProfile) -> dict[str, Arr | float]:
     """Run one token of ``layout`` over the lanes of ``X`` (one row each). Returns each GraphStats time and byte
-    field (arrays) and count (numbers), as the scheduler would have counted them."""
-    L = X.shape[0]
-    n_d2h = sum(len(c.ordered) for c in layout.splits if c.kind == "cpu")
-    m = _Machine(L, layout.staged, n_d2h, host, dev, ordered=setup.depth == 0)
-    z = np.zeros(L)
-    st: dict[str, Arr | float] = {"blocked_ordered_s": z, "consumer_wait_s": z, "issue_s": z, "boundary_wait_s": z,
-                                  "early_bytes": z, "late_bytes": z, "ordered_bytes": z, "ordered_copies": 0,
-                                  "depth_stops": 0, "recycle_waits": 0, "deliveries": 0}
-    col = X.__getitem__
-    N = setup.depth
-    used = list(setup.slots_used)
-    staged = [c for c in layout.splits if c.windows]
-    S = len(staged)
-    state = {"issued": 0, "consumed": 0}
+    field (arrays) and count (numbers), as the scheduler would have counted them. Does not block."""
+    return _Token(layout, X, setup, host, dev).run()
 
-    def wait_consumer() -> None:
+
+class _Token:
+    """One token's host program over the lanes, as the scheduler runs it: the ordered inputs' blocking copies, the
+    deliveries issued up to ``depth`` splits ahead, each staged split's late rows, wait and launch; ``st`` counts what
+    the scheduler's GraphStats count."""
+
+    def __init__(self, layout: Layout, X: Arr, setup: Setup, host: HostCosts, dev: DeviceProfile) -> None:
+        n_d2h = sum(len(c.ordered) for c in layout.splits if c.kind == "cpu")
+        self.m = _Machine(X.shape[0], layout.staged, n_d2h, host, dev, ordered=setup.depth == 0)
+        z = np.zeros(X.shape[0])
+        self.st: dict[str, Arr | float] = {"blocked_ordered_s": z, "consumer_wait_s": z, "issue_s": z, "boundary_wait_s": z,
+                                           "early_bytes": z, "late_bytes": z, "ordered_bytes": z, "ordered_copies": 0,
+                                           "depth_stops": 0, "recycle_waits": 0, "deliveries": 0}
+        self.layout, self.X, self.setup, self.host = layout, X, setup, host
+        self.used = list(setup.slots_used)
+        self.staged = [c for c in layout.splits if c.windows]
+        self.issued = self.consumed = 0
+
+    def wait_consumer(self) -> None:
+        m = self.m
         t = m.h
         m.sync()
-        st["consumer_wait_s"] = st["consumer_wait_s"] + (m.h - t)
+        self.st["consumer_wait_s"] = self.st["consumer_wait_s"] + (m.h - t)
 
-    def blocking(seconds: Arr, nbytes: Arr, to_device: bool) -> None:
+    def blocking(self, seconds: Arr, nbytes: Arr, to_device: bool) -> None:
+        """One blocking copy of an ordered input (host to device: on the consumer stream, then a sync)."""
+        m, st = self.m, self.st
         t = m.h
         if to_device:
             m.h2d_consumer(seconds)
             m.sync()
         else:
             m.d2h(seconds)
-            m.h = np.maximum(m.h, m.cons_done) + host.host_wait_s
+            m.h = np.maximum(m.h, m.cons_done) + self.host.host_wait_s
         st["blocked_ordered_s"] = st["blocked_ordered_s"] + (m.h - t)
         st["ordered_bytes"] = st["ordered_bytes"] + nbytes
         st["ordered_copies"] += 1
 
-    def prefetch() -> None:
+    def prefetch(self) -> None:
+        """Issue deliveries (early parts) up to ``depth`` staged splits past the one consumed last."""
+        m, st, setup, X = self.m, self.st, self.setup, self.X
         t = m.h
-        while state["issued"] < S and state["issued"] <= state["consumed"] + N:
-            o = state["issued"]
+        S = len(self.staged)
+        while self.issued < S and self.issued <= self.consumed + setup.depth:
+            o = self.issued
             slot = o % setup.n_slots
-            if used[slot]:
+            if self.used[slot]:
                 m.event()
                 st["recycle_waits"] += 1
-            es, eb = staged[o].early
-            m.deliver(o, col((slice(None), es)), col((slice(None), eb)))
+            es, eb = self.staged[o].early
+            m.deliver(o, X[:, es], X[:, eb])
             st["early_bytes"] = st["early_bytes"] + X[:, eb]
-            used[slot] = True
+            self.used[slot] = True
             st["deliveries"] += 1
-            state["issued"] += 1
-        if state["issued"] < S:
+            self.issued += 1
+        if self.issued < S:
             st["depth_stops"] += 1
         st["issue_s"] = st["issue_s"] + (m.h - t)
 
-    if setup.boundary:
-        m.h = m.h + host.host_wait_s  # the transfer stream: idle since the last token's last delivery was waited on
-        m.h = m.h + host.host_wait_s  # the consumer stream: the last token ended by synchronizing it
-        st["boundary_wait_s"] = m.h.copy()
-    if N:
-        prefetch()
-    for c in layout.splits:
-        if c.kind == "cpu":
-            wait_consumer()
-            for s_col, b_col in c.ordered:
-                blocking(X[:, s_col], X[:, b_col], False)
-            seconds = X[:, c.compute]
-            m.h = m.h + seconds
-            continue
+    def gpu_split(self, c: SplitCols) -> None:
+        """A GPU split: its ordered inputs; a staged one's late rows, the wait on its delivery, the launch, the
+        release and the next deliveries (depth 0: its windows as blocking copies, then the launch)."""
+        m, st, X = self.m, self.st, self.X
         if c.ordered:
-            wait_consumer()
+            self.wait_consumer()
             for s_col, b_col in c.ordered:
-                blocking(X[:, s_col], X[:, b_col], True)
-        if c.windows and N:
+                self.blocking(X[:, s_col], X[:, b_col], True)
+        if c.windows and self.setup.depth:
             ls, lb = c.late
             m.h2d_consumer(X[:, ls])
             st["late_bytes"] = st["late_bytes"] + X[:, lb]
             m.event()
-            m.pending.append(("wait", state["consumed"], m.h.copy()))
+            m.pending.append(("wait", self.consumed, m.h.copy()))
             m.launch(X[:, c.compute], c.launches)
             m.event()
             m.pending.append(("record", m.h.copy()))
-            state["consumed"] += 1
-            prefetch()
-        else:
-            if c.windows:
-                wait_consumer()
-                for s_col, b_col in c.windows:
-                    blocking(X[:, s_col], X[:, b_col], True)
-            m.launch(X[:, c.compute], c.launches)
-    wait_consumer()
-    st["total_s"] = m.h
-    return st
+            self.consumed += 1
+            self.prefetch()
+            return
+        if c.windows:
+            self.wait_consumer()
+            for s_col, b_col in c.windows:
+                self.blocking(X[:, s_col], X[:, b_col], True)
+        m.launch(X[:, c.compute], c.launches)
+
+    def run(self) -> dict[str, Arr | float]:
+        m, X = self.m, self.X
+        if self.setup.boundary:
+            m.h = m.h + self.host.host_wait_s  # the transfer stream: idle since the last token's last delivery was waited on
+            m.h = m.h + self.host.host_wait_s  # the consumer stream: the last token ended by synchronizing it
+            self.st["boundary_wait_s"] = m.h.copy()
+        if self.setup.depth:
+            self.prefetch()
+        for c in self.layout.splits:
+            if c.kind == "cpu":  # the new rows come down (blocking), then the host stores them
+                self.wait_consumer()
+                for s_col, b_col in c.ordered:
+                    self.blocking(X[:, s_col], X[:, b_col], False)
+                m.h = m.h + X[:, c.compute]
+            else:
+                self.gpu_split(c)
+        self.wait_consumer()
+        self.st["total_s"] = m.h
+        return self.st
