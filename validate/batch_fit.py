@@ -214,8 +214,8 @@ def _row(r: TokenRun, fitted_s: float, **extra: float) -> dict[str, Any]:
 
 def record(fit: BatchFit, source: str) -> dict[str, Any]:
     """The fit as a profile's ``batch`` record (file units, rounded to 6 significant digits)."""
-    return rounded({"from": source, "term": fit.term, "value_us": fit.value_us, "clamped": fit.clamped,
-                    "staging_factor": fit.staging, "staging_link": fit.link_key,
+    staging = {"staging_factor": fit.staging, "staging_link": fit.link_key} if fit.link_key else {}
+    return rounded({"from": source, "term": fit.term, "value_us": fit.value_us, "clamped": fit.clamped, **staging,
                     "residuals": list(fit.residuals), "held_out": list(fit.held_out), "offsets": list(fit.offsets)})
 
 

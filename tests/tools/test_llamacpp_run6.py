@@ -46,7 +46,8 @@ def test_no_held_out_depth_or_prompt_was_used_by_an_earlier_run() -> None:
             prompts |= {int(x) for x in re.findall(r" -npp (\d+)", text)}
     held = {d for _, _, _, d in _types6().DESIGN}
     assert earlier and prompts and not held & earlier
-    assert re.search(r'LCP_R6_PP_HELD:-(\d+)', (LCP / "run6.sh").read_text()).group(1) == "896" and 896 not in prompts
+    pp_held = re.search(r'LCP_R6_PP_HELD:-(\d+)', (LCP / "run6.sh").read_text())
+    assert pp_held is not None and pp_held.group(1) == "896" and 896 not in prompts
 
 
 @pytest.mark.parametrize("folder", ["prediction-types6"])

@@ -35,7 +35,10 @@ HELD = tuple(f"r6-{arm}-{t}-held.json" for t in NAMES for arm in ("res", "ord"))
 FRESH = tuple(f"r6f-{arm}-{t}-held.json" for t in NAMES for arm in ("res", "ord"))
 
 
-def design(script: Path = Path(__file__).with_name("run6.sh")) -> tuple[tuple[str, str, int, int], ...]:
+SCRIPT = Path(__file__).with_name("run6.sh")
+
+
+def design(script: Path = SCRIPT) -> tuple[tuple[str, str, int, int], ...]:
     """The held-out (K, V, -nkvo, depth) of run6.sh's ``R6_TYPES`` rows: each arm's depths less its calibration ones."""
     out = []
     for row in re.findall(r'"(\S+ \S+ \S+ [\d,]+ [\d,]+ [\d,]+ [\d,]+)"', script.read_text()):
