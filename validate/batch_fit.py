@@ -27,6 +27,14 @@ Two choices, stated once:
   layout, host memory) share an offset: what the one-sequence profile misses
   there (the ``B = 1`` row's error) is not charged to the further sequences.
   The offsets are reported, not written into the profile.
+* **The staging rate of the call, optionally** (``staging=True``). On the
+  ordered path each further sequence adds its window copy, priced at the
+  one-sequence profile's host->device rate; a host whose rate moved ~10%
+  between calls (the H200's pageable staging, docs/validation.md) moves that
+  copy by more than the term itself, and the term then clamps at 0. With rows
+  at two contexts or more the two are told apart (a copy grows with the
+  context, the term does not): a factor on the link's rate is fitted with the
+  term (:func:`staging_factor`) and goes into the profile.
 
 Units: seconds inside; the profile file's us and ms only in the records.
 Blocks for the simulations (tens of ms each).
@@ -61,6 +69,8 @@ class BatchFit:
     residuals: tuple[dict[str, Any], ...]  # every row: measured and fitted t/s over all sequences, error
     held_out: tuple[dict[str, Any], ...]  # each row with a further sequence, left out of the fit and predicted
     offsets: tuple[dict[str, Any], ...]  # per point: measured less fitted ms per step (weighted mean), the profile's miss
+    staging: float = 1.0  # the factor fitted on the link's rate (1: the one-sequence profile's rate kept)
+    link_key: str = ""  # the link the factor applies to ("" when none was fitted)
 
 
 def with_term(profile: dict[str, Any], key: str, value_us: float, entry: str = "") -> dict[str, Any]:
@@ -77,6 +87,63 @@ def _point(r: TokenRun) -> tuple[Any, ...]:
     return (r.arm, r.context, r.unified, r.pinned, r.n_gpu_layers)
 
 
+def with_staging(profile: dict[str, Any], key: str, factor: float) -> dict[str, Any]:
+    """A copy of the profile dict whose link ``key`` runs ``factor`` times its rate at every copy size. Pure."""
+    d = copy.deepcopy(profile)
+    for dev in d["devices"]:
+        dev["links"][key]["points"] = [[b, g * factor] for b, g in dev["links"][key]["points"]]
+    return d
+
+
+def _design(base: dict[str, Any], key: str, entry: str, model: ModelShape, cache_k: CacheType, cache_v: CacheType,
+            runs: Sequence[TokenRun]) -> tuple[list[float], list[tuple[tuple[Any, ...], float, float, float]]]:
+    """Each run's simulated step with the term free, and its (point, response to the term, measured less simulated,
+    weight) row. Blocks (2 simulations a run)."""
+    free, unit = with_term(base, key, 0.0, entry), with_term(base, key, UNIT_US, entry)
+    wls = [workload_of(model, cache_k, cache_v, r) for r in runs]
+    rest = [simulated_s(free, wl, r.arm) for wl, r in zip(wls, runs, strict=True)]
+    xs = [(simulated_s(unit, wl, r.arm) - s0) / UNIT_US for wl, r, s0 in zip(wls, runs, rest, strict=True)]
+    return rest, [(_point(r), x, r.seconds_per_token - s0, 1.0 / r.seconds_per_token ** 2)
+                  for r, x, s0 in zip(runs, xs, rest, strict=True)]
+
+
+def _sse(rows: Sequence[tuple[tuple[Any, ...], float, float, float]], k: float) -> float:
+    """The weighted squared residual of rows under slope ``k`` and each point's own constant. Pure."""
+    out = 0.0
+    for g in {p for p, *_ in rows}:
+        mine = [(y - k * x, w) for p, x, y, w in rows if p == g]
+        mean = sum(r * w for r, w in mine) / sum(w for _, w in mine)
+        out += sum(w * (r - mean) ** 2 for r, w in mine)
+    return out
+
+
+def staging_factor(base: dict[str, Any], model: ModelShape, cache_k: CacheType, cache_v: CacheType, runs: Sequence[TokenRun],
+                   term: str = "layer", lo: float = 0.25, hi: float = 4.0) -> float:
+    """The factor on the ordered runs' link rate that, with the per-sequence ``term`` fitted beside it (not clamped),
+    leaves the least squared relative error; needs ordered rows with further sequences at two contexts or more.
+    Raises InputError otherwise. Blocks (a golden-section search, 2 simulations a run a step)."""
+    from validate.link_fit import h2d_key
+    from validate.token_sim import golden_log
+
+    ordered = [r for r in runs if r.arm == "ordered"]
+    if len({r.context for r in ordered if r.sequences > 1}) < 2:
+        raise InputError("the staging rate beside the per-sequence term needs -nkvo rows at two -npp values or more "
+                         f"(got {', '.join(str(c) for c in sorted({r.context for r in ordered})) or 'none'}); allowed: "
+                         "llama-batched-bench files at two -npp values")
+    key, entry = h2d_key(ordered), _entry(model, cache_k, cache_v)
+
+    def cost(f: float) -> float:
+        _, rows = _design(with_staging(base, key, f), TERMS[term], entry, model, cache_k, cache_v, runs)
+        k = _slope(rows)
+        return _sse(rows, 0.0 if k is None else k)
+
+    return golden_log(cost, lo, hi, 30)
+
+
+def _entry(model: ModelShape, cache_k: CacheType, cache_v: CacheType) -> str:
+    return workload_key(model.name, cache_k.name) if cache_k == cache_v else f"{model.name}@{cache_k.name}/{cache_v.name}"
+
+
 def _slope(rows: Sequence[tuple[tuple[Any, ...], float, float, float]]) -> float | None:
     """Weighted least-squares slope of y on x with one intercept per point: rows ``(point, x, y, weight)``. None when no
     point holds two different x."""
@@ -91,8 +158,9 @@ def _slope(rows: Sequence[tuple[tuple[Any, ...], float, float, float]]) -> float
 
 
 def fit_per_sequence(base: dict[str, Any], model: ModelShape, cache_k: CacheType, cache_v: CacheType,
-                     runs: Sequence[TokenRun], term: str = "layer") -> BatchFit:
+                     runs: Sequence[TokenRun], term: str = "layer", staging: bool = False) -> BatchFit:
     """The per-sequence ``term`` (a key of :data:`TERMS`) of ``base`` fitted to ``runs``; see the module doc.
+    ``staging``: the ordered runs' link rate refitted beside it (:func:`staging_factor`), the profile then carries it.
 
     Each run is one step of ``run.sequences`` sequences (``seconds_per_token``: the step's seconds, all sequences).
     The slope minimises the squared relative error. Raises InputError when no point has runs at two sequence counts.
@@ -100,14 +168,17 @@ def fit_per_sequence(base: dict[str, Any], model: ModelShape, cache_k: CacheType
     """
     if term not in TERMS:
         raise InputError(f"per-sequence term {term!r}; allowed: {', '.join(TERMS)}")
-    key = TERMS[term]
-    entry = workload_key(model.name, cache_k.name) if cache_k == cache_v else f"{model.name}@{cache_k.name}/{cache_v.name}"
-    free, unit = with_term(base, key, 0.0, entry), with_term(base, key, UNIT_US, entry)
+    key, entry = TERMS[term], _entry(model, cache_k, cache_v)
+    factor, link_key = 1.0, ""
+    if staging:
+        from validate.link_fit import h2d_key
+
+        factor = staging_factor(base, model, cache_k, cache_v, runs, term)
+        link_key = h2d_key([r for r in runs if r.arm == "ordered"])
+        base = with_staging(base, link_key, factor)
     wls = [workload_of(model, cache_k, cache_v, r) for r in runs]
-    rest = [simulated_s(free, wl, r.arm) for wl, r in zip(wls, runs, strict=True)]
-    xs = [(simulated_s(unit, wl, r.arm) - s0) / UNIT_US for wl, r, s0 in zip(wls, runs, rest, strict=True)]
-    rows = [(_point(r), x, r.seconds_per_token - s0, 1.0 / r.seconds_per_token ** 2)
-            for r, x, s0 in zip(runs, xs, rest, strict=True)]
+    _, rows = _design(base, key, entry, model, cache_k, cache_v, runs)
+    xs = [x for _, x, _, _ in rows]
     k = _slope(rows)
     if k is None:
         counts = sorted({r.sequences for r in runs})
@@ -131,7 +202,7 @@ def fit_per_sequence(base: dict[str, Any], model: ModelShape, cache_k: CacheType
         offsets.append({"arm": g[0], "context": g[1], "unified": g[2], "pinned": g[3], "rows": len(mine),
                         "offset_ms": miss * 1e3})
     return BatchFit(term=key, value_us=value, profile=fitted, clamped=k < 0, residuals=residuals, held_out=tuple(held),
-                    offsets=tuple(offsets))
+                    offsets=tuple(offsets), staging=factor, link_key=link_key)
 
 
 def _row(r: TokenRun, fitted_s: float, **extra: float) -> dict[str, Any]:
@@ -143,7 +214,8 @@ def _row(r: TokenRun, fitted_s: float, **extra: float) -> dict[str, Any]:
 
 def record(fit: BatchFit, source: str) -> dict[str, Any]:
     """The fit as a profile's ``batch`` record (file units, rounded to 6 significant digits)."""
-    return rounded({"from": source, "term": fit.term, "value_us": fit.value_us, "clamped": fit.clamped,
+    staging = {"staging_factor": fit.staging, "staging_link": fit.link_key} if fit.link_key else {}
+    return rounded({"from": source, "term": fit.term, "value_us": fit.value_us, "clamped": fit.clamped, **staging,
                     "residuals": list(fit.residuals), "held_out": list(fit.held_out), "offsets": list(fit.offsets)})
 
 
@@ -162,7 +234,7 @@ def apply(profile: dict[str, Any], fit: BatchFit, model: ModelShape, cache_k: Ca
           source: str) -> dict[str, Any]:
     """A copy of the profile dict with the fitted term on every device and in the model's workloads entry (made from
     the device's compute where missing), the fit under that entry's ``batch``, and the provenance. Pure."""
-    d = copy.deepcopy(profile)
+    d = with_staging(profile, fit.link_key, fit.staging) if fit.link_key else copy.deepcopy(profile)
     value = round(fit.value_us, 3)
     for dev in d["devices"]:
         dev["compute"][fit.term] = value
@@ -180,12 +252,16 @@ def apply(profile: dict[str, Any], fit: BatchFit, model: ModelShape, cache_k: Ca
             f"fitted from whole decode steps at several sequence counts ({source}): what each sequence past the first adds "
             f"to a step, one constant per point for the one-sequence profile's miss (validate.batch_fit); the other "
             f"per-sequence terms as the base has them")
+        if fit.link_key:
+            prov[f"devices.links.{fit.link_key}"] = (
+                f"the base's curve at {fit.staging:.4f} times its rate: fitted beside the per-sequence term to the same "
+                f"rows ({source}; validate.batch_fit.staging_factor). Base: {prov.get(f'devices.links.{fit.link_key}', 'as given')}")
     return d
 
 
 def fit_files(paths: Sequence[str], unified: Sequence[bool], arm: str, pinned: bool, base: dict[str, Any], base_where: str,
               model: ModelShape, cache_k: CacheType, cache_v: CacheType, term: str = "layer",
-              command: str = "") -> tuple[dict[str, Any], BatchFit]:
+              command: str = "", staging: bool = False) -> tuple[dict[str, Any], BatchFit]:
     """The per-sequence ``term`` of ``base`` fitted to llama-batched-bench files (``unified[i]``: file i ran -kvu), and
     the profile dict with it (:func:`apply`). Raises InputError (a bad file, too few sequence counts). Blocks."""
     from validate import batched_bench
@@ -195,7 +271,7 @@ def fit_files(paths: Sequence[str], unified: Sequence[bool], arm: str, pinned: b
         bench = batched_bench.load(path)
         batched_bench.check_layers(bench, model.n_layers)
         runs += batched_bench.token_runs(bench, arm, uni, pinned)
-    fit = fit_per_sequence(base, model, cache_k, cache_v, runs, term)
+    fit = fit_per_sequence(base, model, cache_k, cache_v, runs, term, staging)
     source = f"llama-batched-bench {', '.join(paths)}" + (f" ({command})" if command else "")
     out = apply(base, fit, model, cache_k, cache_v, source)
     out["source"] = f"{base.get('source', base_where)} Per-sequence term fitted by kvpipe calibrate --from-batched-bench."

@@ -250,6 +250,8 @@ def _fit_types_bench(bench: BenchFile, model: ModelShape, base: dict[str, Any], 
                     " (" + ", ".join(f"{b:.2f} MiB a copy: {g:.2f} GB/s" for b, g in link["points"]) + ", log-interpolated "
                     "between)" if link["curve"] == "two regimes" else f" ({link['GBps']:.2f} GB/s)")
                  + (f"; {link['undetermined']}" if link.get("undetermined") else "")
+                 + ("; chosen by leave-one-out, rms " + ", ".join(f"{k} {v['leave_one_out_rms']:.1%}" for k, v in link["choice"].items()
+                                                                if v["leave_one_out_rms"] is not None) if link.get("choice") else "")
                  + (f"; each run alone implies {spread['min']:.2f}-{spread['max']:.2f} GB/s (median {spread['median']:.2f})"
                     if spread else ""))
     out["source"] = (f"Fitted by kvpipe calibrate --from-llama-bench to {bench.path} (llama.cpp build {bench.build_commit}, "
@@ -268,7 +270,8 @@ def _fit_types_bench(bench: BenchFile, model: ModelShape, base: dict[str, Any], 
         "devices.compute": (f"{fitted}: weight_GBps from the reference cache type {'/'.join(fit.reference)} (its -nkvo 0 line "
                             f"less the K/V rotation rule: {ROTATION_KERNELS} small products of {SMALL_KERNEL_US} us, an "
                             "estimate); attention a stand-in for a cache type the file does not cover (uncalibrated_cache)"),
-        "workloads": f"{fitted}: one entry per cache type, and per K/V pair of two calibrated types (composed)",
+        "workloads": f"{fitted}: one entry per cache type, and per K/V pair of two calibrated types (a mixed pair: f16's "
+                     "attention plus a conversion to f16, its rate fitted to the pair's -nkvo 0 run, else uncalibrated)",
         f"devices.links.{link.get('key', 'h2d_pageable')}": link_text,
         "devices.links (other)": f"base profile {base_name}: {_base_kind(base)}",
         "nkvo_attention": "given (--nkvo-attention device): -nkvo delivers each attention layer's window to the GPU",

@@ -6,9 +6,10 @@ their deliveries used. A pinned cache (the fork's ``--kv-cpu-pinned``) is one
 flat rate (:func:`fit_h2d`). Upstream's ``-nkvo`` cache is pageable: each copy
 is staged by the host through the driver's pinned buffers, a property of the
 host (its memcpy, its driver) more than of the link. :func:`fit_pageable`
-fits that as a curve, a fixed cost per copy (the driver's sync and set-up,
-``latency_us``) plus a staging rate, when the runs' copies span sizes that tell
-the two apart, and reports the spread: the rate each run alone implies.
+fits that as a flat rate, or a curve (a fixed cost per copy plus a rate; two
+regimes of copy size) where the runs' copies span sizes and the curve predicts
+the runs it is not fitted to better (leave one out), and reports the spread:
+the rate each run alone implies.
 
 Units: seconds and bytes inside; GB/s and us in the profile dict. Blocks for
 the simulations it runs.
@@ -95,7 +96,8 @@ def with_link(profile: dict[str, Any], key: str, GBps: float, latency_us: float 
 
 #: The copy sizes of the ordered runs must span this ratio before a fixed cost per copy is told from the rate.
 SIZE_SPAN = 1.5
-#: A two-parameter curve replaces the flat rate only when it leaves at most this share of the flat fit's squared error.
+#: A two-parameter curve replaces the flat rate only when its leave-one-out squared error is at most this share of the
+#: flat rate's.
 CURVE_GAIN = 0.75
 #: How far the staging rate moved with the copy size on the H200 hosts measured (run 5: 8.4-9.5 GB/s below 3.5 MiB a
 #: copy, 7.0-7.3 above 4.5 MiB; run 4: 8.1-8.9 and 6.9-7.6): the band of a flat rate fitted at one copy size.
@@ -144,9 +146,11 @@ def fit_pageable(items: Sequence[OrderedRun]) -> dict[str, Any]:
     Where the copies span SIZE_SPAN in size and there are three runs or more, two curves of two parameters are tried
     beside the flat rate: ``latency + rate`` (a fixed cost per copy, ``backends.profile_types.LinkCurve``) and
     ``two regimes`` (one rate for the copies up to a size, another from a larger size on, interpolated between: the
-    host's staging changes regime with the copy size). The better one replaces the flat rate when it leaves at most
-    CURVE_GAIN of the flat fit's squared error. Else the curve is ``flat`` and ``undetermined`` says what the file
-    cannot tell (the rate at other copy sizes, band UNDETERMINED_BAND). Raises InputError with no run. Blocks.
+    host's staging changes regime with the copy size). Each is judged by what it predicts for a run it did not see
+    (:func:`_best_curve`: leave one out); the better curve replaces the flat rate when its leave-one-out squared error
+    is at most CURVE_GAIN of the flat rate's (``choice`` records every candidate's). With too few runs or sizes to try
+    a curve, the curve is ``flat`` and ``undetermined`` says what the file cannot tell (the rate at other copy sizes,
+    band UNDETERMINED_BAND). Raises InputError with no run. Blocks.
     """
     if not items:
         raise InputError("no -nkvo 1 run to fit the pageable staging to; allowed: llama-bench -nkvo 1 at one depth or more")
@@ -158,10 +162,10 @@ def fit_pageable(items: Sequence[OrderedRun]) -> dict[str, Any]:
     rec: dict[str, Any] = {"curve": "flat", "latency_us": base_latency, "GBps": flat, "points": [[1.0, flat]]}
     each = [flat_rate([i], key, iterations=30) for i in items]
     if span >= SIZE_SPAN and len(items) >= 3:
-        rec = _best_curve(items, key, rec, base_latency, flat, sizes, each)
-    if rec["curve"] == "flat":
+        rec = _best_curve(items, key, base_latency, flat, each)
+    if rec["curve"] == "flat" and "choice" not in rec:  # too few runs or sizes to try a curve: the file cannot tell
         rec["undetermined"] = (f"one copy size ({min(sizes) / 2**20:.2f} MiB)" if span < SIZE_SPAN else
-                               f"copies of {min(sizes) / 2**20:.2f}-{max(sizes) / 2**20:.2f} MiB, no curve better than flat") + \
+                               f"copies of {min(sizes) / 2**20:.2f}-{max(sizes) / 2**20:.2f} MiB in {len(items)} runs") + \
             (": the staging rate at other copy sizes is not determined by this file (the H200 hosts measured changed "
              f"it by up to {UNDETERMINED_BAND:.0%} past ~3.5 MiB a copy); band +-{UNDETERMINED_BAND:.0%}")
         rec["band"] = UNDETERMINED_BAND
@@ -176,43 +180,69 @@ def fit_pageable(items: Sequence[OrderedRun]) -> dict[str, Any]:
     }
 
 
-def _best_curve(items: Sequence[OrderedRun], key: str, flat_rec: dict[str, Any], base_latency: float, flat: float,
-                sizes: Sequence[int], each: Sequence[float]) -> dict[str, Any]:
-    """fit_pageable's choice among the flat rate, latency + rate and two regimes (see there). Blocks."""
-    def sse(rec: dict[str, Any]) -> float:
-        return sum(i.error(with_curve(i.profile, key, rec)) ** 2 for i in items)
+def _candidates(items: Sequence[OrderedRun], key: str, base_latency: float, each: Sequence[float],
+                flat: float | None = None) -> list[dict[str, Any]]:
+    """The flat rate (``flat`` when known), then the two-parameter curves ``items`` can carry (latency + rate; two
+    regimes), each fitted to ``items`` (``each``: the rate each run alone implies). Blocks."""
+    flat = flat_rate(items, key) if flat is None else flat
+    out: list[dict[str, Any]] = [{"curve": "flat", "latency_us": base_latency, "GBps": flat, "points": [[1.0, flat]]}]
+    sizes = [i.copy_bytes() for i in items]
+    if len(items) < 2 or max(sizes) / min(sizes) < SIZE_SPAN:
+        return out
 
     def residuals(p: Sequence[float]) -> np.ndarray:
         return np.array(_relative(items, lambda d: with_link(d, key, p[1], p[0])))
 
-    candidates = [flat_rec]
     latency, rate = gauss_newton(residuals, [max(base_latency, 1.0), flat])
     if latency >= 0.05 and rate > 0:  # no fixed cost to speak of: the flat rate is the curve
-        candidates.append({"curve": "latency + rate", "latency_us": latency, "GBps": rate, "points": [[1.0, rate]]})
+        out.append({"curve": "latency + rate", "latency_us": latency, "GBps": rate, "points": [[1.0, rate]]})
     knee = _regimes(sizes, each)
     if knee is not None:
         lo = [i for i, s in zip(items, sizes, strict=True) if s <= knee[0]]
         hi = [i for i, s in zip(items, sizes, strict=True) if s >= knee[1]]
         r_lo, r_hi = flat_rate(lo, key), flat_rate(hi, key)
-        candidates.append({"curve": "two regimes", "latency_us": base_latency, "GBps": flat,
-                           "points": [[knee[0] / 2**20, r_lo], [knee[1] / 2**20, r_hi]],
-                           "regimes": [{"up_to_mib": knee[0] / 2**20, "GBps": r_lo, "runs": len(lo)},
-                                       {"from_mib": knee[1] / 2**20, "GBps": r_hi, "runs": len(hi)}]})
-    scored = [(sse(c), c) for c in candidates]
-    err_flat = scored[0][0]
-    best_err, best = min(scored[1:], key=lambda x: x[0], default=(math.inf, flat_rec))
-    return best if best_err <= CURVE_GAIN * err_flat else flat_rec
+        out.append({"curve": "two regimes", "latency_us": base_latency, "GBps": flat,
+                    "points": [[knee[0] / 2**20, r_lo], [knee[1] / 2**20, r_hi]],
+                    "regimes": [{"up_to_mib": knee[0] / 2**20, "GBps": r_lo, "runs": len(lo)},
+                                {"from_mib": knee[1] / 2**20, "GBps": r_hi, "runs": len(hi)}]})
+    return out
 
 
-def pageable_held_out(items: Sequence[OrderedRun]) -> list[dict[str, Any]]:
-    """Each ordered run predicted by :func:`fit_pageable` on the others (the band of the link), as token_fit's
-    held-out records. Blocks (simulations)."""
+def _best_curve(items: Sequence[OrderedRun], key: str, base_latency: float, flat: float, each: Sequence[float]) -> dict[str, Any]:
+    """fit_pageable's choice among the flat rate, latency + rate and two regimes, by what each predicts for a run it
+    did not see: every candidate is refitted without each run in turn and predicts it; a two-parameter curve replaces
+    the flat rate only when its leave-one-out squared error is at most CURVE_GAIN of the flat rate's (run 5: the two
+    regimes chosen by their in-sample error read the call-to-call scatter as a size effect and did not hold out).
+    The record gets ``choice``: each candidate's in-sample and leave-one-out root-mean-square error. Blocks."""
+    full = _candidates(items, key, base_latency, each, flat)
+    loo: dict[str, list[float]] = {c["curve"]: [] for c in full}
+    for k, left in enumerate(items):
+        rest = [i for j, i in enumerate(items) if j != k]
+        for c in _candidates(rest, key, base_latency, [e for j, e in enumerate(each) if j != k]):
+            if c["curve"] in loo:
+                loo[c["curve"]].append(left.error(with_curve(left.profile, key, c)))
+    rms = {name: math.sqrt(sum(e * e for e in errs) / len(errs)) if len(errs) == len(items) else math.inf
+           for name, errs in loo.items()}
+    fitted = {c["curve"]: math.sqrt(sum(i.error(with_curve(i.profile, key, c)) ** 2 for i in items) / len(items)) for c in full}
+    choice = {name: {"in_sample_rms": fitted[name], "leave_one_out_rms": rms[name] if math.isfinite(rms[name]) else None,
+                     "errors": loo[name]} for name in rms}
+    best = min(full[1:], key=lambda c: rms[c["curve"]], default=None)
+    won = best is not None and rms[best["curve"]] ** 2 <= CURVE_GAIN * rms["flat"] ** 2
+    return dict(best if won and best is not None else full[0], choice=choice)
+
+
+def pageable_held_out(items: Sequence[OrderedRun], rec: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Each ordered run predicted by the staging fitted on the others (the band of the link), as token_fit's held-out
+    records. ``rec``: :func:`fit_pageable`'s record of ``items``; where it chose its curve by leave-one-out, its
+    curve's leave-one-out errors are these (the curve kind kept, refitted without each run); else :func:`fit_pageable`
+    on the others. Blocks (simulations)."""
     out = []
+    loo = (rec or {}).get("choice", {}).get((rec or {}).get("curve", ""), {}).get("errors")
     for k, left in enumerate(items):
         rest = [i for j, i in enumerate(items) if j != k]
         if not rest:
             continue
-        err = left.error(with_curve(left.profile, "h2d_pageable", fit_pageable(rest)))
+        err = loo[k] if loo else left.error(with_curve(left.profile, "h2d_pageable", fit_pageable(rest)))
         out.append({"context": left.run.context, "arm": "ordered", "label": left.run.label,
                     "cache": f"{left.workload.cache_k.name}/{left.workload.cache_v.name}",
                     "measured_tps": 1.0 / left.run.seconds_per_token,

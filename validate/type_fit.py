@@ -23,9 +23,18 @@ several cache types (:func:`fit_types`):
   A quantized type then shares the reference's fixed part exactly when the
   reference is quantized too: the rule's size matters only between a quantized
   and an unquantized type, and the entry's band carries it (+-ROTATION_SPREAD).
-* **a K/V pair of two calibrated types** (``-ctk q8_0 -ctv q4_0``) is composed:
-  each side's rotation and rate (a type's fixed part split evenly between K and
-  V, as the rule's kernels are), no run of the pair needed.
+* **a mixed K/V pair** (``-ctk q8_0 -ctv q4_0``) as upstream's default CUDA
+  build runs it: that build compiles the flash-attention vector kernel for
+  same-type pairs only (``GGML_CUDA_FA_QUANTS``), so for a mixed pair
+  ``ggml_cuda_flash_attn_ext_vec`` falls back to the f16 kernel and
+  ``launch_fattn`` first converts every non-f16 side's whole view to f16
+  (``ggml/src/ggml-cuda/fattn*.cu``, one kernel a side, every layer and token).
+  Its terms are f16's attention over the f16 rows, the rotation rule of both
+  sides, CONVERT_KERNELS small kernels a layer and a conversion rate per byte
+  converted (read quantized, written f16): fitted to the pair's resident run
+  where the file has one (:func:`converted`), else **uncalibrated**: the
+  weights' streaming rate stands in, and the band is how far a conversion
+  CONVERT_SPREAD times slower or faster moves the pair's prediction.
 * **the host side of ``-nkvo 1``** from every type's ordered runs at once, each
   under its type's compute (``validate.link_fit``): one machine, one link.
 * **a type the file does not cover** is uncalibrated: the profile's device
@@ -58,6 +67,10 @@ ROTATION_KERNELS = {"k": 2, "v": 2}
 SMALL_KERNEL_US = 3.0
 #: How far the estimate may be off, relative: the band of a type whose rotation differs from the reference's.
 ROTATION_SPREAD = 0.5
+#: Conversion kernels a mixed pair adds per attention layer and non-f16 side (the f16 fallback's to_fp16 of K, of V).
+CONVERT_KERNELS = 1
+#: How far an uncalibrated mixed pair's stand-in conversion rate may be off, a factor either way (its band).
+CONVERT_SPREAD = 2.0
 
 Pair = tuple[str, str]
 
@@ -79,6 +92,21 @@ class TypeTerms:
     attn_us: float
     attn_GBps: float
     how: str  # how the file determined them
+    convert_GBps: float | None = None  # a mixed pair's conversion to f16, bytes read and written per second
+
+
+def converted(model: ModelShape, ck: CacheType, cv: CacheType, f16: TypeTerms, convert_GBps: float, how: str,
+              kernel_us: float = SMALL_KERNEL_US) -> TypeTerms:
+    """The terms of a mixed pair on upstream's default build (the module doc): f16's attention over the window as f16
+    rows, every non-f16 side converted at ``convert_GBps`` (its row read, an f16 row written), the rotation rule of
+    both sides and CONVERT_KERNELS per converted side; as a fixed part and a rate over the pair's own window bytes. Pure."""
+    f = cache_type("f16")
+    sides = [(ck, model.k_elems), (cv, model.v_elems)]
+    f16_bytes = sum(f.row_bytes(n) for _, n in sides)
+    conv = [(c.row_bytes(n), f.row_bytes(n)) for c, n in sides if c.name != "f16"]
+    s_row = f16_bytes / (f16.attn_GBps * 1e9) + sum(a + b for a, b in conv) / (convert_GBps * 1e9)
+    fixed = f16.attn_us + rotation_us(ck, cv, kernel_us) + CONVERT_KERNELS * len(conv) * kernel_us
+    return TypeTerms(fixed, sum(c.row_bytes(n) for c, n in sides) / s_row / 1e9, how, convert_GBps)
 
 
 def with_terms(base: dict[str, Any], weight_GBps: float, terms: TypeTerms) -> dict[str, Any]:
@@ -151,11 +179,13 @@ def _attention(base: dict[str, Any], model: ModelShape, groups: dict[Pair, list[
     depths = len({r.context for r in res[ref]})
     terms = {ref: TypeTerms(rotation_us(rk, rv, kernel_us), line["attn_GBps"], f"a line over {depths} depths (the reference: "
                             "its intercept is the weights and the rotation rule)")}
-    for p in fitted:
+    for p in sorted(fitted, key=lambda q: q[0] != q[1]):  # the single types first: a mixed pair needs f16's terms
         if p == ref:
             continue
         ck, cv = cache_type(p[0]), cache_type(p[1])
-        if len({r.context for r in res[p]}) >= 2:
+        if p[0] != p[1] and ("f16", "f16") in terms:
+            terms[p] = _converted_fit(base, model, w, ck, cv, terms[("f16", "f16")], res[p], kernel_us)
+        elif len({r.context for r in res[p]}) >= 2:
             own = fit_compute(base, model, ck, cv, res[p])
             fixed = (model.weight_bytes / (own["weight_GBps"] * 1e9) - weights_s) / model.n_attn * 1e6
             terms[p] = TypeTerms(max(fixed, 0.0), own["attn_GBps"], f"its own line over {len({r.context for r in res[p]})} "
@@ -167,11 +197,38 @@ def _attention(base: dict[str, Any], model: ModelShape, groups: dict[Pair, list[
     return w, terms
 
 
-def _composed(model: ModelShape, terms: dict[Pair, TypeTerms]) -> dict[Pair, TypeTerms]:
-    """Every K/V pair of two calibrated single types that the file did not run itself. Pure."""
+def _converted_fit(base: dict[str, Any], model: ModelShape, weight_GBps: float, ck: CacheType, cv: CacheType,
+                   f16: TypeTerms, runs: Sequence[TokenRun], kernel_us: float) -> TypeTerms:
+    """A mixed pair's terms with its conversion rate fitted to its resident ``runs`` (f16's terms held). Blocks."""
+    wls = [workload_of(model, ck, cv, r) for r in runs]
+
+    def cost(gbps: float) -> float:
+        d = with_terms(base, weight_GBps, converted(model, ck, cv, f16, gbps, "", kernel_us))
+        return sum((simulated_s(d, wl, "resident") / r.seconds_per_token - 1) ** 2 for wl, r in zip(wls, runs, strict=True))
+
+    gbps = golden_log(cost, 1.0, 1e5)
+    depths = ", ".join(str(r.label.rsplit(" ", 1)[-1]) for r in runs)
+    return converted(model, ck, cv, f16, gbps, f"f16 attention plus K and V converted to f16 (upstream's default build has "
+                     f"no kernel for {ck.name}/{cv.name}), the conversion {gbps:.0f} GB/s fitted to -nkvo 0 -d {depths}", kernel_us)
+
+
+def _composed(model: ModelShape, terms: dict[Pair, TypeTerms], weight_GBps: float,
+              kernel_us: float = SMALL_KERNEL_US) -> dict[Pair, TypeTerms]:
+    """Every K/V pair of two calibrated single types that the file did not run itself: uncalibrated, f16's attention
+    plus a conversion at the weights' streaming rate (a stand-in); composed from its sides where f16 is not
+    calibrated. Pure."""
     singles = {p[0]: t for p, t in terms.items() if p[0] == p[1]}
-    return {(a, b): compose(model, (cache_type(a), singles[a]), (cache_type(b), singles[b]))
-            for a in singles for b in singles if a != b and (a, b) not in terms}
+    out = {}
+    for a in singles:
+        for b in singles:
+            if a == b or (a, b) in terms:
+                continue
+            ca, cb = cache_type(a), cache_type(b)
+            out[(a, b)] = (converted(model, ca, cb, singles["f16"], weight_GBps, "uncalibrated: no run of the pair; f16 "
+                                     "attention plus K and V converted to f16, the conversion at the weights' streaming "
+                                     f"rate ({weight_GBps:.0f} GB/s, a stand-in)", kernel_us)
+                           if "f16" in singles else compose(model, (ca, singles[a]), (cb, singles[b])))
+    return out
 
 
 def _link(base: dict[str, Any], model: ModelShape, groups: dict[Pair, list[TokenRun]], w: float,
@@ -204,12 +261,13 @@ def fit_types(base: dict[str, Any], model: ModelShape, groups: dict[Pair, list[T
     ref, fitted, uncovered = _pairs(groups)
     w, terms = _attention(base, model, groups, ref, fitted, SMALL_KERNEL_US)
     link, items = _link(base, model, groups, w, terms)
-    terms.update(_composed(model, terms))
+    terms.update(_composed(model, terms, w))
     linked = {p: _linked(with_terms(base, w, t), link) for p, t in terms.items()}
     residuals = {p: [_record(r, simulated_s(linked[p], workload_of(model, cache_type(p[0]), cache_type(p[1]), r), r.arm))
                      for r in groups.get(p, ())] for p in terms}
     held = _held_out(base, model, groups, ref, items, link)
     bands = _bands(base, model, groups, ref, fitted, w, terms, held, link)
+    bands.update(_uncalibrated_pairs(base, model, groups, w, terms, bands))
     singles = [t for p, t in terms.items() if p[0] == p[1]]
     standin = TypeTerms(sum(t.attn_us for t in singles) / len(singles),
                         math.exp(sum(math.log(t.attn_GBps) for t in singles) / len(singles)), "stand-in")
@@ -237,7 +295,7 @@ def _held_out(base: dict[str, Any], model: ModelShape, groups: dict[Pair, list[T
         d = with_terms(base, line["weight_GBps"], TypeTerms(0.0, line["attn_GBps"], ""))
         out.setdefault(ref, []).append(_record(r, simulated_s(d, workload_of(model, rk, rv, r), "resident")))
     if link.get("key") == "h2d_pageable" and len(items) >= 2:
-        for i, rec in zip(items, pageable_held_out(items), strict=True):
+        for i, rec in zip(items, pageable_held_out(items, link), strict=True):
             out.setdefault((i.workload.cache_k.name, i.workload.cache_v.name), []).append(rec)
     return out
 
@@ -275,7 +333,7 @@ def _rotation_moves(base: dict[str, Any], model: ModelShape, groups: dict[Pair, 
     variants = []
     for f in (1 - ROTATION_SPREAD, 1 + ROTATION_SPREAD):
         w, t = _attention(base, model, groups, ref, fitted, SMALL_KERNEL_US * f)
-        t.update(_composed(model, t))
+        t.update(_composed(model, t, w, SMALL_KERNEL_US * f))
         variants.append((w, t))
     span = [r.context for runs in groups.values() for r in runs if r.arm == "resident"]
     out = {}
@@ -291,3 +349,28 @@ def _rotation_moves(base: dict[str, Any], model: ModelShape, groups: dict[Pair, 
         out[p] = worst
     return out
 
+
+
+def _uncalibrated_pairs(base: dict[str, Any], model: ModelShape, groups: dict[Pair, list[TokenRun]], weight_GBps: float,
+                        terms: dict[Pair, TypeTerms], bands: dict[Pair, tuple[float, str]]) -> dict[Pair, tuple[float, str]]:
+    """The band of each uncalibrated mixed pair: the largest of its other parts and how far its resident t/s moves, at
+    the shortest and the longest context of the file's resident runs, with the conversion CONVERT_SPREAD times slower
+    or faster. Blocks."""
+    span = [r.context for runs in groups.values() for r in runs if r.arm == "resident"]
+    f16 = terms.get(("f16", "f16"))
+    out = {}
+    for p, t in terms.items():
+        if t.convert_GBps is None or not t.how.startswith("uncalibrated") or f16 is None:
+            continue
+        ck, cv = cache_type(p[0]), cache_type(p[1])
+        worst = 0.0
+        for ctx in sorted({min(span), max(span)}):
+            wl = workload_of(model, ck, cv, TokenRun(ctx, 1.0, "resident"))
+            s0 = simulated_s(with_terms(base, weight_GBps, t), wl, "resident")
+            for f in (1 / CONVERT_SPREAD, CONVERT_SPREAD):
+                moved = converted(model, ck, cv, f16, t.convert_GBps * f, "")
+                worst = max(worst, abs(s0 / simulated_s(with_terms(base, weight_GBps, moved), wl, "resident") - 1))
+        band, source = bands[p]
+        out[p] = (max(band, worst), f"uncalibrated (no run of the pair): the conversion rate x/÷{CONVERT_SPREAD:g} moves it "
+                  f"{worst:.1%}; {source}")
+    return out

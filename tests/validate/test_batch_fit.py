@@ -8,7 +8,7 @@ from backends.profile import read_profile_dict
 from sim.errors import InputError
 from sim.workload import cache_type, load_model
 from tests.conftest import tool
-from validate.batch_fit import TERMS, fit_per_sequence, with_term
+from validate.batch_fit import TERMS, fit_per_sequence, with_staging, with_term
 from validate.token_fit import TokenRun, simulated_s, workload_at
 
 M, Q = load_model("qwen3.8-27b"), cache_type("q8_0")
@@ -60,3 +60,19 @@ def test_the_reference_term_follows_its_published_rows(monkeypatch: pytest.Monke
     slower = tuple((n, u * 0.9, s * 0.9) if n == 8 else (n, u, s) for n, u, s in batch.PARALLEL_ORDERED)
     monkeypatch.setattr(batch, "PARALLEL_ORDERED", slower)
     assert batch.with_batch_terms(base)["devices"][0]["compute"]["layer_seq_us"] > got  # slower 8-sequence rows: a dearer term
+
+
+def test_a_call_whose_link_ran_slower_gives_the_term_back_when_the_staging_is_fitted_beside_it() -> None:
+    base = with_term(read_profile_dict("rtx4070-gen4x16")[0], "layer_seq_us", 0.0)
+    key = "h2d_pinned"  # the rows' link (pinned rows)
+    truth = with_term(with_staging(base, key, 0.85), "layer_seq_us", 42.0)  # this call's host moved 15% slower
+    runs = _rows(truth, {(2048, True): 1.0e-3, (8192, True): 0.0, (8192, False): -0.5e-3})
+    kept = fit_per_sequence(base, M, Q, Q, runs)  # the one-sequence profile's rate kept: the copies take the term's place
+    assert abs(kept.value_us - 42.0) > 10.0
+    fit = fit_per_sequence(base, M, Q, Q, runs, staging=True)
+    assert fit.staging == pytest.approx(0.85, rel=0.01) and fit.link_key == key
+    assert fit.value_us == pytest.approx(42.0, rel=0.05) and not fit.clamped
+    rate = base["devices"][0]["links"][key]["points"][0][1]
+    assert fit.profile["devices"][0]["links"][key]["points"][0][1] == pytest.approx(rate * fit.staging)
+    with pytest.raises(InputError, match="two -npp values"):  # one context cannot tell the copies from the term
+        fit_per_sequence(base, M, Q, Q, [r for r in runs if r.context == 2048], staging=True)

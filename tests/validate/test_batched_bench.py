@@ -13,7 +13,7 @@ from backends.profile import load_profile, read_profile_dict
 from kvpipe.cli import main
 from sim.workload import cache_type, load_model
 from validate import batched_bench
-from validate.batch_fit import with_term
+from validate.batch_fit import with_staging, with_term
 from validate.token_fit import simulated_s, workload_at
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -140,6 +140,7 @@ BAD_CALLS = {
     "no-model": (["--nkvo", "1", "--hardware", "h200-gen5x16"], "--model"),
     "ngl-below": (["--nkvo", "1", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "n_gpu_layers"),
     "one-count": (["--nkvo", "1", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "sequence counts"),
+    "staging-one-npp": (["--nkvo", "1", "--fit-staging", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "two -npp values"),
 }
 
 
@@ -168,3 +169,20 @@ def test_the_fit_never_writes_over_the_file_it_reads(capsys: pytest.CaptureFixtu
                  "--out", str(src)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "bench.jsonl" in err and src.read_bytes() == before
+
+
+def test_the_calls_staging_is_fitted_beside_the_term_from_two_prompt_lengths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base, _ = read_profile_dict("h200-gen5x16")
+    slower = with_staging(base, "h2d_pinned", 0.9)  # this call's host link ran at 90% of the profile's
+    files = [tmp_path / f"{lay}-{pp}.jsonl" for pp in (1024, 4096) for lay in ("split", "unified")]
+    for f in files:
+        _write_truth_rows(f, slower, 37.0, 0.0, unified=f.name.startswith("unified"), pp=int(f.stem.split("-")[1]))
+    out = tmp_path / "fit.json"
+    assert main(["calibrate", "--from-batched-bench", ",".join(map(str, files)), "--kv-unified", "0,1,0,1", "--nkvo", "1",
+                 "--fit-staging", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b", "--out", str(out)]) == 0
+    assert "the staging rate 0.900 times" in capsys.readouterr().out
+    fitted = json.loads(out.read_text())
+    assert fitted["devices"][0]["compute"]["layer_seq_us"] == pytest.approx(37.0, rel=0.02)
+    assert fitted["batch"]["staging_factor"] == pytest.approx(0.9, rel=0.005) and "devices.links.h2d_pinned" in fitted["provenance"]
+    link = [g for _, g in fitted["devices"][0]["links"]["h2d_pinned"]["points"]]
+    assert link == pytest.approx([g for _, g in slower["devices"][0]["links"]["h2d_pinned"]["points"]], rel=0.005)

@@ -19,7 +19,7 @@ from sim.workload import cache_type, load_model
 from validate.from_llama_bench import machine_differs
 from validate.link_fit import OrderedRun, fit_pageable, with_curve, with_link
 from validate.token_sim import TokenRun, simulated_s, workload_of
-from validate.type_fit import TypeTerms, fit_types, rotation_us, with_terms
+from validate.type_fit import CONVERT_KERNELS, SMALL_KERNEL_US, TypeTerms, converted, fit_types, rotation_us, with_terms
 
 MODEL = load_model("qwen3.8-27b")
 WEIGHT_GBPS = 430.0
@@ -60,17 +60,46 @@ def test_one_resident_run_per_type_gives_back_each_types_attention(fitted: Any) 
     assert fitted.link["GBps"] == pytest.approx(24.44, rel=0.02)
 
 
-def test_a_pair_of_two_calibrated_types_is_the_sum_of_its_sides(fitted: Any) -> None:
-    q8, q4 = cache_type("q8_0"), cache_type("q4_0")
+def test_a_mixed_pair_without_a_run_is_f16_plus_a_conversion_and_uncalibrated(fitted: Any) -> None:
+    """Upstream's default build has no kernel for a mixed pair: it converts K and V to f16 and runs f16's kernel."""
     mixed = fitted.terms[("q8_0", "q4_0")]
-    assert "composed" in mixed.how and fitted.residuals[("q8_0", "q4_0")] == []  # no run of the pair was fitted
-    probe = TokenRun(12288, 1.0, "resident")
-    s = {p: simulated_s(with_terms(_base(), fitted.weight_GBps, fitted.terms[p]),
-                        workload_of(MODEL, cache_type(p[0]), cache_type(p[1]), probe), "resident")
-         for p in (("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "q4_0"))}
-    # K and V hold as many elements: the mixed cache's attention is half of each type's
-    assert s[("q8_0", "q4_0")] == pytest.approx((s[("q8_0", "q8_0")] + s[("q4_0", "q4_0")]) / 2, rel=0.005)
-    assert q8.row_bytes(MODEL.k_elems) > q4.row_bytes(MODEL.v_elems)
+    assert mixed.how.startswith("uncalibrated") and fitted.residuals[("q8_0", "q4_0")] == []  # no run of the pair
+    assert mixed.convert_GBps == pytest.approx(fitted.weight_GBps)  # the stand-in: the weights' streaming rate
+    q8, q4, probe = cache_type("q8_0"), cache_type("q4_0"), TokenRun(12288, 1.0, "resident")
+    wl = workload_of(MODEL, q8, q4, probe)
+    f16 = fitted.terms[("f16", "f16")]
+
+    def token_s(convert_GBps: float) -> float:
+        return simulated_s(with_terms(_base(), fitted.weight_GBps, converted(MODEL, q8, q4, f16, convert_GBps, "")), wl, "resident")
+
+    assert simulated_s(with_terms(_base(), fitted.weight_GBps, mixed), wl, "resident") == pytest.approx(token_s(mixed.convert_GBps))
+    f16_wl = workload_of(MODEL, cache_type("f16"), cache_type("f16"), probe)
+    f16_s = simulated_s(with_terms(_base(), fitted.weight_GBps, f16), f16_wl, "resident")
+    free = token_s(1e9)  # a free conversion leaves f16's token and the fixed kernels (rotation, conversion launches)
+    fixed_s = MODEL.n_attn * (rotation_us(q8, q4) + 2 * CONVERT_KERNELS * SMALL_KERNEL_US) * 1e-6
+    assert 0 < free - f16_s == pytest.approx(fixed_s, rel=0.05)
+    assert token_s(500.0) - free == pytest.approx(2 * (token_s(1000.0) - free), rel=0.01)  # seconds per converted byte
+    band, source = fitted.bands[("q8_0", "q4_0")]
+    assert source.startswith("uncalibrated") and band > fitted.bands[("q8_0", "q8_0")][0]
+
+
+def test_a_mixed_pair_with_one_resident_run_gets_its_conversion_rate_back() -> None:
+    f16 = TypeTerms(0.0, TRUTH["f16"], "truth")
+    truth_pair = converted(MODEL, cache_type("q8_0"), cache_type("q4_0"), f16, 900.0, "truth")
+    pair_profile = with_terms(_base(), WEIGHT_GBPS, truth_pair)
+    probe = TokenRun(8192, 1.0, "resident", "-nkvo 0 -d 8192")
+    wl = workload_of(MODEL, cache_type("q8_0"), cache_type("q4_0"), probe)
+    groups = {("q8_0", "q8_0"): [_run("q8_0", 2048, "resident"), _run("q8_0", 16384, "resident")],
+              ("f16", "f16"): [_run("f16", 4096, "resident")],
+              ("q8_0", "q4_0"): [TokenRun(8192, simulated_s(pair_profile, wl, "resident"), "resident", probe.label)]}
+    fit = fit_types(_base(), MODEL, groups)
+    pair = fit.terms[("q8_0", "q4_0")]
+    assert "fitted to -nkvo 0 -d 8192" in pair.how and pair.convert_GBps == pytest.approx(900.0, rel=0.03)
+    far = TokenRun(32768, 1.0, "resident")  # a depth the pair did not run: the conversion's slope, not only its point
+    wl_far = workload_of(MODEL, cache_type("q8_0"), cache_type("q4_0"), far)
+    assert simulated_s(with_terms(_base(), fit.weight_GBps, pair), wl_far, "resident") == pytest.approx(
+        simulated_s(pair_profile, wl_far, "resident"), rel=0.01)
+    assert not fit.bands[("q8_0", "q4_0")][1].startswith("uncalibrated")
 
 
 def test_the_pageable_staging_fixed_cost_and_rate_are_told_apart_across_copy_sizes() -> None:
@@ -112,8 +141,10 @@ def test_a_type_the_file_does_not_cover_is_uncalibrated_with_a_band_not_another_
     assert q5.devices[0].compute != for_workload(hw, MODEL.name, "q8_0").devices[0].compute
     band = prediction_band(hw, MODEL.name, "q5_0")
     assert band is not None and band.source.startswith("uncalibrated") and band.relative > prediction_band(hw, MODEL.name, "q8_0").relative
-    composed = prediction_band(hw, MODEL.name, "q8_0", "f16")
-    assert composed is not None and not composed.source.startswith("uncalibrated")
+    mixed = prediction_band(hw, MODEL.name, "q8_0", "f16")  # no run of the pair: f16's kernel after a conversion, a stand-in rate
+    assert mixed is not None and mixed.source.startswith("uncalibrated")
+    q8_band = prediction_band(hw, MODEL.name, "q8_0")
+    assert q8_band is not None and mixed.relative > q8_band.relative
     assert json.loads(out.read_text())["calibration"]["machine"]["gpu_info"] == "NVIDIA GeForce RTX 4070"
 
 
@@ -173,3 +204,21 @@ def test_a_staging_rate_that_changes_regime_with_the_copy_size_is_found_and_pred
     (unseen,) = _pageable_runs(truth, (12288,))  # a copy size no run had, in the upper regime
     assert unseen.error(with_curve(unseen.profile, "h2d_pageable", fit)) == pytest.approx(0.0, abs=0.01)
     assert abs(unseen.error(with_curve(unseen.profile, "h2d_pageable", flat))) > 0.05  # the flat rate of the small copies misses it
+
+
+def test_a_curve_that_only_fits_the_scatter_of_the_runs_is_not_chosen() -> None:
+    """Rates that scatter from run to run with no size effect: two regimes fit them in-sample far better than flat
+    (the old in-sample rule took them), but predict each left-out run worse than the flat rate: flat is chosen."""
+    rates = (8.8, 9.2, 7.0, 8.9, 7.2, 7.1)  # GB/s per run, copies growing with the depth
+    items = []
+    for ctx, g in zip((1024, 2048, 3072, 4096, 8192, 16384), rates, strict=True):
+        probe = TokenRun(ctx, 1.0, "ordered", f"-d {ctx}", pinned=False)
+        wl = workload_of(MODEL, cache_type("q8_0"), cache_type("q8_0"), probe)
+        t = with_link(_truth("q8_0"), "h2d_pageable", g)
+        items.append(OrderedRun(_truth("q8_0"), wl, TokenRun(ctx, simulated_s(t, wl, "ordered"), "ordered", probe.label, False)))
+    fit = fit_pageable(items)
+    choice = fit["choice"]
+    assert choice["two regimes"]["in_sample_rms"] ** 2 <= 0.75 * choice["flat"]["in_sample_rms"] ** 2
+    assert choice["two regimes"]["leave_one_out_rms"] > choice["flat"]["leave_one_out_rms"]
+    assert fit["curve"] == "flat" and "band" not in fit  # copies of several sizes: the leave-one-out is the band, not a rule
+    assert len(choice["flat"]["errors"]) == len(items)
