@@ -208,17 +208,11 @@ class Runner:
     def _inside_of(self, pts: Sequence[Point]) -> np.ndarray:
         """Whether the evaluator answers each point (``_in_envelope``, asked once per workload, machine and config but
         depth and budget: the ids of objects ``pts`` keeps alive while this runs)."""
-        from sim.replay import config_class
+        from sim.replay import object_keys
 
         seen: dict[tuple[int, int, int], bool] = {}
-        classes: dict[int, int] = {}  # config object -> config_class (a grid shares a few config objects)
         out = np.empty(len(pts), dtype=bool)
-        for i, p in enumerate(pts):
-            cfg = p.transport
-            c = classes.get(id(cfg))
-            if c is None:
-                c = classes[id(cfg)] = config_class(cfg)
-            k = (id(p.workload), id(p.hardware), c)
+        for i, (p, k) in enumerate(zip(pts, object_keys(pts), strict=True)):
             got = seen.get(k)
             if got is None:
                 got = seen[k] = self._in_envelope(p)

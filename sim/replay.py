@@ -32,7 +32,7 @@ from sim.transport.planning import PLAN_FIELDS
 from sim.workload import Workload
 
 __all__ = ["PLAN_FIELDS", "Plans", "PointPlan", "TokenPlan", "config_but_depth_budget", "config_class", "context_free", "line_key",
-           "plan_point", "plan_points", "window_rows_at"]
+           "object_keys", "plan_point", "plan_points", "window_rows_at"]
 
 
 @dataclass(frozen=True)
@@ -211,20 +211,28 @@ _RESTS: dict[int, tuple[TransportConfig, tuple[Any, ...], int]] = {}
 _CLASSES: dict[tuple[Any, ...], int] = {}  # never cleared (the numbers must stay): one entry per distinct config but depth/budget
 
 
+def object_keys(points: Sequence[Point]) -> list[tuple[int, int, int]]:
+    """Each point's (workload object, profile object, :func:`config_class`) key: points with equal keys differ at most
+    in depth and budget, found without hashing their workloads (the ids of objects ``points`` keeps alive). Pure."""
+    classes: dict[int, int] = {}  # config object -> config_class (a grid shares a few config objects)
+    out: list[tuple[int, int, int]] = []
+    for p in points:
+        cfg = p.transport
+        c = classes.get(id(cfg))
+        if c is None:
+            c = classes[id(cfg)] = config_class(cfg)
+        out.append((id(p.workload), id(p.hardware), c))
+    return out
+
+
 def _lines(points: Sequence[Point]) -> tuple[np.ndarray, list[Point]]:
     """Each point's line number, and each line's first point. Points that share their workload and profile objects
     (a grid's depths and budgets) are told apart without hashing them again."""
     by_id: dict[Any, int] = {}
     lines: dict[Any, int] = {}
     firsts: list[Point] = []
-    classes: dict[int, int] = {}  # config object -> config_class (a grid shares a few config objects)
     out: list[int] = []
-    for p in points:
-        cfg = p.transport
-        c = classes.get(id(cfg))
-        if c is None:
-            c = classes[id(cfg)] = config_class(cfg)
-        k = (id(p.workload), id(p.hardware), c)
+    for p, k in zip(points, object_keys(points), strict=True):
         li = by_id.get(k)
         if li is None:
             li = by_id[k] = lines.setdefault(line_key(p), len(lines))
