@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from sim.replay_shapes import TEMPLATES as _TEMPLATES
+from sim.replay_shapes import learn as _learn
 from sim.run.point import GRAPH_BASE_BYTES, Point, graph_at, io_bytes_for, placed_hardware
 from sim.transport import planning
 from sim.transport.config import TransportConfig
@@ -97,6 +99,7 @@ SHAPES_KEPT = 1 << 14  # small records: every context of a workload, and the sam
 def clear_shapes() -> None:
     """Forget the shapes and keys kept (a timing that must build them)."""
     _SHAPES.clear()
+    _TEMPLATES.clear()
     context_free.cache_clear()
     window_rows_at.cache_clear()
 
@@ -140,14 +143,28 @@ def _shape(point: Point, step: int, rows: int, spans: list[Any], slot_key: Any, 
     key = (_family(point) if family is None else family, rows, slot_key)
     shape = _SHAPES.get(key)
     if shape is None:
-        graph = graph_at(point, step)
-        staged = tuple((dev, need, full, len(splits)) for dev, splits, need, _, full in planning.slot_needs(graph, spans, slot_key))
-        shape = _SHAPES[key] = _Shape(staged, tuple(sorted({s.device for s in graph.splits if s.kind == "gpu"})),
-                                      graph.host_cache_bytes - graph.host_only_kv_bytes,
-                                      tuple(sorted({s.device for s in graph.splits if s.resident})), graph.device_kv_bytes)
+        tkey = (interned((context_free(point.workload, cells=False), tuple(d.compute for d in point.hardware.devices),
+                          point.transport.arm)), slot_key)
+        kept = _TEMPLATES.get(tkey)
+        if kept is not None and kept[1] and rows >= 1:  # a confirmed template: no graph
+            shape = _Shape(*kept[0].fields(point.workload, rows, spans[kept[0].device]))
+        else:
+            graph = graph_at(point, step)
+            got = graph_shape(graph, spans, slot_key)
+            shape = _Shape(*got)
+            _learn(tkey, kept, point.workload, graph, planning.slot_needs(graph, spans, slot_key), spans, got)
+        _SHAPES[key] = shape
         while len(_SHAPES) > SHAPES_KEPT:
             _SHAPES.popitem(last=False)
     return shape
+
+
+def graph_shape(graph: Any, spans: list[Any], slot_key: Any) -> tuple[Any, ...]:
+    """The fields of ``graph``'s :class:`_Shape`, read off the graph (``slot_key`` names ``spans``). Pure."""
+    needs = planning.slot_needs(graph, spans, slot_key)
+    return (tuple((dev, need, full, len(splits)) for dev, splits, need, _, full in needs),
+            tuple(sorted({s.device for s in graph.splits if s.kind == "gpu"})), graph.host_cache_bytes - graph.host_only_kv_bytes,
+            tuple(sorted({s.device for s in graph.splits if s.resident})), graph.device_kv_bytes)
 
 
 @dataclass(frozen=True)

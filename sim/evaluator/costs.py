@@ -25,7 +25,7 @@ import numpy as np
 
 from backends.base import CopyRange, copy_calls
 from backends.profile import LinkCurve
-from backends.simpy_copy import calls_seconds
+from sim.evaluator.window_costs import _ONE_CALL, Template, _seconds, template_of
 from sim.graph import DecodeGraph
 from sim.replay import context_free, interned, window_rows_at
 from sim.run.point import Point, graph_at
@@ -89,24 +89,6 @@ class TokenCosts:
     layout: Layout
     values: np.ndarray
     window_rows: int
-
-
-def _seconds(link: LinkCurve, ranges: Any) -> float:
-    """Engine seconds of a copy of ``ranges`` (``copy_calls``' shape, ``calls_seconds``' cost). One 1D range is one
-    call of its bytes (none if empty): its seconds are kept by link and bytes (a graph's small inputs and many of its
-    windows' copies are the same sizes)."""
-    if len(ranges) == 1 and ranges[0].rows == 1:
-        n = ranges[0].nbytes
-        got = _ONE_CALL.get((id(link), n))
-        if got is None or got[0] is not link:
-            if len(_ONE_CALL) > 1 << 16:
-                _ONE_CALL.clear()
-            got = _ONE_CALL[id(link), n] = (link, float(calls_seconds(link, copy_calls(ranges))))
-        return got[1]
-    return float(calls_seconds(link, copy_calls(ranges)))
-
-
-_ONE_CALL: dict[tuple[int, int], tuple[LinkCurve, float]] = {}
 
 
 def _nbytes(ranges: Any) -> int:
@@ -264,6 +246,10 @@ def point_costs(point: Point) -> list[TokenCosts]:
         if got is None:
             rows = window_rows_at(wl, step)
             block = _BLOCKS.get((family, rows))
+            if block is None and not resident:  # another window of a family whose template is trusted: no graph
+                block = _from_template(family, rows, wl.writes(step)[0][1])
+                if block is not None:
+                    _keep(_BLOCKS, (family, rows), block, KEPT_BLOCKS)
             if block is None or block.scaled is None:
                 graph = graph_at(point, step)
                 h2d, d2h, span = _links(point)
@@ -271,7 +257,10 @@ def point_costs(point: Point) -> list[TokenCosts]:
                 deliveries = {} if resident else _deliveries(graph, span, (cfg.pack_streams, (align,)))
                 got = _build(graph, h2d, d2h, span, deliveries, resident)
                 if block is None:
-                    _keep(_BLOCKS, (family, rows), _block(graph, got, h2d, deliveries, resident), KEPT_BLOCKS)
+                    made = _block(graph, got, h2d, deliveries, resident)
+                    _keep(_BLOCKS, (family, rows), made, KEPT_BLOCKS)
+                    if not resident and made.scaled:
+                        _learn(family, point, graph, got, made)
             else:
                 got = _scaled(block, wl.writes(step)[0][1])
             kept[step] = got
@@ -279,11 +268,49 @@ def point_costs(point: Point) -> list[TokenCosts]:
     return out
 
 
+#: Per family (``point_costs``' key): its window template and the reference block it was read from, and whether a
+#: second window built from its graph confirmed it; ``None``: the family keeps the graph path.
+_TEMPLATES: dict[int, tuple[Template, _Block, bool] | None] = {}
+
+
+def _learn(family: int, point: Point, graph: DecodeGraph, got: TokenCosts, made: _Block) -> None:
+    """Read a template off the family's first window built from its graph; confirm it on the second (its numbers,
+    scaled to that step's row, equal to the graph's bit for bit), or give the family up."""
+    if family in _TEMPLATES and _TEMPLATES[family] is None:
+        return
+    kept = _TEMPLATES.get(family)
+    if kept is None:
+        t = template_of(point.workload, graph, got.layout, got.values, point.hardware.devices[0].compute, made.link)
+        if len(_TEMPLATES) > KEPT_BLOCKS:
+            _TEMPLATES.clear()
+        _TEMPLATES[family] = None if t is None else (t, made, False)
+        return
+    t, ref, _ = kept
+    mine = _template_block(t, ref, graph.window_rows)
+    same = (mine.costs.layout is got.layout and mine.scaled == made.scaled
+            and np.array_equal(_scaled(mine, graph.positions[0]).values, got.values))
+    _TEMPLATES[family] = (t, ref, True) if same else None
+
+
+def _template_block(t: Template, ref: _Block, rows: int) -> _Block:
+    return _Block(TokenCosts(ref.costs.layout, t.values_at(rows), rows), ref.link, ref.scaled, ref.early, ref.late)
+
+
+def _from_template(family: int, rows: int, row: int) -> _Block | None:
+    """The block of the family's window of ``rows`` rows from its confirmed template; None without one, or where the
+    step's row leaves no early or no late rows (``_block`` builds such a step from its graph)."""
+    kept = _TEMPLATES.get(family)
+    if kept is None or not kept[2] or row <= 0 or rows - row <= 0:
+        return None
+    return _template_block(kept[0], kept[1], rows)
+
+
 def clear_costs() -> None:
     """Forget every kept token's numbers (a timing that must build them, as ``kvpipe bench`` does)."""
     _KEPT.clear()
     _BLOCKS.clear()
     _ONE_CALL.clear()
+    _TEMPLATES.clear()
 
 
 def _keep(cache: OrderedDict[Any, Any], key: Any, value: Any, most: int = KEPT_POINTS) -> None:

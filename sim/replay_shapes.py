@@ -1,0 +1,104 @@
+"""What planning reads of a window's graph, at any window size, from one graph of its family.
+
+The point planner (``sim.replay``) reads of each token's graph its *shape*: per device that stages windows the slot
+need, the need at full context and the staged split count, the devices that run GPU splits, the host cache's bytes
+and the ``--kv-gpu-layers`` prefix. For one sequence on one device (one stream, every staged input one contiguous
+piece of whole rows) the graphs of one workload at any context (``sim.replay.context_free`` without the cache's size)
+have the same staged splits; a slot need is then each input's rows x bytes per row through the slot layout's span
+(``sim.transport.deliveries.slot_entries``), the full-context need the same at the cache's rows
+(``deliveries.full_need``'s arithmetic), and the rest a function of the workload's cache layout
+(``sim.graph_parts.layout_of``) -- so no graph need be built for a window whose family has a :class:`ShapeTemplate`.
+
+A template is read off the family's first graph, must give that graph's shape back, and is trusted once it gives a
+second window's shape exactly as that window's graph does (``sim.replay._shape`` builds both and compares); a family
+outside this shape keeps the graph path. ``tests/sim/test_window_templates.py`` holds the two equal over dense grids.
+
+Units: bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sim.graph import DecodeGraph
+from sim.graph_parts import layout_of
+from sim.transport.deliveries import SpanFn
+from sim.workload import Workload
+
+#: A shape's fields: (staged: ((device, slot need, full need, staged splits), ...), GPU devices, host cache bytes,
+#: devices keeping the --kv-gpu-layers prefix, its bytes) -- ``sim.replay._Shape``'s.
+ShapeFields = tuple[tuple[tuple[int, int, int, int], ...], tuple[int, ...], int, tuple[int, ...], int]
+
+
+@dataclass(frozen=True)
+class ShapeTemplate:
+    """A family's staged splits as bytes per row of each input (``per_row``), on ``device``; the GPU devices and the
+    devices that keep the resident prefix (the same at every window)."""
+
+    device: int
+    per_row: tuple[tuple[int, ...], ...]
+    gpu_devices: tuple[int, ...]
+    device_kv: tuple[int, ...]
+
+    def fields(self, wl: Workload, rows: int, span: SpanFn) -> ShapeFields:
+        """The shape of ``wl``'s graph whose window has ``rows`` rows, on the slot layout ``span``. Pure."""
+        layout = layout_of(wl)
+        full_rows = wl.cells_per_stream
+        scale = full_rows / max(1, rows)
+        need = full = 0
+        for inputs in self.per_row:
+            off = f = 0
+            for b in inputs:
+                reserve = full_rows * b
+                off += span(rows * b, reserve)
+                f += span(int(rows * b * scale), reserve)
+            need, full = max(need, off), max(full, f)
+        kv = wl.kv_gpu_layers
+        return (((self.device, need, full, len(self.per_row)),), self.gpu_devices, layout.nbytes - layout.k_offset(0),
+                self.device_kv, layout.k_offset(kv) if kv else 0)
+
+
+def shape_template(wl: Workload, graph: DecodeGraph, needs: list[Any], spans: list[SpanFn],
+                   got: ShapeFields) -> ShapeTemplate | None:
+    """The template of ``graph``'s family (``needs``: ``planning.slot_needs`` of it; ``got``: the shape read off it),
+    or None where the family is outside the template's shape or the template does not give ``got`` back. Pure."""
+    rows = graph.window_rows
+    if (wl.n_parallel != 1 or wl.n_streams != 1 or wl.gpu_layer_start or wl.split_mode != "none" or len(needs) != 1
+            or len(graph.positions) != 1 or rows < 1 or graph.full_window_rows != wl.cells_per_stream):
+        return None
+    dev, splits = needs[0][0], needs[0][1]
+    per_row: list[tuple[int, ...]] = []
+    for s in splits:
+        one = []
+        for inp in s.staged:
+            (p,) = inp.pieces if len(inp.pieces) == 1 else (None,)
+            if p is None or p.rows != 1 or p.nbytes % rows or p.cell_bytes != p.nbytes // rows or p.reserve_bytes != (
+                    wl.cells_per_stream * p.cell_bytes):
+                return None
+            one.append(p.nbytes // rows)
+        per_row.append(tuple(one))
+    t = ShapeTemplate(dev, tuple(per_row), got[1], got[3])
+    return t if t.fields(wl, rows, spans[dev]) == got else None
+
+
+TEMPLATES_KEPT = 1 << 14
+#: Per (family without the cache's size, slot layout): its shape template and whether a second window's graph
+#: confirmed it (``sim.replay_shapes``); ``None``: the family keeps the graph path.
+TEMPLATES: dict[Any, tuple[ShapeTemplate, bool] | None] = {}
+
+
+def learn(tkey: Any, kept: tuple[ShapeTemplate, bool] | None, wl: Workload, graph: Any, needs: Any, spans: list[Any],
+          got: Any) -> None:
+    """Read a template off a family's first graph; confirm it with the second (the same shape), or give it up."""
+    if kept is None and tkey in TEMPLATES:
+        return
+    if kept is None:
+        if len(TEMPLATES) > TEMPLATES_KEPT:
+            TEMPLATES.clear()
+        t = shape_template(wl, graph, needs, spans, got)
+        TEMPLATES[tkey] = None if t is None else (t, False)
+    elif graph.window_rows >= 1 and kept[0].fields(wl, graph.window_rows, spans[kept[0].device]) == got:
+        TEMPLATES[tkey] = (kept[0], True)
+    else:
+        TEMPLATES[tkey] = None

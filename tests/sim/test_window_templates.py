@@ -1,0 +1,104 @@
+"""Window templates (``sim.evaluator.window_costs``, ``sim.replay_shapes``) give a window's numbers and planning shape
+bit for bit as its own decode graph does.
+
+Every point's every token is compared with a reference read straight off that token's graph (``graph_at`` then
+``costs._build`` of its deliveries; ``replay.graph_shape``), after the evaluator answered the whole grid with its
+caches cleared -- so most windows come from a confirmed template, which each test asserts it used. Dense grids of
+contexts (every 128 rows to 16 Ki and near 400 Ki, every model preset, K/V cache types alike and mixed, ``--kv-gpu-layers``, four
+machines) and random points (hypothesis); families outside the template's shape (several sequences, ``-ngl``) keep
+the graph path; a template that does not reproduce its family's second window is given up.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sim.evaluator.costs as costs
+import sim.replay_shapes as shapes
+from sim import replay
+from sim.evaluator import clear_caches
+from sim.evaluator.window_costs import Template
+from sim.points import GridSpec, points
+from sim.run.point import Point, clear_graph_cache, graph_at
+from sim.transport.deliveries import span_fn
+from sim.workload import model_preset_names
+
+HARDWARE = ("rtx4070-gen4x16", "rtx3060-gen3x4", "h200-gen5x16", "gh200-c2c")
+
+
+def _reference(p: Point, step: int) -> tuple[costs.TokenCosts, tuple[object, ...]]:
+    """Step ``step`` of ``p`` read off its own graph: its numbers and its planning shape."""
+    graph = graph_at(p, step)
+    h2d, d2h, span = costs._links(p)
+    align = max(p.hardware.devices[0].alignment_bytes, p.transport.min_alignment_bytes)
+    got = costs._build(graph, h2d, d2h, span, costs._deliveries(graph, span, (p.transport.pack_streams, (align,))))
+    return got, replay.graph_shape(graph, [span_fn(p.transport.pack_streams, align)], (p.transport.pack_streams, (align,)))
+
+
+def _check(pts: list[Point]) -> tuple[int, int]:
+    """Every token of ``pts`` through the evaluator's caches (templates on), then against its graph: (confirmed cost
+    templates, confirmed shape templates) the run used."""
+    clear_caches()
+    clear_graph_cache()
+    made = [costs.point_costs(p) for p in pts]
+    made_shapes = [[replay._Line.of(p).shape(k) for k in range(p.workload.tokens)] for p in pts]
+    used = (sum(1 for t in costs._TEMPLATES.values() if t and t[2]), sum(1 for t in shapes.TEMPLATES.values() if t and t[1]))
+    for p, mine, mine_shapes in zip(pts, made, made_shapes, strict=True):
+        for k in range(p.workload.tokens):
+            want, want_shape = _reference(p, k)
+            got = mine[k]
+            assert got.layout is want.layout and got.window_rows == want.window_rows, (p.context, k)
+            assert np.array_equal(got.values, want.values), (p.context, k, np.flatnonzero(got.values != want.values))
+            assert tuple(getattr(mine_shapes[k], f) for f in replay._Shape.__dataclass_fields__) == want_shape, (p.context, k)
+    return used
+
+
+@pytest.mark.parametrize("model", model_preset_names())
+@pytest.mark.parametrize(("cache_k", "cache_v", "kv"), [("q8_0", "", 0), ("f16", "q4_0", 0), ("q8_0", "", 3)])
+def test_a_dense_grid_of_windows_matches_the_graphs(model: str, cache_k: str, cache_v: str, kv: int) -> None:
+    pts = points(GridSpec(models=(model,), cache_types=(cache_k,), cache_types_v=(cache_v,) if cache_v else (),
+                          contexts=tuple((c,) for c in [*range(128, 16385, 128), *range(400_000, 401_025, 128)]), depths=(1,),
+                          budgets_mib=(0.0,), tokens=4,
+                          kv_gpu_layers=(kv,)))
+    assert _check(pts) == (1, 1)  # one family, its template confirmed and used for the other ~70 windows
+
+
+@st.composite
+def _grid(draw: st.DrawFn) -> list[Point]:
+    start = draw(st.integers(1, 400_000))
+    step = draw(st.sampled_from([1, 7, 128, 255, 256, 1000, 4096]))
+    return points(GridSpec(models=(draw(st.sampled_from(model_preset_names())),), hardware=(draw(st.sampled_from(HARDWARE)),),
+                           cache_types=(draw(st.sampled_from(["f16", "q8_0", "q4_0"])),),
+                           cache_types_v=(draw(st.sampled_from(["f16", "q8_0", "q4_0"])),),
+                           contexts=tuple((start + i * step,) for i in range(draw(st.integers(2, 12)))), depths=(1,),
+                           budgets_mib=(0.0,), tokens=draw(st.integers(1, 6)), kv_gpu_layers=(draw(st.integers(0, 6)),),
+                           pack_streams=draw(st.booleans())))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_grid())
+def test_random_windows_match_their_graphs(pts: list[Point]) -> None:
+    _check(pts)
+
+
+@pytest.mark.parametrize("placed", [{"parallels": (2,)}, {"n_gpu_layers": (40,)}])
+def test_families_outside_the_shape_keep_the_graph_path(placed: dict[str, tuple[int, ...]]) -> None:
+    pts = points(GridSpec(contexts=tuple((c,) for c in range(4096, 40000, 2048)), depths=(1,), budgets_mib=(0.0,), tokens=3,
+                          **placed))  # type: ignore[arg-type]
+    assert _check(pts) == (0, 0)
+
+
+def test_a_template_that_misses_the_second_window_is_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = Template.values_at
+
+    def off(self: Template, rows: int) -> np.ndarray:  # right at the window it was read from, wrong elsewhere
+        v = real(self, rows)
+        return v if rows == self.rows0 else v * (1 + 1e-15) + 1e-18
+
+    monkeypatch.setattr(Template, "values_at", off)
+    pts = points(GridSpec(contexts=tuple((c,) for c in range(128, 8193, 128)), depths=(1,), budgets_mib=(0.0,), tokens=2))
+    assert _check(pts)[0] == 0
+    assert list(costs._TEMPLATES.values()) == [None]
