@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from backends.profile import HardwareProfile, for_workload, load_profile
 from sim.errors import InputError
@@ -103,43 +104,65 @@ def points(spec: GridSpec) -> list[Point]:
     hws = [hardware(h) for h in spec.hardware]
     caches = [cache(c) for c in spec.cache_types]
     caches_v: list[CacheType | None] = [cache(c) for c in spec.cache_types_v] or [None]
-    out = []
+    out: list[Point] = []
     made: dict[tuple[int | tuple[int, ...], ...], tuple[Workload, HardwareProfile]] = {}
     configs: dict[tuple[int, float, str, Schedule], TransportConfig] = {}
     try:
         workloads = itertools.product(models, hws, caches, caches_v, spec.contexts, spec.parallels)
-        placements = list(itertools.product(spec.kv_gpu_layers, spec.n_gpu_layers, spec.kv_offload, spec.depths, spec.budgets_mib,
-                                            spec.schedules))
-        for (m, h, c, cv, ctx, npar), (kv, ngl, off, d, b, sched) in itertools.product(workloads, placements):
-            if not off and (d, b, kv, sched) != (spec.depths[0], spec.budgets_mib[0], spec.kv_gpu_layers[0], spec.schedules[0]):
-                continue  # the resident arm has no depth or budget, and every layer's KV on the device: one point per context
-            if d == 0 and sched != spec.schedules[0]:
-                continue  # a schedule times the pipelined path's copies: the ordered path is one point
-            try:
-                gpu_layers = layers_of_ngl(ngl, m.n_layers)  # the flag is llama.cpp's -ngl (the output layer counts)
-            except ValueError as exc:
-                raise InputError(f"--n-gpu-layers: {exc}") from None
-            key = (id(m), id(h), id(c), id(cv), ctx, npar, kv if off else 0, gpu_layers)
-            if key not in made:  # one Workload and profile for the depths and budgets of a workload (frozen, shared)
-                made[key] = (Workload(m, c, cv or c, ctx, tokens=spec.tokens, pinned=spec.pinned, n_parallel=npar,
-                                      unified=spec.unified, ctx_size=spec.ctx_size, split_mode=spec.split_mode,
-                                      tensor_split=spec.tensor_split, flat_prefix=spec.flat_prefix,
-                                      kv_gpu_layers=kv if off else 0, n_gpu_layers=gpu_layers),
-                             for_workload(h, m.name, c.name, (cv or c).name))  # a calibrated file's entry for this program
-            wl, profile = made[key]
-            if wl.split_mode != "none" and len(h.devices) < 2:
-                raise InputError(f"--split-mode {wl.split_mode} needs several devices; give --hardware A+B (got {h.name})")
-            host_attn = off and nkvo_attention(h) == "host"
-            if host_attn and d:
-                raise InputError(f"--depth {d} on {h.name}: its llama.cpp runs -nkvo attention on the CPU (upstream, no "
-                                 "pipelined path); allowed: --depth 0")
-            arm = ("host-attention" if host_attn else "transport") if off else "resident"
-            tc = configs.get((d, b, arm, sched))
-            if tc is None:  # one config per depth, budget, arm and schedule (frozen, shared by every workload)
-                tc = configs[d, b, arm, sched] = TransportConfig(
-                    depth=d if off else 0, budget_mib=b if off else 0.0, mutations=spec.mutations if off else frozenset(),
-                    pack_streams=spec.pack_streams, arm=arm, schedule=sched if arm == "transport" else Schedule())
-            out.append(Point(wl, profile, tc))
+        placements = [pl for pl in itertools.product(spec.kv_gpu_layers, spec.n_gpu_layers, spec.kv_offload, spec.depths,
+                                                     spec.budgets_mib, spec.schedules)
+                      # the resident arm has no depth or budget, and every layer's KV on the device: one point per
+                      # context; a schedule times the pipelined path's copies: the ordered path is one point
+                      if (pl[2] or (pl[3], pl[4], pl[0], pl[5]) == (spec.depths[0], spec.budgets_mib[0], spec.kv_gpu_layers[0],
+                                                                    spec.schedules[0]))
+                      and (pl[3] != 0 or pl[5] == spec.schedules[0])]
+        layers: dict[tuple[int, int], int] = {}
+        per_arm: dict[bool, list[tuple[tuple[int, int], TransportConfig | str]]] = {}
+
+        def configs_of(host_attention: bool) -> list[tuple[tuple[int, int], TransportConfig | str]]:
+            """Per placement: its workload's (kv-gpu-layers, -ngl) and its config (or the error its depth is)."""
+            cfgs: list[tuple[tuple[int, int], TransportConfig | str]] = []
+            for kv, ngl, off, d, b, sched in placements:
+                host_attn = off and host_attention
+                if host_attn and d:
+                    cfgs.append(((kv, ngl), f"--depth {d} on {{}}: its llama.cpp runs -nkvo attention on the CPU (upstream, no "
+                                "pipelined path); allowed: --depth 0"))
+                    continue
+                arm = ("host-attention" if host_attn else "transport") if off else "resident"
+                tc = configs.get((d, b, arm, sched))
+                if tc is None:  # one config per depth, budget, arm and schedule (frozen, shared by every workload)
+                    tc = configs[d, b, arm, sched] = TransportConfig(
+                        depth=d if off else 0, budget_mib=b if off else 0.0, mutations=spec.mutations if off else frozenset(),
+                        pack_streams=spec.pack_streams, arm=arm, schedule=sched if arm == "transport" else Schedule())
+                cfgs.append(((kv if off else 0, ngl), tc))
+            return cfgs
+
+        for m, h, c, cv, ctx, npar in workloads:
+            if spec.split_mode != "none" and len(h.devices) < 2:
+                raise InputError(f"--split-mode {spec.split_mode} needs several devices; give --hardware A+B (got {h.name})")
+            host_attention = nkvo_attention(h) == "host"
+            mine: dict[tuple[int, int], tuple[Workload, HardwareProfile]] = {}  # this workload's by (kv, -ngl)
+            for (kv, ngl), tc in per_arm.get(host_attention) or per_arm.setdefault(host_attention, configs_of(host_attention)):
+                if isinstance(tc, str):
+                    raise InputError(tc.format(h.name))
+                got = mine.get((kv, ngl))
+                if got is None:
+                    gpu_layers = layers.get((id(m), ngl))
+                    if gpu_layers is None:
+                        try:  # the flag is llama.cpp's -ngl (the output layer counts)
+                            gpu_layers = layers[id(m), ngl] = layers_of_ngl(ngl, m.n_layers)
+                        except ValueError as exc:
+                            raise InputError(f"--n-gpu-layers: {exc}") from None
+                    key = (id(m), id(h), id(c), id(cv), ctx, npar, kv, gpu_layers)
+                    got = made.get(key)
+                    if got is None:  # one Workload and profile for the depths and budgets of a workload (frozen, shared)
+                        got = made[key] = (Workload(m, c, cv or c, ctx, tokens=spec.tokens, pinned=spec.pinned, n_parallel=npar,
+                                                    unified=spec.unified, ctx_size=spec.ctx_size, split_mode=spec.split_mode,
+                                                    tensor_split=spec.tensor_split, flat_prefix=spec.flat_prefix,
+                                                    kv_gpu_layers=kv, n_gpu_layers=gpu_layers),
+                                           for_workload(h, m.name, c.name, (cv or c).name))  # a calibrated file's entry
+                    mine[kv, ngl] = got
+                out.append(_point(got[0], got[1], tc))
     except InputError:
         raise
     except ValueError as exc:
@@ -147,3 +170,12 @@ def points(spec: GridSpec) -> list[Point]:
     if not out:
         raise InputError("the grid is empty; give at least one value per flag")
     return out
+
+
+def _point(wl: Workload, hw: HardwareProfile, tc: TransportConfig, _new: Any = object.__new__,
+           _set: Any = object.__setattr__) -> Point:
+    """``Point(wl, hw, tc)`` built by filling its ``__dict__`` (a frozen dataclass without ``__post_init__``: equal,
+    with the same hash, repr and pickle, at a fraction of its field-by-field ``__init__``; half a million per plan)."""
+    obj = _new(Point)
+    _set(obj, "__dict__", {"workload": wl, "hardware": hw, "transport": tc})
+    return obj  # type: ignore[no-any-return]

@@ -1,0 +1,93 @@
+"""``sim.points.points`` gives, in product order, the points a plain walk of the grid's product gives: equal points,
+the same workload and config objects shared (one per workload, one per depth/budget/arm/schedule), and the same
+one-line errors -- the plain walk re-made here as the straightforward loop it replaced."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+import sim.points as sp
+from sim.errors import InputError
+from sim.points import GridSpec, points
+from sim.run.point import Point
+from sim.transport.config import Schedule, TransportConfig
+from sim.workload import Workload, layers_of_ngl
+
+
+def _plain(spec: GridSpec) -> list[Point]:
+    out, made, configs = [], {}, {}  # type: ignore[var-annotated]
+    models, hws = [sp.model(m) for m in spec.models], [sp.hardware(h) for h in spec.hardware]
+    caches, caches_v = [sp.cache(c) for c in spec.cache_types], [sp.cache(c) for c in spec.cache_types_v] or [None]
+    for (m, h, c, cv, ctx, npar), (kv, ngl, off, d, b, sched) in itertools.product(
+            itertools.product(models, hws, caches, caches_v, spec.contexts, spec.parallels),
+            list(itertools.product(spec.kv_gpu_layers, spec.n_gpu_layers, spec.kv_offload, spec.depths, spec.budgets_mib,
+                                   spec.schedules))):
+        if not off and (d, b, kv, sched) != (spec.depths[0], spec.budgets_mib[0], spec.kv_gpu_layers[0], spec.schedules[0]):
+            continue
+        if d == 0 and sched != spec.schedules[0]:
+            continue
+        gl = layers_of_ngl(ngl, m.n_layers)
+        key = (id(m), id(h), id(c), id(cv), ctx, npar, kv if off else 0, gl)
+        if key not in made:
+            made[key] = (Workload(m, c, cv or c, ctx, tokens=spec.tokens, pinned=spec.pinned, n_parallel=npar, unified=spec.unified,
+                                  ctx_size=spec.ctx_size, split_mode=spec.split_mode, tensor_split=spec.tensor_split,
+                                  flat_prefix=spec.flat_prefix, kv_gpu_layers=kv if off else 0, n_gpu_layers=gl),
+                         sp.for_workload(h, m.name, c.name, (cv or c).name))
+        if spec.split_mode != "none" and len(h.devices) < 2:
+            raise InputError(f"--split-mode {spec.split_mode} needs several devices; give --hardware A+B (got {h.name})")
+        host_attn = off and sp.nkvo_attention(h) == "host"
+        if host_attn and d:
+            raise InputError(f"--depth {d} on {h.name}: its llama.cpp runs -nkvo attention on the CPU (upstream, no "
+                             "pipelined path); allowed: --depth 0")
+        arm = ("host-attention" if host_attn else "transport") if off else "resident"
+        if (d, b, arm, sched) not in configs:
+            configs[d, b, arm, sched] = TransportConfig(depth=d if off else 0, budget_mib=b if off else 0.0,
+                                                        mutations=spec.mutations if off else frozenset(),
+                                                        pack_streams=spec.pack_streams, arm=arm,
+                                                        schedule=sched if arm == "transport" else Schedule())
+        out.append(Point(*made[key], configs[d, b, arm, sched]))
+    return out
+
+
+def _sharing(pts: list[Point]) -> list[tuple[int, int, int]]:
+    ids: dict[int, int] = {}
+    return [(ids.setdefault(id(p.workload), len(ids)), ids.setdefault(id(p.hardware), len(ids)),
+             ids.setdefault(id(p.transport), len(ids))) for p in pts]
+
+
+SPECS = [GridSpec(), GridSpec(kv_offload=(True, False), depths=(0, 1, 2), budgets_mib=(0, 64), kv_gpu_layers=(0, 2)),
+         GridSpec(hardware=("rtx4070-gen4x16", "h200-gen5x16"), cache_types=("q8_0", "f16"), cache_types_v=("q4_0",),
+                  parallels=(1, 2), depths=(0, 1), schedules=(Schedule(), Schedule(late_first=True))),
+         GridSpec(models=("llama-3.1-8b", "qwen3.8-27b"), n_gpu_layers=(99, 20), contexts=((4096,), (1000, 3000)),
+                  parallels=(2,), kv_offload=(False, True))]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("host", [False, True])
+def test_points_are_the_plain_walk(spec: GridSpec, host: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if host:  # upstream's -nkvo attention on the CPU: depth 0 only
+        monkeypatch.setattr(sp, "nkvo_attention", lambda h: "host")
+        spec = GridSpec(**{**spec.__dict__, "depths": (0,)})
+    got, want = points(spec), _plain(spec)
+    assert got == want
+    assert _sharing(got) == _sharing(want)
+    assert [hash(p) for p in got] == [hash(p) for p in want]
+
+
+@pytest.mark.parametrize(("change", "message"), [({"depths": (0, 2)}, "--depth 2 on rtx4070-gen4x16: its llama.cpp runs"),
+                                                 ({"split_mode": "layer"}, "--split-mode layer needs several devices"),
+                                                 ({"n_gpu_layers": (500,)}, "")])
+def test_bad_grids_fail_as_the_plain_walk(change: dict[str, Any], message: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sp, "nkvo_attention", lambda h: "host")
+    spec = GridSpec(**{**GridSpec().__dict__, **change})
+    try:
+        _plain(spec)
+        want = ""
+    except (InputError, ValueError) as exc:
+        want = str(exc)
+    with pytest.raises(InputError) as got:
+        points(spec)
+    assert message in str(got.value) and (want in str(got.value) or not want)
