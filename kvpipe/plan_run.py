@@ -208,16 +208,10 @@ class Runner:
     def _inside_of(self, pts: Sequence[Point]) -> np.ndarray:
         """Whether the evaluator answers each point (``_in_envelope``, asked once per workload, machine and config but
         depth and budget: the ids of objects ``pts`` keeps alive while this runs)."""
-        from sim.replay import object_keys
+        from sim.replay import object_groups
 
-        seen: dict[tuple[int, int, int], bool] = {}
-        out = np.empty(len(pts), dtype=bool)
-        for i, (p, k) in enumerate(zip(pts, object_keys(pts), strict=True)):
-            got = seen.get(k)
-            if got is None:
-                got = seen[k] = self._in_envelope(p)
-            out[i] = got
-        return out
+        group, firsts = object_groups(pts)
+        return np.array([self._in_envelope(pts[i]) for i in firsts], dtype=bool)[group]
 
     def _pieces(self, pts: list[Point]) -> list[list[Point]]:
         """``pts`` in contiguous pieces, one per ``--jobs`` worker when the work is worth it: at least

@@ -34,7 +34,7 @@ from sim.transport.planning import PLAN_FIELDS
 from sim.workload import Workload
 
 __all__ = ["PLAN_FIELDS", "Plans", "PointPlan", "TokenPlan", "config_but_depth_budget", "config_class", "context_free", "line_key",
-           "object_keys", "plan_point", "plan_points", "window_rows_at"]
+           "object_groups", "plan_point", "plan_points", "window_rows_at"]
 
 
 @dataclass(frozen=True)
@@ -228,35 +228,45 @@ _RESTS: dict[int, tuple[TransportConfig, tuple[Any, ...], int]] = {}
 _CLASSES: dict[tuple[Any, ...], int] = {}  # never cleared (the numbers must stay): one entry per distinct config but depth/budget
 
 
-def object_keys(points: Sequence[Point]) -> list[tuple[int, int, int]]:
-    """Each point's (workload object, profile object, :func:`config_class`) key: points with equal keys differ at most
-    in depth and budget, found without hashing their workloads (the ids of objects ``points`` keeps alive). Pure."""
-    classes: dict[int, int] = {}  # config object -> config_class (a grid shares a few config objects)
-    out: list[tuple[int, int, int]] = []
-    for p in points:
-        cfg = p.transport
-        c = classes.get(id(cfg))
-        if c is None:
-            c = classes[id(cfg)] = config_class(cfg)
-        out.append((id(p.workload), id(p.hardware), c))
-    return out
+def object_groups(points: Sequence[Point]) -> tuple[np.ndarray, list[int]]:
+    """Each point's group, numbered in order of first appearance, and each group's first index: points in one group
+    share their workload and profile objects and their :func:`config_class` (so differ at most in depth and budget),
+    found from object ids as arrays, without hashing a workload (``points`` keeps the objects alive). Pure."""
+    n = len(points)
+    if not n:
+        return np.zeros(0, dtype=np.intp), []
+    code = np.zeros(n, dtype=np.int64)
+    for get in (_workload, _hardware, _transport):
+        ids, first, inv = np.unique(np.fromiter(map(id, map(get, points)), dtype=np.int64, count=n), return_index=True,
+                                    return_inverse=True)
+        if get is _transport:  # a config's class, not the object: equal fields but depth and budget, one code
+            classes = np.array([config_class(points[i].transport) for i in first.tolist()], dtype=np.int64)
+            ids, inv = np.unique(classes[inv], return_inverse=True)
+        _, code = np.unique(code * len(ids) + inv.reshape(-1), return_inverse=True)  # < n: no overflow
+        code = code.reshape(-1)
+    _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")  # groups by first appearance
+    number = np.empty(len(first), dtype=np.intp)
+    number[order] = np.arange(len(first))
+    return number[inv.reshape(-1)], first[order].tolist()
+
+
+_workload, _hardware, _transport = (operator.attrgetter(f) for f in ("workload", "hardware", "transport"))
 
 
 def _lines(points: Sequence[Point]) -> tuple[np.ndarray, list[Point]]:
     """Each point's line number, and each line's first point. Points that share their workload and profile objects
-    (a grid's depths and budgets) are told apart without hashing them again."""
-    by_id: dict[Any, int] = {}
+    (a grid's depths and budgets) are told apart without hashing them again (:func:`object_groups`)."""
+    group, firsts_of = object_groups(points)
     lines: dict[Any, int] = {}
     firsts: list[Point] = []
-    out: list[int] = []
-    for p, k in zip(points, object_keys(points), strict=True):
-        li = by_id.get(k)
-        if li is None:
-            li = by_id[k] = lines.setdefault(line_key(p), len(lines))
-            if li == len(firsts):
-                firsts.append(p)
-        out.append(li)
-    return np.array(out, dtype=np.intp), firsts
+    line_of_group = np.empty(len(firsts_of), dtype=np.intp)
+    for g, i in enumerate(firsts_of):
+        p = points[i]
+        li = line_of_group[g] = lines.setdefault(line_key(p), len(lines))
+        if li == len(firsts):
+            firsts.append(p)
+    return line_of_group[group], firsts
 
 
 @dataclass
@@ -323,7 +333,10 @@ def plan_points(points: Sequence[Point], each_line: Callable[[Point], Any] | Non
     align = per_line(fill(lambda x: x.align))
     align[align == 0] = 1
     io = np.array([x.io_bytes for x in info], dtype=np.int64)[line_of]
-    pol = planning.Policy.of([p.transport for p in points])
+    _, cfg_first, cfg_of = np.unique(np.fromiter(map(id, map(_transport, points)), dtype=np.int64, count=n),
+                                     return_index=True, return_inverse=True)
+    pol = planning.Policy.of([points[i].transport for i in cfg_first.tolist()])  # each config object once
+    pol = planning.Policy(*(getattr(pol, f)[cfg_of.reshape(-1)] for f in planning.Policy.__dataclass_fields__))
     tokens = np.array([x.point.workload.tokens for x in info], dtype=np.int64)[line_of]
     rings = {d: planning.RingState.empty(n) for d in range(n_dev)}
     made_at = {d: np.full(n, 1 << 30, dtype=np.int64) for d in range(n_dev)}

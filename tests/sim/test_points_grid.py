@@ -91,3 +91,28 @@ def test_bad_grids_fail_as_the_plain_walk(change: dict[str, Any], message: str, 
     with pytest.raises(InputError) as got:
         points(spec)
     assert message in str(got.value) and (want in str(got.value) or not want)
+
+
+def test_object_groups_are_the_id_walk() -> None:
+    """``sim.replay.object_groups`` (arrays of ids) numbers points as a walk keyed by (workload object, profile
+    object, config class) does, in order of first appearance; ``_lines`` then joins equal workloads' groups."""
+    import random
+    from dataclasses import replace
+
+    from sim import replay
+
+    pts = points(GridSpec(contexts=((4096,), (8192,), (16384,)), depths=(0, 1, 2), budgets_mib=(0, 64), kv_offload=(True, False)))
+    twins = [replace(p, workload=replace(p.workload), transport=replace(p.transport)) for p in pts[::3]]  # equal, not shared
+    mixed = pts + twins + pts[:5]
+    random.Random(1).shuffle(mixed)
+    walk: dict[tuple[int, int, int], int] = {}
+    want = [walk.setdefault((id(p.workload), id(p.hardware), replay.config_class(p.transport)), len(walk)) for p in mixed]
+    group, firsts = replay.object_groups(mixed)
+    assert group.tolist() == want
+    assert firsts == [want.index(g) for g in range(len(walk))]
+    lines: dict[object, int] = {}
+    line_of, first_points = replay._lines(mixed)
+    assert line_of.tolist() == [lines.setdefault(replay.line_key(p), len(lines)) for p in mixed]
+    assert [replay.line_key(p) for p in first_points] == list(lines)
+    empty = replay.object_groups([])
+    assert len(empty[0]) == 0 and empty[1] == []
