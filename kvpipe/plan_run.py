@@ -181,7 +181,7 @@ class Runner:
         simulations and, when the work is worth it (``_pieces``), the evaluation's pieces share the ``--jobs``
         workers. ``grid``: the points are a grid along contexts, whose boundaries (where the best depth or a decline
         changes) the check re-simulates. Blocks for the evaluation and the simulations."""
-        from kvpipe.executors import _Serial, executor_for
+        from kvpipe.executors import PackedPoints, _Serial, executor_for, summarize_packed
         from sim.evaluator import Summary, summarize
 
         inside = np.zeros(len(pts), dtype=bool) if self.req.exact else self._inside_of(pts)
@@ -191,7 +191,8 @@ class Runner:
         parallel = (self.req.jobs or os.cpu_count() or 1) > 1 and (len(pieces) > 1 or bool(others))
         with executor_for(self.req.jobs) if parallel else contextlib.nullcontext(_Serial()) as ex:
             sims = self._submit(ex, others)
-            futures = [ex.submit(summarize, piece) for piece in pieces]
+            futures = [ex.submit(summarize, piece) if isinstance(ex, _Serial) else ex.submit(summarize_packed, PackedPoints(piece))
+                       for piece in pieces]
             parts: list[tuple[np.ndarray, Figures]] = []
             if mine:
                 s = Summary.concat([f.result() for f in futures])

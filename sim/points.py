@@ -162,7 +162,7 @@ def points(spec: GridSpec) -> list[Point]:
                                                     kv_gpu_layers=kv, n_gpu_layers=gpu_layers),
                                            for_workload(h, m.name, c.name, (cv or c).name))  # a calibrated file's entry
                     mine[kv, ngl] = got
-                out.append(_point(got[0], got[1], tc))
+                out.append(new_point(got[0], got[1], tc))
     except InputError:
         raise
     except ValueError as exc:
@@ -172,7 +172,7 @@ def points(spec: GridSpec) -> list[Point]:
     return out
 
 
-def _point(wl: Workload, hw: HardwareProfile, tc: TransportConfig, _new: Any = object.__new__,
+def new_point(wl: Workload, hw: HardwareProfile, tc: TransportConfig, _new: Any = object.__new__,
            _set: Any = object.__setattr__) -> Point:
     """``Point(wl, hw, tc)`` built by filling its ``__dict__`` (a frozen dataclass without ``__post_init__``: equal,
     with the same hash, repr and pickle, at a fraction of its field-by-field ``__init__``; half a million per plan)."""

@@ -116,3 +116,24 @@ def test_object_groups_are_the_id_walk() -> None:
     assert [replay.line_key(p) for p in first_points] == list(lines)
     empty = replay.object_groups([])
     assert len(empty[0]) == 0 and empty[1] == []
+
+
+
+def test_packed_points_come_back_equal_and_shared_through_pickle() -> None:
+    """``kvpipe.executors.PackedPoints`` (what a worker is sent) gives the points back, in order, equal, sharing their
+    objects as the originals did, and ``summarize_packed`` answers as ``summarize`` does."""
+    import pickle
+    import random
+
+    import numpy as np
+
+    from kvpipe.executors import PackedPoints, summarize_packed
+    from sim.evaluator import summarize
+
+    pts = points(GridSpec(contexts=((4096,), (8192,), (20000,)), depths=(0, 1, 3), budgets_mib=(0, 64), kv_offload=(True, False)))
+    pts = pts + pts[:4]
+    random.Random(2).shuffle(pts)
+    back = pickle.loads(pickle.dumps(PackedPoints(pts))).points()
+    assert back == pts and _sharing(back) == _sharing(pts)
+    got, want = summarize_packed(PackedPoints(pts)), summarize(pts)
+    assert all(np.array_equal(getattr(got, f), getattr(want, f)) for f in want.__dataclass_fields__)
