@@ -39,14 +39,13 @@ types_grid() {  # per type: its 4 ordered processes (cal, held, cal, held), then
   done
 }
 
-types_fresh() {  # the fresh machine: the held-out configurations alone, one process per ordered depth, as above
-  local row n k v d role rd rc
+types_fresh() {  # the fresh machine: the held-out configurations alone; every ordered one first (one process each, as
+  local row n k v d role rd rc  # above: what varies between machines), then the resident ones (one process per type)
+  for o in "${R7_ORD[@]}"; do
+    read -r n k v d role <<< "$o"
+    [ $role = held ] && HIDE=1 bench r7f-ord-$n-d$d-held -ctk $k -ctv $v -nkvo 1 -d $d
+  done
   for row in "${R7_RES[@]}"; do
-    read -r n k v rd rc <<< "$row"
-    for o in "${R7_ORD[@]}"; do
-      read -r on k v d role <<< "$o"
-      [ "$on" = "$n" ] && [ $role = held ] && HIDE=1 bench r7f-ord-$n-d$d-held -ctk $k -ctv $v -nkvo 1 -d $d
-    done
     read -r n k v rd rc <<< "$row"
     HIDE=1 bench r7f-res-$n-held -ctk $k -ctv $v -nkvo 0 -d "$(held_of "$rd" "$rc")"
   done
