@@ -17,6 +17,9 @@
 #   run6, run6b, run6f: run 6 (tools/llamacpp/README-run6.md): run6 builds, then per cache type one process per arm
 #   interleaving calibration and held-out depths, then llama-batched-bench; run6b (warm) finishes what run6 left;
 #   run6f (a fresh machine) builds llama-bench and runs the held-out depths again.
+#   run7, run7b, run7f: run 7 (tools/llamacpp/README-run7.md): run7 builds, then every ordered configuration in its own
+#   process (calibration and held-out processes alternating), each type's resident process, then llama-batched-bench;
+#   run7b (warm) finishes what run7 left; run7f (a fresh machine) builds llama-bench and runs the held-out ones again.
 # .lcp/llama.cpp-src.tar.xz is the stripped llama.cpp tree from the llama-cpp-python 0.3.36 sdist (see its
 # KVPIPE-SOURCE.txt). Every step is idempotent: the tree, the build (ninja resumes), the GGUF and each finished bench set
 # live under $LCP (/tmp, so only while the machine stays warm: 30 s after a call) and are reused by the next call.
@@ -26,7 +29,7 @@
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 PHASE=${1:-all}
-case $PHASE in all|build|bench|fa0|ngl|types|batched|run5|run5b|run5f|run6|run6b|run6f) ;; *) echo "h200_bench.sh: phase '$PHASE'; expected all, build, bench, fa0, ngl, types, batched, run5, run5b, run5f, run6, run6b or run6f" >&2; exit 2;; esac
+case $PHASE in all|build|bench|fa0|ngl|types|batched|run5|run5b|run5f|run6|run6b|run6f|run7|run7b|run7f) ;; *) echo "h200_bench.sh: phase '$PHASE'; expected all, build, bench, fa0, ngl, types, batched, run5, run5b, run5f, run6, run6b, run6f, run7, run7b or run7f" >&2; exit 2;; esac
 ROOT=$(pwd)
 T0=$(date +%s)
 DEADLINE=${LCP_DEADLINE:-570}             # seconds into this call: the device kills a call at 600 s
@@ -72,7 +75,7 @@ machine_info() {
 }
 
 build() {
-  local targets=(llama-bench); case $PHASE in types|batched|run5*|run6|run6b) targets+=(llama-batched-bench);; esac
+  local targets=(llama-bench); case $PHASE in types|batched|run5*|run6|run6b|run7|run7b) targets+=(llama-batched-bench);; esac
   if [ -n "${LCP_BIN_TAR:-}" ] && [ ! -x "$BENCH" ]; then  # a build packed by run5b on the first machine
     mkdir -p "$BUILD" && cat $LCP_BIN_TAR | xz -dc | tar xf - -C "$BUILD" && log "unpacked the first machine's build ($LCP_BIN_TAR)"
   fi
@@ -271,7 +274,7 @@ if [ "$PHASE" = batched ]; then
   done
   exit 0
 fi
-case $PHASE in run5*|run6*) source "$ROOT/tools/llamacpp/${PHASE:0:4}.sh";; esac
+case $PHASE in run5*|run6*|run7*) source "$ROOT/tools/llamacpp/${PHASE:0:4}.sh";; esac
 bench resident-q8_0 -ctk q8_0 -ctv q8_0 -nkvo 0 -d "$D_RESIDENT"
 bench ordered-q8_0-first -ctk q8_0 -ctv q8_0 -nkvo 1 -d "$D_ORDERED_FIRST"
 bench ordered-q8_0 -ctk q8_0 -ctv q8_0 -nkvo 1 -d "$D_ORDERED"

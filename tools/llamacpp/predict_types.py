@@ -180,6 +180,28 @@ def write_blind(out: Path, name: str, profile: dict[str, Any], gguf: str, design
     return 0
 
 
+def write_report(out: Path, name: str, gguf: str, cmd: str, log: str, calibration: list[str], measured: str,
+                 rows: tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]], run_label: str,
+                 fresh_label: str) -> int:
+    """Write ``out/prediction.json`` and ``prediction.md`` of a held-out set (runs 5-7): ``rows`` are the calibration,
+    held-out and second-machine rows; the summaries are of the held-out and the second machine's rows. Prints the
+    tables and the fit's output; 0. Blocks (file writes only)."""
+    cal, held, fresh = rows
+    summ = summary(held)
+    second: dict[str, Any] | str = summary(fresh) if fresh else "not run"
+    report = {"command": f"python tools/llamacpp/predict.py --set {name} --gguf {gguf}", "fit_command": cmd, "fit_output": log,
+              "calibration": calibration, "measured": measured,
+              "rows": cal + held + fresh, "summary": summ, "summary_second_machine": second}
+    (out / "prediction.json").write_text(json.dumps(report, indent=1) + "\n")
+    md = [line.replace("| held out (run 4) |", f"| held out ({run_label}) |") for line in table(cal + held + fresh, summ)]
+    md += summary_table(f"second machine ({fresh_label}, nothing fitted)", second) if isinstance(second, dict) else \
+        ["", "Second machine: not run."]
+    (out / "prediction.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    print(log)
+    return 0
+
+
 def run(gguf: str, hardware: str, out: Path, blind: bool) -> int:
     """Fit, then write blind.json (``blind``) or prediction.json and prediction.md. Blocks."""
     out.mkdir(parents=True, exist_ok=True)

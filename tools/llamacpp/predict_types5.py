@@ -107,17 +107,5 @@ def run(gguf: str, hardware: str, out: Path, blind: bool) -> int:
     held = _rows(profile, gguf, RUN / "call1", HELD, "held out")
     fresh = _rows(profile, gguf, RUN / "fresh", HELD, "second machine") if (RUN / "fresh").is_dir() else []
     afterwards(profile, gguf, cal + held)
-    summ = pt.summary(held)
-    second: dict[str, Any] | str = pt.summary(fresh) if fresh else "not run"
-    report = {"command": f"python tools/llamacpp/predict.py --set types5 --gguf {gguf}", "fit_command": cmd, "fit_output": log,
-              "calibration": [f"run5/call1/{n}" for n in CALIBRATION], "measured": "median of each run's 3 samples",
-              "rows": cal + held + fresh, "summary": summ, "summary_second_machine": second}
-    (out / "prediction.json").write_text(json.dumps(report, indent=1) + "\n")
-    md = pt.table(cal + held + fresh, summ)
-    md = [line.replace("| held out (run 4) |", "| held out (run 5) |") for line in md]
-    md += pt.summary_table("second machine (run5/fresh, nothing fitted)", second) if isinstance(second, dict) else \
-        ["", "Second machine: not run."]
-    (out / "prediction.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
-    print(log)
-    return 0
+    return pt.write_report(out, "types5", gguf, cmd, log, [f"run5/call1/{n}" for n in CALIBRATION],
+                           "median of each run's 3 samples", (cal, held, fresh), "run 5", "run5/fresh")

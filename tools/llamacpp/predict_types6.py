@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 import predict_types as pt  # beside this file (the script's folder is on sys.path)
 import predict_types5 as p5
@@ -66,16 +65,5 @@ def run(gguf: str, hardware: str, out: Path, blind: bool) -> int:
     held = p5._rows(profile, gguf, RUN / "call1", HELD, "held out")
     fresh = p5._rows(profile, gguf, RUN / "fresh", FRESH, "second machine")
     p5.afterwards(profile, gguf, cal + held + fresh)
-    summ = pt.summary(held)
-    second: dict[str, Any] | str = pt.summary(fresh) if fresh else "not run"
-    report = {"command": f"python tools/llamacpp/predict.py --set types6 --gguf {gguf}", "fit_command": cmd, "fit_output": log,
-              "calibration": [f"run6/call1/{n}" for n in CALIBRATION], "measured": "median of each run's samples (5; fresh 3)",
-              "rows": cal + held + fresh, "summary": summ, "summary_second_machine": second}
-    (out / "prediction.json").write_text(json.dumps(report, indent=1) + "\n")
-    md = [line.replace("| held out (run 4) |", "| held out (run 6) |") for line in pt.table(cal + held + fresh, summ)]
-    md += pt.summary_table("second machine (run6/fresh, nothing fitted)", second) if isinstance(second, dict) else \
-        ["", "Second machine: not run."]
-    (out / "prediction.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
-    print(log)
-    return 0
+    return pt.write_report(out, "types6", gguf, cmd, log, [f"run6/call1/{n}" for n in CALIBRATION],
+                           "median of each run's samples (5; fresh 3)", (cal, held, fresh), "run 6", "run6/fresh")
