@@ -356,27 +356,12 @@ def _check_rows(pts: list[Point], rows: list[dict[str, Any] | None], jobs: int |
 
 def boundaries(pts: Sequence[Point], figs: Figures) -> set[int]:
     """Indices of the points where, along the contexts asked of one line (the same model, machine, cache, sequences,
-    tokens, arm and placement), the best depth at a budget or a point's decline changes from one context to the next
-    (``sim.evaluator.check.boundaries``, the sweep's rule). Pure."""
+    tokens, arm and placement: ``sim.points.line_arrays``), the best depth at a budget or a point's decline changes
+    from one context to the next (``sim.evaluator.check.boundaries``, the sweep's rule). Pure."""
     from sim.evaluator.check import boundaries as changes
+    from sim.points import line_arrays
 
-    lines: dict[Any, int] = {}
-    of_config: dict[int, tuple[int, float, str]] = {}  # config object -> (depth, budget, arm): a grid shares a few
-    of_workload: dict[tuple[int, int, str], tuple[int, int]] = {}  # (workload, machine, arm) objects -> (line, context)
-    n = len(pts)
-    line, context, depth = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-    budget = np.empty(n, dtype=np.float64)
-    for i, p in enumerate(pts):
-        cfg = p.transport
-        c = of_config.get(id(cfg))
-        if c is None:
-            c = of_config[id(cfg)] = (cfg.depth, cfg.budget_mib, cfg.arm)
-        k = (id(p.workload), id(p.hardware), c[2])
-        w = of_workload.get(k)
-        if w is None:
-            wl = p.workload
-            w = of_workload[k] = (lines.setdefault((wl.model.name, p.hardware.name, wl.cache_k.name, wl.cache_v.name,
-                                                    wl.n_parallel, wl.unified, wl.split_mode, wl.tokens, c[2],
-                                                    wl.kv_gpu_layers, wl.n_gpu_layers, wl.pinned), len(lines)), p.context)
-        line[i], context[i], depth[i], budget[i] = w[0], w[1], c[0], c[1]
+    if not len(pts):
+        return set()
+    line, context, depth, budget = line_arrays(pts)
     return changes(line, context, depth, budget, figs.tokens_per_s, figs.declined)

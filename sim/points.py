@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from backends.profile import HardwareProfile, for_workload, load_profile
 from sim.errors import InputError
@@ -179,3 +182,35 @@ def new_point(wl: Workload, hw: HardwareProfile, tc: TransportConfig, _new: Any 
     obj = _new(Point)
     _set(obj, "__dict__", {"workload": wl, "hardware": hw, "transport": tc})
     return obj  # type: ignore[no-any-return]
+
+
+def line_arrays(pts: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each point's line (a number: equal numbers, the same model, machine, cache types, sequences, tokens, arm and
+    placement), context, depth and budget (MiB), as arrays: each config object read once, each (workload, machine,
+    arm) once, found from object ids (``pts`` keeps the objects alive). Pure."""
+    n = len(pts)
+    ids = {f: np.fromiter(map(id, map(operator.attrgetter(f), pts)), dtype=np.int64, count=n)
+           for f in ("transport", "workload", "hardware")}
+    _, first, cfg = np.unique(ids["transport"], return_index=True, return_inverse=True)
+    cfgs = [pts[i].transport for i in first.tolist()]
+    arms: dict[str, int] = {}
+    arm = np.array([arms.setdefault(c.arm, len(arms)) for c in cfgs], dtype=np.int64)[cfg.reshape(-1)]
+    depth = np.array([c.depth for c in cfgs], dtype=np.int64)[cfg.reshape(-1)]
+    budget = np.array([c.budget_mib for c in cfgs], dtype=np.float64)[cfg.reshape(-1)]
+    code = arm
+    for f in ("workload", "hardware"):  # codes below n x arms at each step: no overflow
+        _, inv = np.unique(ids[f], return_inverse=True)
+        _, code = np.unique(code * n + inv.reshape(-1), return_inverse=True)
+        code = code.reshape(-1)
+    _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    lines: dict[Any, int] = {}
+    line, context = [], []
+    for i in first.tolist():
+        p = pts[i]
+        wl = p.workload
+        line.append(lines.setdefault((wl.model.name, p.hardware.name, wl.cache_k.name, wl.cache_v.name, wl.n_parallel,
+                                      wl.unified, wl.split_mode, wl.tokens, p.transport.arm, wl.kv_gpu_layers,
+                                      wl.n_gpu_layers, wl.pinned), len(lines)))
+        context.append(p.context)
+    inv = inv.reshape(-1)
+    return (np.array(line, dtype=np.int64)[inv], np.array(context, dtype=np.int64)[inv], depth, budget)
