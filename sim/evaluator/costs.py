@@ -27,7 +27,8 @@ from backends.base import CopyRange, copy_calls
 from backends.profile import LinkCurve
 from sim.evaluator.window_costs import _ONE_CALL, Template, _seconds, template_of
 from sim.graph import DecodeGraph
-from sim.replay import context_free, interned, window_rows_at
+from sim.replay import context_free, interned
+from sim.replay_shapes import steps_of
 from sim.run.point import Point, graph_at
 from sim.transport import planning
 from sim.transport.deliveries import Delivery, SpanFn, ordered_copy, plan_deliveries, slot_entries, span_fn
@@ -241,13 +242,14 @@ def point_costs(point: Point) -> list[TokenCosts]:
         kept = {}
         _keep(_KEPT, base, kept)
     out = []
+    window, row_of = steps_of(wl)
     for step in range(wl.tokens):
         got = kept.get(step)
         if got is None:
-            rows = window_rows_at(wl, step)
+            rows = window[step]
             block = _BLOCKS.get((family, rows))
             if block is None and not resident:  # another window of a family whose template is trusted: no graph
-                block = _from_template(family, rows, wl.writes(step)[0][1])
+                block = _from_template(family, rows, row_of[step])
                 if block is not None:
                     _keep(_BLOCKS, (family, rows), block, KEPT_BLOCKS)
             if block is None or block.scaled is None:
@@ -262,7 +264,7 @@ def point_costs(point: Point) -> list[TokenCosts]:
                     if not resident and made.scaled:
                         _learn(family, point, graph, got, made)
             else:
-                got = _scaled(block, wl.writes(step)[0][1])
+                got = _scaled(block, row_of[step])
             kept[step] = got
         out.append(got)
     return out
