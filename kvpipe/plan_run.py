@@ -164,6 +164,29 @@ class Runner:
         self.checked = 0  # the points the sample check re-simulated (the simulator's default path)
         self.checked_exact = 0  # of those, the points simulated again exact (the default path's row differed by > 1e-9)
         self._inside: dict[Any, bool] = {}
+        self._stack: contextlib.ExitStack | None = None  # entered (``with``): one pool of workers for the whole plan
+        self._pool: Any = None
+        self._bounds: dict[int, set[int]] = {}  # each grid run's boundaries, found once it was answered
+        self._ahead: Any = None  # their simulations, submitted then (``kvpipe.sweep_work.Ahead``)
+
+    def __enter__(self) -> Runner:
+        self._stack = contextlib.ExitStack()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:  # an error or Ctrl-C ends the workers at once (``executor_for``)
+        stack, self._stack, self._pool = self._stack, None, None
+        if stack is not None:
+            stack.__exit__(*exc)
+
+    def _workers(self) -> Any:
+        """A context giving the ``--jobs`` executor: the runner's one pool while it is entered, else a pool of its own."""
+        from kvpipe.executors import executor_for
+
+        if self._stack is None:
+            return executor_for(self.req.jobs)
+        if self._pool is None:
+            self._pool = self._stack.enter_context(executor_for(self.req.jobs))
+        return contextlib.nullcontext(self._pool)
 
     def _in_envelope(self, p: Point) -> bool:
         from sim.evaluator import in_envelope
@@ -181,7 +204,7 @@ class Runner:
         simulations and, when the work is worth it (``_pieces``), the evaluation's pieces share the ``--jobs``
         workers. ``grid``: the points are a grid along contexts, whose boundaries (where the best depth or a decline
         changes) the check re-simulates. Blocks for the evaluation and the simulations."""
-        from kvpipe.executors import PackedPoints, _Serial, executor_for, summarize_packed
+        from kvpipe.executors import PackedPoints, _Serial, summarize_packed
         from sim.evaluator import Summary, summarize
 
         inside = np.zeros(len(pts), dtype=bool) if self.req.exact else self._inside_of(pts)
@@ -189,7 +212,7 @@ class Runner:
         mine, others = [pts[i] for i in idx.tolist()], [pts[i] for i in rest.tolist()]
         pieces = self._pieces(mine)
         parallel = (self.req.jobs or os.cpu_count() or 1) > 1 and (len(pieces) > 1 or bool(others))
-        with executor_for(self.req.jobs) if parallel else contextlib.nullcontext(_Serial()) as ex:
+        with self._workers() if parallel else contextlib.nullcontext(_Serial()) as ex:
             sims = self._submit(ex, others)
             futures = [ex.submit(summarize, piece) if isinstance(ex, _Serial) else ex.submit(summarize_packed, PackedPoints(piece))
                        for piece in pieces]
@@ -201,6 +224,7 @@ class Runner:
                 parts.append((idx, figures))
                 if grid:
                     self.grids.append(len(self.evaluated))
+                    self._check_ahead(len(self.evaluated), mine, figures)
                 self.evaluated.append((mine, figures))
             if others:
                 parts.append((rest, Figures.of_rows(_rows_of(others, sims))))
@@ -234,13 +258,22 @@ class Runner:
         work = chunks(pts, self.req.jobs or os.cpu_count() or 1, exact=self.req.exact, evaluator=False)
         return [(c, ex.submit(run_chunk, c)) for c in work]
 
+    def _check_ahead(self, k: int, pts: list[Point], figs: Figures) -> None:
+        """Grid run ``k``'s boundaries (the check re-simulates them whatever it draws), found now; with the runner's
+        pool (entered, ``--jobs`` > 1) their simulations submitted now, to run while the plan goes on. Does not block."""
+        from kvpipe.sweep_work import Ahead
+
+        self._bounds[k] = boundaries(pts, figs)
+        workers = self.req.jobs or os.cpu_count() or 1
+        if self._stack is None or workers < 2 or not self.req.check_n:
+            return
+        self._ahead = self._ahead or Ahead()
+        with self._workers() as ex:
+            self._ahead.submit(ex, [pts[i] for i in sorted(self._bounds[k]) if figs.fits[i]], workers)
+
     def _simulated(self, pts: list[Point]) -> list[dict[str, Any] | None]:
         """The simulator's rows of ``pts`` in order (None where a point failed: it does not fit). Blocks."""
-        from kvpipe.executors import executor_for
-
-        if not pts:
-            return []
-        with executor_for(self.req.jobs) as ex:
+        with self._workers() if pts else contextlib.nullcontext() as ex:
             return _rows_of(pts, self._submit(ex, pts))
 
     def rows(self, pts: Sequence[Point]) -> list[dict[str, Any] | None]:
@@ -278,13 +311,14 @@ class Runner:
         chosen = draw([p.transport.arm for p in pts], n, seed=0)  # and at least ARM_N of each arm the evaluator answered
         for k, lo in enumerate(_starts(self.evaluated)):
             if k in self.grids:
-                chosen |= {lo + i for i in boundaries(self.evaluated[k][0], self.evaluated[k][1])}
+                bounds = self._bounds.get(k)
+                chosen |= {lo + i for i in (bounds if bounds is not None else boundaries(*self.evaluated[k]))}
         chosen |= {i for i, p in enumerate(pts) if id(p) in self.marked}
         order = sorted(chosen)
         sample, rows = [pts[i] for i in order], _evaluated_rows([pts[i] for i in order])
         _same_as_rows(figs.take(order), rows)
         self.checked = sum(r is not None for r in rows)  # a chosen point that does not fit has no row to compare
-        worst, self.checked_exact = _check_rows(sample, rows, self.req.jobs)
+        worst, self.checked_exact = _check_rows(sample, rows, self.req.jobs, self._workers, self._ahead)
         return total, worst
 
 
@@ -302,11 +336,7 @@ def _rows_of(pts: Sequence[Point], sims: list[tuple[Any, Any]]) -> list[dict[str
 
 
 def _starts(runs: list[tuple[Sequence[Point], Figures]]) -> list[int]:
-    out, at = [], 0
-    for ps, _ in runs:
-        out.append(at)
-        at += len(ps)
-    return out
+    return np.cumsum([0] + [len(ps) for ps, _ in runs])[:-1].tolist()
 
 
 def _evaluated_rows(pts: Sequence[Point]) -> list[dict[str, Any] | None]:
@@ -332,8 +362,10 @@ def _same_as_rows(figs: Figures, rows: Sequence[dict[str, Any] | None]) -> None:
             raise EvaluatorDisagreement(f"the plan's figures of a point differ from its row: {got} != {want}")
 
 
-def _check_rows(pts: list[Point], rows: list[dict[str, Any] | None], jobs: int | None) -> tuple[float, int]:
-    """Re-simulate ``pts`` on ``jobs`` workers (the simulator's default path, exact where it differs) and compare each
+def _check_rows(pts: list[Point], rows: list[dict[str, Any] | None], jobs: int | None, workers_of: Any = None,
+                ahead: Any = None) -> tuple[float, int]:
+    """Re-simulate ``pts`` on ``jobs`` workers (``workers_of``: a context giving them; default a pool of its own) on
+    the simulator's default path (rows simulated ``ahead`` taken from it), exact where it differs, and compare each
     with its evaluated row: (the largest relative disagreement, the points simulated again exact). Raises
     EvaluatorDisagreement above the tolerance."""
     from kvpipe.executors import executor_for
@@ -343,14 +375,14 @@ def _check_rows(pts: list[Point], rows: list[dict[str, Any] | None], jobs: int |
     keep = [(p, r) for p, r in zip(pts, rows, strict=True) if r is not None]
     workers = jobs or os.cpu_count() or 1
     again: list[int] = []
-    with executor_for(jobs) as ex:
+    with (workers_of or (lambda: executor_for(jobs)))() as ex:
 
         def exact(chosen: list[Point]) -> list[dict[str, Any]]:
             again.append(len(chosen))
             return exact_rows(ex, chosen, workers)
 
         worst = check_sample([p for p, _ in keep], [r for _, r in keep], n=len(keep),
-                             resimulate=lambda chosen: simulated_rows(ex, chosen, workers=workers), exact=exact)
+                             resimulate=lambda chosen: simulated_rows(ex, chosen, workers=workers, ahead=ahead), exact=exact)
     return worst, sum(again)
 
 
