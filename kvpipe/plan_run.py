@@ -207,15 +207,16 @@ class Runner:
         from kvpipe.executors import PackedPoints, _Serial, summarize_packed
         from sim.evaluator import Summary, summarize
 
-        inside = np.zeros(len(pts), dtype=bool) if self.req.exact else self._inside_of(pts)
+        packed = PackedPoints(pts)  # each distinct object's index: the envelope's groups, the workers' pieces
+        inside = np.zeros(len(pts), dtype=bool) if self.req.exact else self._inside_of(pts, packed)
         idx, rest = np.flatnonzero(inside), np.flatnonzero(~inside)
         mine, others = [pts[i] for i in idx.tolist()], [pts[i] for i in rest.tolist()]
-        pieces = self._pieces(mine)
-        parallel = (self.req.jobs or os.cpu_count() or 1) > 1 and (len(pieces) > 1 or bool(others))
+        cuts = self._pieces(mine)
+        parallel = (self.req.jobs or os.cpu_count() or 1) > 1 and (len(cuts) > 1 or bool(others))
         with self._workers() if parallel else contextlib.nullcontext(_Serial()) as ex:
             sims = self._submit(ex, others)
-            futures = [ex.submit(summarize, piece) if isinstance(ex, _Serial) else ex.submit(summarize_packed, PackedPoints(piece))
-                       for piece in pieces]
+            futures = [ex.submit(summarize, mine[a:b]) if isinstance(ex, _Serial) else
+                       ex.submit(summarize_packed, packed.take(a, b) if not others else PackedPoints(mine[a:b])) for a, b in cuts]
             parts: list[tuple[np.ndarray, Figures]] = []
             if mine:
                 s = Summary.concat([f.result() for f in futures])
@@ -230,23 +231,27 @@ class Runner:
                 parts.append((rest, Figures.of_rows(_rows_of(others, sims))))
         return Figures.merge(len(pts), parts)
 
-    def _inside_of(self, pts: Sequence[Point]) -> np.ndarray:
+    def _inside_of(self, pts: Sequence[Point], packed: Any) -> np.ndarray:
         """Whether the evaluator answers each point (``_in_envelope``, asked once per workload, machine and config but
-        depth and budget: the ids of objects ``pts`` keeps alive while this runs)."""
-        from sim.replay import object_groups
+        depth and budget: ``packed``, the ``kvpipe.executors.PackedPoints`` of ``pts``, numbers their objects)."""
+        from sim.replay import config_class
 
-        group, firsts = object_groups(pts)
-        return np.array([self._in_envelope(pts[i]) for i in firsts], dtype=bool)[group]
+        (_, w), (hs, h), (cs, c) = packed.parts
+        cls = np.array([config_class(x) for x in cs], dtype=np.int64)[c]
+        _, first, group = np.unique((w.astype(np.int64) * len(hs) + h) * (int(cls.max(initial=0)) + 1) + cls,
+                                    return_index=True, return_inverse=True)
+        return np.array([self._in_envelope(pts[i]) for i in first.tolist()], dtype=bool)[group.reshape(-1)]
 
-    def _pieces(self, pts: list[Point]) -> list[list[Point]]:
-        """``pts`` in contiguous pieces, one per ``--jobs`` worker when the work is worth it: at least
-        ``PARALLEL_POINTS`` points or ``PARALLEL_LINES`` lines (each builds its own graphs) per worker; else one."""
+    def _pieces(self, pts: list[Point]) -> list[tuple[int, int]]:
+        """``pts`` in contiguous pieces (each one's first and past-last index), one per ``--jobs`` worker when the work is
+        worth it: at least ``PARALLEL_POINTS`` points or ``PARALLEL_LINES`` lines (each builds its own graphs) per
+        worker; else one."""
         if not pts:
             return []
         worth = max(len(pts) // PARALLEL_POINTS, len({id(p.workload) for p in pts}) // PARALLEL_LINES)
         workers = min(self.req.jobs or os.cpu_count() or 1, max(1, worth))
         cuts = [len(pts) * k // workers for k in range(workers + 1)]
-        return [pts[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
+        return list(zip(cuts, cuts[1:], strict=False))
 
     def _submit(self, ex: Any, pts: list[Point]) -> list[tuple[Any, Any]]:
         """The simulations of ``pts`` submitted to ``ex`` in chunks of whole partitions (``kvpipe.sweep_work.chunks``, the
@@ -300,6 +305,7 @@ class Runner:
         at least ``n`` of them drawn with a fixed seed (and at least ``ARM_N`` of each arm, ``sim.evaluator.check.draw``:
         the resident arm's points are the evaluator's too) plus every boundary (:func:`boundaries`). Raises
         EvaluatorDisagreement above 1e-9. Blocks for the simulations (``--jobs`` workers)."""
+        from kvpipe.sweep_work import check_rows
         from sim.evaluator.check import draw
 
         total = sum(len(p) for p, _ in self.evaluated)
@@ -318,7 +324,7 @@ class Runner:
         sample, rows = [pts[i] for i in order], _evaluated_rows([pts[i] for i in order])
         _same_as_rows(figs.take(order), rows)
         self.checked = sum(r is not None for r in rows)  # a chosen point that does not fit has no row to compare
-        worst, self.checked_exact = _check_rows(sample, rows, self.req.jobs, self._workers, self._ahead)
+        worst, self.checked_exact = check_rows(sample, rows, self.req.jobs, self._workers, self._ahead)
         return total, worst
 
 
@@ -360,30 +366,6 @@ def _same_as_rows(figs: Figures, rows: Sequence[dict[str, Any] | None]) -> None:
                 r["breakdown_ms"]["blocked_in_ordered_copies"])
         if got != want:
             raise EvaluatorDisagreement(f"the plan's figures of a point differ from its row: {got} != {want}")
-
-
-def _check_rows(pts: list[Point], rows: list[dict[str, Any] | None], jobs: int | None, workers_of: Any = None,
-                ahead: Any = None) -> tuple[float, int]:
-    """Re-simulate ``pts`` on ``jobs`` workers (``workers_of``: a context giving them; default a pool of its own) on
-    the simulator's default path (rows simulated ``ahead`` taken from it), exact where it differs, and compare each
-    with its evaluated row: (the largest relative disagreement, the points simulated again exact). Raises
-    EvaluatorDisagreement above the tolerance."""
-    from kvpipe.executors import executor_for
-    from kvpipe.sweep_work import exact_rows, simulated_rows
-    from sim.evaluator import check_sample
-
-    keep = [(p, r) for p, r in zip(pts, rows, strict=True) if r is not None]
-    workers = jobs or os.cpu_count() or 1
-    again: list[int] = []
-    with (workers_of or (lambda: executor_for(jobs)))() as ex:
-
-        def exact(chosen: list[Point]) -> list[dict[str, Any]]:
-            again.append(len(chosen))
-            return exact_rows(ex, chosen, workers)
-
-        worst = check_sample([p for p, _ in keep], [r for _, r in keep], n=len(keep),
-                             resimulate=lambda chosen: simulated_rows(ex, chosen, workers=workers, ahead=ahead), exact=exact)
-    return worst, sum(again)
 
 
 def boundaries(pts: Sequence[Point], figs: Figures) -> set[int]:

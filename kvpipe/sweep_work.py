@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
@@ -214,3 +215,26 @@ def chunks(points: Sequence[Point], workers: int, todo: Sequence[bool] | None = 
     if pts:
         out.append(Chunk(tuple(pts), tuple(marks), exact))
     return out
+
+
+def check_rows(pts: list[Point], rows: list[dict[str, Any] | None], jobs: int | None, workers_of: Any = None,
+                ahead: Any = None) -> tuple[float, int]:
+    """Re-simulate ``pts`` on ``jobs`` workers (``workers_of``: a context giving them; default a pool of its own) on
+    the simulator's default path (rows simulated ``ahead`` taken from it), exact where it differs, and compare each
+    with its evaluated row: (the largest relative disagreement, the points simulated again exact). Raises
+    EvaluatorDisagreement above the tolerance."""
+    from kvpipe.executors import executor_for
+    from sim.evaluator import check_sample
+
+    keep = [(p, r) for p, r in zip(pts, rows, strict=True) if r is not None]
+    workers = jobs or os.cpu_count() or 1
+    again: list[int] = []
+    with (workers_of or (lambda: executor_for(jobs)))() as ex:
+
+        def exact(chosen: list[Point]) -> list[dict[str, Any]]:
+            again.append(len(chosen))
+            return exact_rows(ex, chosen, workers)
+
+        worst = check_sample([p for p, _ in keep], [r for _, r in keep], n=len(keep),
+                             resimulate=lambda chosen: simulated_rows(ex, chosen, workers=workers, ahead=ahead), exact=exact)
+    return worst, sum(again)

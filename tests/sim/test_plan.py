@@ -179,17 +179,17 @@ def test_a_runner_answers_the_same_on_one_worker_and_on_two(monkeypatch: pytest.
 def test_the_check_counts_the_points_it_compares(monkeypatch: pytest.MonkeyPatch) -> None:
     """``Runner.check`` says how many points it re-simulated: those it compares, not a chosen point that does not fit
     the device (it has no row)."""
-    from kvpipe import plan_run
+    from kvpipe import sweep_work
     from kvpipe.plan_run import Runner
 
     compared: list[int] = []
-    real = plan_run._check_rows
+    real = sweep_work.check_rows
 
-    def counting(pts: list, rows: list, jobs: int | None) -> tuple[float, int]:  # type: ignore[type-arg]
+    def counting(pts: list, rows: list, jobs: int | None, *rest: object) -> tuple[float, int]:  # type: ignore[type-arg]
         compared.append(sum(r is not None for r in rows))
-        return real(pts, rows, jobs)
+        return real(pts, rows, jobs, *rest)
 
-    monkeypatch.setattr(plan_run, "_check_rows", counting)
+    monkeypatch.setattr(sweep_work, "check_rows", counting)
     req = PlanRequest(contexts=(4096, 480_000), tokens=2, max_depth=1, jobs=1)  # 480,000 cells do not fit the 12 GB card
     runner = Runner(req)
     f = runner.run(points(req, list(req.contexts), [0, 1], [0.0]), grid=True)
@@ -203,18 +203,18 @@ def test_the_check_draws_the_resident_arm_too(monkeypatch: pytest.MonkeyPatch) -
     beside the transport arm's (at least ``ARM_N``, or ``n`` if smaller), and compares them."""
     from dataclasses import replace
 
-    from kvpipe import plan_run
+    from kvpipe import sweep_work
     from kvpipe.plan_run import Runner
     from sim.evaluator.check import ARM_N
 
     arms: list[str] = []
-    real = plan_run._check_rows
+    real = sweep_work.check_rows
 
-    def seen(pts: list, rows: list, jobs: int | None) -> float:  # type: ignore[type-arg]
+    def seen(pts: list, rows: list, jobs: int | None, *rest: object) -> float:  # type: ignore[type-arg]
         arms.extend(p.transport.arm for p, r in zip(pts, rows, strict=True) if r is not None)
-        return real(pts, rows, jobs)
+        return real(pts, rows, jobs, *rest)
 
-    monkeypatch.setattr(plan_run, "_check_rows", seen)
+    monkeypatch.setattr(sweep_work, "check_rows", seen)
     req = PlanRequest(contexts=tuple(range(2048, 2048 * 41, 2048)), tokens=1, max_depth=4, jobs=1)
     pts = points(req, list(req.contexts), [0, 1, 2, 3, 4], [0.0, 64.0])  # 400 transport points
     resident = [replace(p, transport=replace(p.transport, arm="resident", depth=0, budget_mib=0.0)) for p in pts[:100:10]]

@@ -170,5 +170,8 @@ def test_packed_points_come_back_equal_and_shared_through_pickle() -> None:
     random.Random(2).shuffle(pts)
     back = pickle.loads(pickle.dumps(PackedPoints(pts))).points()
     assert back == pts and _sharing(back) == _sharing(pts)
+    for lo, hi in ((0, len(pts)), (3, 17), (5, 5), (len(pts) - 2, len(pts))):  # a piece: the same points as a slice
+        piece = pickle.loads(pickle.dumps(PackedPoints(pts).take(lo, hi))).points()
+        assert piece == pts[lo:hi] and _sharing(piece) == _sharing(pts[lo:hi])
     got, want = summarize_packed(PackedPoints(pts)), summarize(pts)
     assert all(np.array_equal(getattr(got, f), getattr(want, f)) for f in want.__dataclass_fields__)
