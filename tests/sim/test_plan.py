@@ -255,3 +255,69 @@ def test_a_plan_runs_without_the_cycle_collector_and_restores_it(monkeypatch: py
         assert not gc.isenabled()  # off before, off after
     finally:
         gc.enable()
+
+
+def test_one_pool_for_a_plan_and_its_grids_boundaries_simulated_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan (``plan_fit``: its runner entered) starts one pool of workers for all its runs and its check; a grid's
+    boundaries are submitted for simulation as soon as the grid is answered (``sweep_work.Ahead``), and the check
+    takes their rows and simulates only the rest -- with the same answer, the same points compared and the same
+    disagreement as a runner with no pool of its own (``--jobs 1``), which simulates nothing ahead."""
+    from dataclasses import replace
+
+    from kvpipe import executors, sweep_work
+    from kvpipe.capacity import plan_fit
+
+    pools: list[int | None] = []
+    real_pool = executors.executor_for
+
+    def counting(jobs: int | None = None, *a: Any) -> Any:
+        pools.append(jobs)
+        return real_pool(jobs, *a)
+
+    asked: list[int] = []  # the points of each default-path batch submitted
+    real_submit = sweep_work._submit_sample
+
+    def submitted(ex: Any, pts: list, exact: bool, workers: int) -> Any:  # type: ignore[type-arg]
+        asked.append(len(pts))
+        return real_submit(ex, pts, exact, workers)
+
+    monkeypatch.setattr(executors, "executor_for", counting)
+    monkeypatch.setattr(sweep_work, "_submit_sample", submitted)
+    req = PlanRequest(contexts=tuple(range(8192, 8192 * 9, 8192)), tokens=2, max_depth=3, budgets_mib=(0, 32, 128), jobs=2)
+    two = plan_fit(req)
+    assert pools == [2] and len(asked) == 2 and asked[0] > 0  # one pool; the boundaries ahead, then the rest
+    ahead = asked[0]
+    asked.clear()
+    one = plan_fit(replace(req, jobs=1))
+    assert len(asked) == 1 and asked[0] == two.checked > ahead  # no pool: everything at the check
+    assert (one.check, one.checked, one.checked_exact) == (two.check, two.checked, two.checked_exact)
+    assert [f.best for f in one.fits] == [f.best for f in two.fits]
+    assert [(p.best_depth, p.gain_by_depth) for p in one.plans] == [(p.best_depth, p.gain_by_depth) for p in two.plans]
+
+
+def test_ahead_rows_are_the_points_own_and_an_error_reaches_the_check() -> None:
+    """``sweep_work.Ahead`` gives the rows of the very point objects it simulated (an equal point that is another
+    object, or one not submitted, gets None) equal to ``simulated_rows``' own, and an error of a simulation the check
+    reads is raised then."""
+    from concurrent.futures import Future
+    from dataclasses import replace
+
+    from kvpipe.executors import _Serial
+    from kvpipe.sweep_work import Ahead, simulated_rows
+    from sim.evaluator.check import row_disagreement
+
+    pts = points(REF, [4096, 16384], [0, 1], [0.0, 64.0])
+    ahead = Ahead()
+    ahead.submit(_Serial(), pts[:5], workers=1)
+    got = ahead.rows_of([pts[6], replace(pts[0]), *pts[:5]])
+    alone = simulated_rows(_Serial(), pts[:5], workers=1)
+    assert got[:2] == [None, None] and all(row_disagreement(a, b) == 0.0 for a, b in zip(got[2:], alone, strict=True))
+    both = zip(simulated_rows(_Serial(), pts, workers=1, ahead=ahead), simulated_rows(_Serial(), pts, workers=1), strict=True)
+    assert all(row_disagreement(a, b) <= 1e-12 for a, b in both)  # planned in two batches, not one: float noise at most
+    failed: Future[Any] = Future()
+    failed.set_exception(RuntimeError("a simulation failed"))
+    broken = Ahead()
+    broken.batches.append((pts[:1], [([0], failed)]))
+    assert broken.rows_of(pts[1:2]) == [None]
+    with pytest.raises(RuntimeError, match="a simulation failed"):
+        broken.rows_of(pts[:1])
