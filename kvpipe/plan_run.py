@@ -225,7 +225,7 @@ class Runner:
                 parts.append((idx, figures))
                 if grid:
                     self.grids.append(len(self.evaluated))
-                    self._check_ahead(len(self.evaluated), mine, figures)
+                    self._check_ahead(len(self.evaluated), mine, figures, None if others else packed.parts)
                 self.evaluated.append((mine, figures))
             if others:
                 parts.append((rest, Figures.of_rows(_rows_of(others, sims))))
@@ -263,12 +263,12 @@ class Runner:
         work = chunks(pts, self.req.jobs or os.cpu_count() or 1, exact=self.req.exact, evaluator=False)
         return [(c, ex.submit(run_chunk, c)) for c in work]
 
-    def _check_ahead(self, k: int, pts: list[Point], figs: Figures) -> None:
+    def _check_ahead(self, k: int, pts: list[Point], figs: Figures, parts: Any) -> None:
         """Grid run ``k``'s boundaries (the check re-simulates them whatever it draws), found now; with the runner's
         pool (entered, ``--jobs`` > 1) their simulations submitted now, to run while the plan goes on. Does not block."""
         from kvpipe.sweep_work import Ahead
 
-        self._bounds[k] = boundaries(pts, figs)
+        self._bounds[k] = boundaries(pts, figs, parts)
         workers = self.req.jobs or os.cpu_count() or 1
         if self._stack is None or workers < 2 or not self.req.check_n:
             return
@@ -321,8 +321,12 @@ class Runner:
                 chosen |= {lo + i for i in (bounds if bounds is not None else boundaries(*self.evaluated[k]))}
         chosen |= {i for i, p in enumerate(pts) if id(p) in self.marked}
         order = sorted(chosen)
-        sample, rows = [pts[i] for i in order], _evaluated_rows([pts[i] for i in order])
-        _same_as_rows(figs.take(order), rows)
+        sample, mine = [pts[i] for i in order], figs.take(order)
+        if self._ahead is not None:  # the rest of the sample's simulations start, while its rows are evaluated here
+            with self._workers() as ex:
+                self._ahead.submit(ex, [p for p, ok in zip(sample, mine.fits.tolist(), strict=True) if ok], self.req.jobs or 2)
+        rows = _evaluated_rows(sample)
+        _same_as_rows(mine, rows)
         self.checked = sum(r is not None for r in rows)  # a chosen point that does not fit has no row to compare
         worst, self.checked_exact = check_rows(sample, rows, self.req.jobs, self._workers, self._ahead)
         return total, worst
@@ -368,14 +372,14 @@ def _same_as_rows(figs: Figures, rows: Sequence[dict[str, Any] | None]) -> None:
             raise EvaluatorDisagreement(f"the plan's figures of a point differ from its row: {got} != {want}")
 
 
-def boundaries(pts: Sequence[Point], figs: Figures) -> set[int]:
+def boundaries(pts: Sequence[Point], figs: Figures, parts: Any = None) -> set[int]:
     """Indices of the points where, along the contexts asked of one line (the same model, machine, cache, sequences,
-    tokens, arm and placement: ``sim.points.line_arrays``), the best depth at a budget or a point's decline changes
-    from one context to the next (``sim.evaluator.check.boundaries``, the sweep's rule). Pure."""
+    tokens, arm and placement: ``sim.points.line_arrays``, given ``parts`` if known), the best depth at a budget or a
+    point's decline changes from one context to the next (``sim.evaluator.check.boundaries``, the sweep's rule). Pure."""
     from sim.evaluator.check import boundaries as changes
     from sim.points import line_arrays
 
     if not len(pts):
         return set()
-    line, context, depth, budget = line_arrays(pts)
+    line, context, depth, budget = line_arrays(pts, parts)
     return changes(line, context, depth, budget, figs.tokens_per_s, figs.declined)

@@ -148,30 +148,41 @@ def _collect(n: int, submitted: list[tuple[list[int], Any]]) -> list[dict[str, A
 
 
 class Ahead:
-    """Sample simulations submitted before the check draws its sample: the points every check re-simulates whatever
-    it draws (a grid's boundaries, known once the grid is answered) run on the workers while the plan goes on, and
-    :func:`simulated_rows` takes their rows (the default path's, planned among themselves) instead of simulating them
-    again. Raises at :meth:`rows_of` what a simulation the check reads raised."""
+    """Sample simulations submitted before the check needs them: the points every check re-simulates whatever it
+    draws (a grid's boundaries, known once the grid is answered) run on the workers while the plan goes on, the rest
+    of the sample while its evaluated rows are made; :func:`simulated_rows` takes their rows (the default path's,
+    planned within their batch) instead of simulating them again. Raises at :meth:`rows_of` what a simulation the
+    check reads raised."""
 
     def __init__(self) -> None:
         self.batches: list[tuple[list[Point], list[tuple[list[int], Any]]]] = []
-        self._rows: dict[int, tuple[Point, dict[str, Any] | None]] = {}
+        self._batch_of: dict[int, tuple[Point, int]] = {}  # id(point) -> (the point, its batch)
+        self._rows: dict[int, dict[str, Any] | None] = {}  # the rows of the batches collected
+        self._collected: set[int] = set()
+
+    def _known(self, p: Point) -> int | None:
+        got = self._batch_of.get(id(p))
+        return got[1] if got is not None and got[0] is p else None
 
     def submit(self, ex: Executor, points: Sequence[Point], workers: int) -> None:
-        """Submit the default-path simulations of ``points`` (each must fit its device). Does not block (but for this
-        process's executor)."""
-        pts = list(points)
-        self.batches.append((pts, _submit_sample(ex, pts, False, workers)))
+        """Submit the default-path simulations of ``points`` (each must fit its device) but those submitted before.
+        Does not block (but for this process's executor)."""
+        pts = [p for p in points if self._known(p) is None]
+        if pts:
+            self._batch_of.update((id(p), (p, len(self.batches))) for p in pts)
+            self.batches.append((pts, _submit_sample(ex, pts, False, workers)))
 
     def rows_of(self, points: Sequence[Point]) -> list[dict[str, Any] | None]:
         """The rows of ``points`` simulated ahead (None for the others). Blocks for the batches that hold them."""
-        want = {id(p) for p in points}
-        for pts, submitted in self.batches:
-            if any(id(p) in want and id(p) not in self._rows for p in pts):
-                for p, r in zip(pts, _collect(len(pts), submitted), strict=True):
-                    self._rows[id(p)] = (p, r)
-        got = [self._rows.get(id(p)) for p in points]
-        return [g[1] if g is not None and g[0] is p else None for g, p in zip(got, points, strict=True)]
+        out: list[dict[str, Any] | None] = []
+        for p in points:
+            k = self._known(p)
+            if k is not None and k not in self._collected:
+                pts, submitted = self.batches[k]
+                self._rows.update((id(q), r) for q, r in zip(pts, _collect(len(pts), submitted), strict=True))
+                self._collected.add(k)
+            out.append(self._rows[id(p)] if k is not None else None)
+        return out
 
 
 def exact_rows(ex: Executor, points: Sequence[Point], workers: int = 2) -> list[dict[str, Any]]:

@@ -285,11 +285,11 @@ def test_one_pool_for_a_plan_and_its_grids_boundaries_simulated_ahead(monkeypatc
     monkeypatch.setattr(sweep_work, "_submit_sample", submitted)
     req = PlanRequest(contexts=tuple(range(8192, 8192 * 9, 8192)), tokens=2, max_depth=3, budgets_mib=(0, 32, 128), jobs=2)
     two = plan_fit(req)
-    assert pools == [2] and len(asked) == 2 and asked[0] > 0  # one pool; the boundaries ahead, then the rest
-    ahead = asked[0]
+    batches = [n for n in asked if n]  # the boundaries as the grid is answered, the rest as the check begins
+    assert pools == [2] and len(batches) == 2 and sum(batches) == two.checked
     asked.clear()
     one = plan_fit(replace(req, jobs=1))
-    assert len(asked) == 1 and asked[0] == two.checked > ahead  # no pool: everything at the check
+    assert [n for n in asked if n] == [two.checked]  # no pool: everything at the check
     assert (one.check, one.checked, one.checked_exact) == (two.check, two.checked, two.checked_exact)
     assert [f.best for f in one.fits] == [f.best for f in two.fits]
     assert [(p.best_depth, p.gain_by_depth) for p in one.plans] == [(p.best_depth, p.gain_by_depth) for p in two.plans]
@@ -314,10 +314,16 @@ def test_ahead_rows_are_the_points_own_and_an_error_reaches_the_check() -> None:
     assert got[:2] == [None, None] and all(row_disagreement(a, b) == 0.0 for a, b in zip(got[2:], alone, strict=True))
     both = zip(simulated_rows(_Serial(), pts, workers=1, ahead=ahead), simulated_rows(_Serial(), pts, workers=1), strict=True)
     assert all(row_disagreement(a, b) <= 1e-12 for a, b in both)  # planned in two batches, not one: float noise at most
-    failed: Future[Any] = Future()
-    failed.set_exception(RuntimeError("a simulation failed"))
+    class Failing(_Serial):
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+            failed: Future[Any] = Future()
+            failed.set_exception(RuntimeError("a simulation failed"))
+            return failed
+
     broken = Ahead()
-    broken.batches.append((pts[:1], [([0], failed)]))
-    assert broken.rows_of(pts[1:2]) == [None]
+    broken.submit(Failing(), pts[:1], workers=1)
+    broken.submit(_Serial(), pts[:2], workers=1)  # the first was submitted: only the second
+    assert len(broken.batches) == 2 and broken.batches[1][0] == [pts[1]]
+    assert broken.rows_of(pts[2:3]) == [None] and broken.rows_of(pts[1:2])[0] is not None
     with pytest.raises(RuntimeError, match="a simulation failed"):
         broken.rows_of(pts[:1])

@@ -145,6 +145,10 @@ def test_line_arrays_are_the_point_walk() -> None:
     assert len(set(zip(line.tolist(), want, strict=True))) == len(walk) == len(set(line.tolist()))  # the same partition
     assert context.tolist() == [p.context for p in mixed] and depth.tolist() == [p.transport.depth for p in mixed]
     assert budget.tolist() == [p.transport.budget_mib for p in mixed]
+    from kvpipe.executors import PackedPoints
+
+    packed = sp.line_arrays(mixed, PackedPoints(mixed).parts)  # the indices a run packed its points with: the same
+    assert all(np.array_equal(a, b) for a, b in zip(packed, (line, context, depth, budget), strict=True))
     rng = np.random.default_rng(4)
     for _ in range(20):
         tps = rng.choice([1.0, 2.0, 3.0], len(mixed))
