@@ -168,6 +168,7 @@ class Runner:
         self._pool: Any = None
         self._bounds: dict[int, set[int]] = {}  # each grid run's boundaries, found once it was answered
         self._ahead: Any = None  # their simulations, submitted then (``kvpipe.sweep_work.Ahead``)
+        self._rows_ahead: list[tuple[list[Point], Any]] = []  # and their evaluated rows (futures)
 
     def __enter__(self) -> Runner:
         self._stack = contextlib.ExitStack()
@@ -265,7 +266,8 @@ class Runner:
 
     def _check_ahead(self, k: int, pts: list[Point], figs: Figures, parts: Any) -> None:
         """Grid run ``k``'s boundaries (the check re-simulates them whatever it draws), found now; with the runner's
-        pool (entered, ``--jobs`` > 1) their simulations submitted now, to run while the plan goes on. Does not block."""
+        pool (entered, ``--jobs`` > 1) their simulations and their evaluated rows submitted now, to be made while the
+        plan goes on. Does not block."""
         from kvpipe.sweep_work import Ahead
 
         self._bounds[k] = boundaries(pts, figs, parts)
@@ -273,8 +275,18 @@ class Runner:
         if self._stack is None or workers < 2 or not self.req.check_n:
             return
         self._ahead = self._ahead or Ahead()
+        mine = [pts[i] for i in sorted(self._bounds[k]) if figs.fits[i]]
         with self._workers() as ex:
-            self._ahead.submit(ex, [pts[i] for i in sorted(self._bounds[k]) if figs.fits[i]], workers)
+            self._ahead.submit(ex, mine, workers)
+            self._rows_ahead.append((mine, ex.submit(_evaluated_rows, mine)))
+
+    def _evaluated_rows(self, pts: list[Point]) -> list[dict[str, Any] | None]:
+        """:func:`_evaluated_rows` of ``pts``: those made ahead (:meth:`_check_ahead`) taken, the rest made here. Blocks."""
+        known = {id(p): (p, r) for ps, f in self._rows_ahead for p, r in zip(ps, f.result(), strict=True)}
+        got = [known.get(id(p), (None, None)) for p in pts]
+        rest = [p for p, (q, _) in zip(pts, got, strict=True) if q is not p]
+        made = iter(_evaluated_rows(rest))
+        return [r if q is p else next(made) for p, (q, r) in zip(pts, got, strict=True)]
 
     def _simulated(self, pts: list[Point]) -> list[dict[str, Any] | None]:
         """The simulator's rows of ``pts`` in order (None where a point failed: it does not fit). Blocks."""
@@ -325,7 +337,7 @@ class Runner:
         if self._ahead is not None:  # the rest of the sample's simulations start, while its rows are evaluated here
             with self._workers() as ex:
                 self._ahead.submit(ex, [p for p, ok in zip(sample, mine.fits.tolist(), strict=True) if ok], self.req.jobs or 2)
-        rows = _evaluated_rows(sample)
+        rows = self._evaluated_rows(sample)
         _same_as_rows(mine, rows)
         self.checked = sum(r is not None for r in rows)  # a chosen point that does not fit has no row to compare
         worst, self.checked_exact = check_rows(sample, rows, self.req.jobs, self._workers, self._ahead)

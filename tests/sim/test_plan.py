@@ -327,3 +327,22 @@ def test_ahead_rows_are_the_points_own_and_an_error_reaches_the_check() -> None:
     assert broken.rows_of(pts[2:3]) == [None] and broken.rows_of(pts[1:2])[0] is not None
     with pytest.raises(RuntimeError, match="a simulation failed"):
         broken.rows_of(pts[:1])
+
+
+def test_an_entered_runner_makes_its_grids_boundary_rows_ahead_and_checks_the_same() -> None:
+    """A runner entered with ``--jobs 2`` evaluates a grid's boundary rows on its workers as soon as the grid is
+    answered and simulates them; its check compares the same points with the same disagreement as one process."""
+    from dataclasses import replace
+
+    from kvpipe.plan_run import Runner, boundaries
+
+    req = PlanRequest(contexts=tuple(range(4096, 4096 * 13, 4096)), tokens=2, max_depth=3, jobs=2)
+    pts = points(req, list(req.contexts), [0, 1, 2, 3], [0.0, 32.0, 128.0])
+    with Runner(req) as two:
+        f = two.run(pts, grid=True)
+        want = {i for i in boundaries(pts, f) if f.fits[i]}
+        assert want and [set(map(id, ps)) for ps, _ in two._rows_ahead] == [{id(pts[i]) for i in want}]
+        got = two.check(8), two.checked
+    one = Runner(replace(req, jobs=1))
+    one.run(pts, grid=True)
+    assert (one.check(8), one.checked) == got and not one._rows_ahead
