@@ -25,7 +25,7 @@ import numpy as np
 
 from backends.base import CopyRange, copy_calls
 from backends.profile import LinkCurve
-from sim.evaluator.window_costs import _ONE_CALL, Template, _seconds, template_of
+from sim.evaluator.window_costs import ONE_CALL_SECONDS, Template, engine_seconds, one_call_seconds, template_of
 from sim.graph import DecodeGraph
 from sim.replay import context_free, interned
 from sim.replay_shapes import steps_of
@@ -119,15 +119,15 @@ def _build(graph: DecodeGraph, h2d: LinkCurve, d2h: LinkCurve, span: SpanFn, del
         vals.append(s.compute_s)
         link = h2d if s.kind == "gpu" else d2h
         for small in s.ordered:
-            vals += [_seconds(link, (CopyRange(0, 0, small.nbytes),)), small.nbytes]
+            vals += [one_call_seconds(link, small.nbytes), small.nbytes]
         if staged:
             d = deliveries[s.index]
-            vals += [_seconds(h2d, d.early), d.early_bytes, _seconds(h2d, d.late), d.late_bytes]
+            vals += [engine_seconds(h2d, d.early), d.early_bytes, engine_seconds(h2d, d.late), d.late_bytes]
             off = 0
             for inp in s.staged:
                 ranges, spanned = ordered_copy(inp, off, span)
                 off += spanned
-                vals += [_seconds(h2d, ranges), _nbytes(ranges)]
+                vals += [engine_seconds(h2d, ranges), _nbytes(ranges)]
     return TokenCosts(layout_of(tuple(shape)), np.array(vals, dtype=np.float64), graph.window_rows)
 
 
@@ -311,7 +311,7 @@ def clear_costs() -> None:
     """Forget every kept token's numbers (a timing that must build them, as ``kvpipe bench`` does)."""
     _KEPT.clear()
     _BLOCKS.clear()
-    _ONE_CALL.clear()
+    ONE_CALL_SECONDS.clear()
     _TEMPLATES.clear()
 
 
