@@ -120,7 +120,7 @@ def simulated_rows(ex: Executor, points: Sequence[Point], exact: bool = False, w
     both its planning and its simulations. ``ahead``: default-path simulations submitted before (:class:`Ahead`),
     whose points take their rows from them. Blocks."""
     pts = list(points)
-    out = ahead.rows_of(pts) if ahead is not None and not exact else [None] * len(pts)
+    out: list[dict[str, Any] | None] = ahead.rows_of(pts) if ahead is not None and not exact else [None] * len(pts)
     rest = [i for i, r in enumerate(out) if r is None]
     for i, r in zip(rest, _collect(len(rest), _submit_sample(ex, [pts[i] for i in rest], exact, workers)), strict=True):
         out[i] = r

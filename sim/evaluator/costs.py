@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.base import CopyRange, copy_calls
+from backends.base import copy_calls
 from backends.profile import LinkCurve
 from sim.evaluator.window_costs import ONE_CALL_SECONDS, Template, engine_seconds, one_call_seconds, template_of
 from sim.graph import DecodeGraph
