@@ -336,8 +336,7 @@ def plan_fit(req: Any) -> FitPlan:
     from kvpipe.executors import without_cycle_collection
     from kvpipe.plan_run import Runner
 
-    runner = Runner(req)
-    with without_cycle_collection():
+    with Runner(req) as runner, without_cycle_collection():  # one pool of workers for the plan and its check
         out = _plan_fit(req, runner)
         out.check = runner.check(req.check_n)
     out.checked, out.checked_exact = runner.checked, runner.checked_exact

@@ -127,6 +127,12 @@ class PackedPoints:
             _, first, inv = np.unique(ids, return_index=True, return_inverse=True)
             self.parts.append(([getattr(pts[i], name) for i in first.tolist()], inv.reshape(-1).astype(np.int32)))
 
+    def take(self, lo: int, hi: int) -> PackedPoints:
+        """The points ``lo:hi`` (the same objects' lists: a piece of a grid is sent all of the grid's few objects)."""
+        out = object.__new__(PackedPoints)
+        out.parts = [(objs, idx[lo:hi]) for objs, idx in self.parts]
+        return out
+
     def points(self) -> list[Any]:
         """The points, in order. Does not block."""
         from sim.points import new_point

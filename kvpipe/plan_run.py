@@ -164,6 +164,30 @@ class Runner:
         self.checked = 0  # the points the sample check re-simulated (the simulator's default path)
         self.checked_exact = 0  # of those, the points simulated again exact (the default path's row differed by > 1e-9)
         self._inside: dict[Any, bool] = {}
+        self._stack: contextlib.ExitStack | None = None  # entered (``with``): one pool of workers for the whole plan
+        self._pool: Any = None
+        self._bounds: dict[int, set[int]] = {}  # each grid run's boundaries, found once it was answered
+        self._ahead: Any = None  # their simulations, submitted then (``kvpipe.sweep_work.Ahead``)
+        self._rows_ahead: list[tuple[list[Point], Any]] = []  # and their evaluated rows (futures)
+
+    def __enter__(self) -> Runner:
+        self._stack = contextlib.ExitStack()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:  # an error or Ctrl-C ends the workers at once (``executor_for``)
+        stack, self._stack, self._pool = self._stack, None, None
+        if stack is not None:
+            stack.__exit__(*exc)
+
+    def _workers(self) -> Any:
+        """A context giving the ``--jobs`` executor: the runner's one pool while it is entered, else a pool of its own."""
+        from kvpipe.executors import executor_for
+
+        if self._stack is None:
+            return executor_for(self.req.jobs)
+        if self._pool is None:
+            self._pool = self._stack.enter_context(executor_for(self.req.jobs))
+        return contextlib.nullcontext(self._pool)
 
     def _in_envelope(self, p: Point) -> bool:
         from sim.evaluator import in_envelope
@@ -181,18 +205,19 @@ class Runner:
         simulations and, when the work is worth it (``_pieces``), the evaluation's pieces share the ``--jobs``
         workers. ``grid``: the points are a grid along contexts, whose boundaries (where the best depth or a decline
         changes) the check re-simulates. Blocks for the evaluation and the simulations."""
-        from kvpipe.executors import PackedPoints, _Serial, executor_for, summarize_packed
+        from kvpipe.executors import PackedPoints, _Serial, summarize_packed
         from sim.evaluator import Summary, summarize
 
-        inside = np.zeros(len(pts), dtype=bool) if self.req.exact else self._inside_of(pts)
+        packed = PackedPoints(pts)  # each distinct object's index: the envelope's groups, the workers' pieces
+        inside = np.zeros(len(pts), dtype=bool) if self.req.exact else self._inside_of(pts, packed)
         idx, rest = np.flatnonzero(inside), np.flatnonzero(~inside)
         mine, others = [pts[i] for i in idx.tolist()], [pts[i] for i in rest.tolist()]
-        pieces = self._pieces(mine)
-        parallel = (self.req.jobs or os.cpu_count() or 1) > 1 and (len(pieces) > 1 or bool(others))
-        with executor_for(self.req.jobs) if parallel else contextlib.nullcontext(_Serial()) as ex:
+        cuts = self._pieces(mine)
+        parallel = (self.req.jobs or os.cpu_count() or 1) > 1 and (len(cuts) > 1 or bool(others))
+        with self._workers() if parallel else contextlib.nullcontext(_Serial()) as ex:
             sims = self._submit(ex, others)
-            futures = [ex.submit(summarize, piece) if isinstance(ex, _Serial) else ex.submit(summarize_packed, PackedPoints(piece))
-                       for piece in pieces]
+            futures = [ex.submit(summarize, mine[a:b]) if isinstance(ex, _Serial) else
+                       ex.submit(summarize_packed, packed.take(a, b) if not others else PackedPoints(mine[a:b])) for a, b in cuts]
             parts: list[tuple[np.ndarray, Figures]] = []
             if mine:
                 s = Summary.concat([f.result() for f in futures])
@@ -201,28 +226,33 @@ class Runner:
                 parts.append((idx, figures))
                 if grid:
                     self.grids.append(len(self.evaluated))
+                    self._check_ahead(len(self.evaluated), mine, figures, None if others else packed.parts)
                 self.evaluated.append((mine, figures))
             if others:
                 parts.append((rest, Figures.of_rows(_rows_of(others, sims))))
         return Figures.merge(len(pts), parts)
 
-    def _inside_of(self, pts: Sequence[Point]) -> np.ndarray:
+    def _inside_of(self, pts: Sequence[Point], packed: Any) -> np.ndarray:
         """Whether the evaluator answers each point (``_in_envelope``, asked once per workload, machine and config but
-        depth and budget: the ids of objects ``pts`` keeps alive while this runs)."""
-        from sim.replay import object_groups
+        depth and budget: ``packed``, the ``kvpipe.executors.PackedPoints`` of ``pts``, numbers their objects)."""
+        from sim.replay import config_class
 
-        group, firsts = object_groups(pts)
-        return np.array([self._in_envelope(pts[i]) for i in firsts], dtype=bool)[group]
+        (_, w), (hs, h), (cs, c) = packed.parts
+        cls = np.array([config_class(x) for x in cs], dtype=np.int64)[c]
+        _, first, group = np.unique((w.astype(np.int64) * len(hs) + h) * (int(cls.max(initial=0)) + 1) + cls,
+                                    return_index=True, return_inverse=True)
+        return np.array([self._in_envelope(pts[i]) for i in first.tolist()], dtype=bool)[group.reshape(-1)]
 
-    def _pieces(self, pts: list[Point]) -> list[list[Point]]:
-        """``pts`` in contiguous pieces, one per ``--jobs`` worker when the work is worth it: at least
-        ``PARALLEL_POINTS`` points or ``PARALLEL_LINES`` lines (each builds its own graphs) per worker; else one."""
+    def _pieces(self, pts: list[Point]) -> list[tuple[int, int]]:
+        """``pts`` in contiguous pieces (each one's first and past-last index), one per ``--jobs`` worker when the work is
+        worth it: at least ``PARALLEL_POINTS`` points or ``PARALLEL_LINES`` lines (each builds its own graphs) per
+        worker; else one."""
         if not pts:
             return []
         worth = max(len(pts) // PARALLEL_POINTS, len({id(p.workload) for p in pts}) // PARALLEL_LINES)
         workers = min(self.req.jobs or os.cpu_count() or 1, max(1, worth))
         cuts = [len(pts) * k // workers for k in range(workers + 1)]
-        return [pts[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
+        return list(zip(cuts, cuts[1:], strict=False))
 
     def _submit(self, ex: Any, pts: list[Point]) -> list[tuple[Any, Any]]:
         """The simulations of ``pts`` submitted to ``ex`` in chunks of whole partitions (``kvpipe.sweep_work.chunks``, the
@@ -234,13 +264,33 @@ class Runner:
         work = chunks(pts, self.req.jobs or os.cpu_count() or 1, exact=self.req.exact, evaluator=False)
         return [(c, ex.submit(run_chunk, c)) for c in work]
 
+    def _check_ahead(self, k: int, pts: list[Point], figs: Figures, parts: Any) -> None:
+        """Grid run ``k``'s boundaries (the check re-simulates them whatever it draws), found now; with the runner's
+        pool (entered, ``--jobs`` > 1) their simulations and their evaluated rows submitted now, to be made while the
+        plan goes on. Does not block."""
+        from kvpipe.sweep_work import Ahead
+
+        self._bounds[k] = boundaries(pts, figs, parts)
+        workers = self.req.jobs or os.cpu_count() or 1
+        if self._stack is None or workers < 2 or not self.req.check_n:
+            return
+        self._ahead = self._ahead or Ahead()
+        mine = [pts[i] for i in sorted(self._bounds[k]) if figs.fits[i]]
+        with self._workers() as ex:
+            self._ahead.submit(ex, mine, workers)
+            self._rows_ahead.append((mine, ex.submit(_evaluated_rows, mine)))
+
+    def _evaluated_rows(self, pts: list[Point]) -> list[dict[str, Any] | None]:
+        """:func:`_evaluated_rows` of ``pts``: those made ahead (:meth:`_check_ahead`) taken, the rest made here. Blocks."""
+        known = {id(p): (p, r) for ps, f in self._rows_ahead for p, r in zip(ps, f.result(), strict=True)}
+        got = [known.get(id(p), (None, None)) for p in pts]
+        rest = [p for p, (q, _) in zip(pts, got, strict=True) if q is not p]
+        made = iter(_evaluated_rows(rest))
+        return [r if q is p else next(made) for p, (q, r) in zip(pts, got, strict=True)]
+
     def _simulated(self, pts: list[Point]) -> list[dict[str, Any] | None]:
         """The simulator's rows of ``pts`` in order (None where a point failed: it does not fit). Blocks."""
-        from kvpipe.executors import executor_for
-
-        if not pts:
-            return []
-        with executor_for(self.req.jobs) as ex:
+        with self._workers() if pts else contextlib.nullcontext() as ex:
             return _rows_of(pts, self._submit(ex, pts))
 
     def rows(self, pts: Sequence[Point]) -> list[dict[str, Any] | None]:
@@ -267,6 +317,7 @@ class Runner:
         at least ``n`` of them drawn with a fixed seed (and at least ``ARM_N`` of each arm, ``sim.evaluator.check.draw``:
         the resident arm's points are the evaluator's too) plus every boundary (:func:`boundaries`). Raises
         EvaluatorDisagreement above 1e-9. Blocks for the simulations (``--jobs`` workers)."""
+        from kvpipe.sweep_work import check_rows
         from sim.evaluator.check import draw
 
         total = sum(len(p) for p, _ in self.evaluated)
@@ -278,13 +329,18 @@ class Runner:
         chosen = draw([p.transport.arm for p in pts], n, seed=0)  # and at least ARM_N of each arm the evaluator answered
         for k, lo in enumerate(_starts(self.evaluated)):
             if k in self.grids:
-                chosen |= {lo + i for i in boundaries(self.evaluated[k][0], self.evaluated[k][1])}
+                bounds = self._bounds.get(k)
+                chosen |= {lo + i for i in (bounds if bounds is not None else boundaries(*self.evaluated[k]))}
         chosen |= {i for i, p in enumerate(pts) if id(p) in self.marked}
         order = sorted(chosen)
-        sample, rows = [pts[i] for i in order], _evaluated_rows([pts[i] for i in order])
-        _same_as_rows(figs.take(order), rows)
+        sample, mine = [pts[i] for i in order], figs.take(order)
+        if self._ahead is not None:  # the rest of the sample's simulations start, while its rows are evaluated here
+            with self._workers() as ex:
+                self._ahead.submit(ex, [p for p, ok in zip(sample, mine.fits.tolist(), strict=True) if ok], self.req.jobs or 2)
+        rows = self._evaluated_rows(sample)
+        _same_as_rows(mine, rows)
         self.checked = sum(r is not None for r in rows)  # a chosen point that does not fit has no row to compare
-        worst, self.checked_exact = _check_rows(sample, rows, self.req.jobs)
+        worst, self.checked_exact = check_rows(sample, rows, self.req.jobs, self._workers, self._ahead)
         return total, worst
 
 
@@ -302,11 +358,7 @@ def _rows_of(pts: Sequence[Point], sims: list[tuple[Any, Any]]) -> list[dict[str
 
 
 def _starts(runs: list[tuple[Sequence[Point], Figures]]) -> list[int]:
-    out, at = [], 0
-    for ps, _ in runs:
-        out.append(at)
-        at += len(ps)
-    return out
+    return np.cumsum([0] + [len(ps) for ps, _ in runs])[:-1].tolist()
 
 
 def _evaluated_rows(pts: Sequence[Point]) -> list[dict[str, Any] | None]:
@@ -332,51 +384,14 @@ def _same_as_rows(figs: Figures, rows: Sequence[dict[str, Any] | None]) -> None:
             raise EvaluatorDisagreement(f"the plan's figures of a point differ from its row: {got} != {want}")
 
 
-def _check_rows(pts: list[Point], rows: list[dict[str, Any] | None], jobs: int | None) -> tuple[float, int]:
-    """Re-simulate ``pts`` on ``jobs`` workers (the simulator's default path, exact where it differs) and compare each
-    with its evaluated row: (the largest relative disagreement, the points simulated again exact). Raises
-    EvaluatorDisagreement above the tolerance."""
-    from kvpipe.executors import executor_for
-    from kvpipe.sweep_work import exact_rows, simulated_rows
-    from sim.evaluator import check_sample
-
-    keep = [(p, r) for p, r in zip(pts, rows, strict=True) if r is not None]
-    workers = jobs or os.cpu_count() or 1
-    again: list[int] = []
-    with executor_for(jobs) as ex:
-
-        def exact(chosen: list[Point]) -> list[dict[str, Any]]:
-            again.append(len(chosen))
-            return exact_rows(ex, chosen, workers)
-
-        worst = check_sample([p for p, _ in keep], [r for _, r in keep], n=len(keep),
-                             resimulate=lambda chosen: simulated_rows(ex, chosen, workers=workers), exact=exact)
-    return worst, sum(again)
-
-
-def boundaries(pts: Sequence[Point], figs: Figures) -> set[int]:
+def boundaries(pts: Sequence[Point], figs: Figures, parts: Any = None) -> set[int]:
     """Indices of the points where, along the contexts asked of one line (the same model, machine, cache, sequences,
-    tokens, arm and placement), the best depth at a budget or a point's decline changes from one context to the next
-    (``sim.evaluator.check.boundaries``, the sweep's rule). Pure."""
+    tokens, arm and placement: ``sim.points.line_arrays``, given ``parts`` if known), the best depth at a budget or a
+    point's decline changes from one context to the next (``sim.evaluator.check.boundaries``, the sweep's rule). Pure."""
     from sim.evaluator.check import boundaries as changes
+    from sim.points import line_arrays
 
-    lines: dict[Any, int] = {}
-    of_config: dict[int, tuple[int, float, str]] = {}  # config object -> (depth, budget, arm): a grid shares a few
-    of_workload: dict[tuple[int, int, str], tuple[int, int]] = {}  # (workload, machine, arm) objects -> (line, context)
-    n = len(pts)
-    line, context, depth = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-    budget = np.empty(n, dtype=np.float64)
-    for i, p in enumerate(pts):
-        cfg = p.transport
-        c = of_config.get(id(cfg))
-        if c is None:
-            c = of_config[id(cfg)] = (cfg.depth, cfg.budget_mib, cfg.arm)
-        k = (id(p.workload), id(p.hardware), c[2])
-        w = of_workload.get(k)
-        if w is None:
-            wl = p.workload
-            w = of_workload[k] = (lines.setdefault((wl.model.name, p.hardware.name, wl.cache_k.name, wl.cache_v.name,
-                                                    wl.n_parallel, wl.unified, wl.split_mode, wl.tokens, c[2],
-                                                    wl.kv_gpu_layers, wl.n_gpu_layers, wl.pinned), len(lines)), p.context)
-        line[i], context[i], depth[i], budget[i] = w[0], w[1], c[0], c[1]
+    if not len(pts):
+        return set()
+    line, context, depth, budget = line_arrays(pts, parts)
     return changes(line, context, depth, budget, figs.tokens_per_s, figs.declined)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
@@ -106,7 +107,8 @@ def _sample_rows(points: Sequence[Point], exact: bool) -> list[dict[str, Any]]:
     return [r for r in out if r is not None]
 
 
-def simulated_rows(ex: Executor, points: Sequence[Point], exact: bool = False, workers: int = 2) -> list[dict[str, Any]]:
+def simulated_rows(ex: Executor, points: Sequence[Point], exact: bool = False, workers: int = 2,
+                   ahead: Ahead | None = None) -> list[dict[str, Any]]:
     """The simulator's rows of ``points`` (in order), each distinct simulation once, as a sample check compares them:
     the points the point planner finds to be one run (``sim.run.tasks.tasks``: every budget of an ordered or declined
     point, every budget that leaves each token's plan the same) share one simulation, and each gets its own row from it
@@ -115,18 +117,72 @@ def simulated_rows(ex: Executor, points: Sequence[Point], exact: bool = False, w
     either way: the check compares rows, not hazards. ``tests/sim/test_fast_path.py`` holds both kinds of row to each
     point's own exact, checked simulation. The points go to ``ex`` in about two pieces per worker (``workers``) of
     whole partitions (a simulation never spans two), each planned where it runs, so that the worker's graphs serve
-    both its planning and its simulations. Blocks."""
+    both its planning and its simulations. ``ahead``: default-path simulations submitted before (:class:`Ahead`),
+    whose points take their rows from them. Blocks."""
     pts = list(points)
+    out: list[dict[str, Any] | None] = ahead.rows_of(pts) if ahead is not None and not exact else [None] * len(pts)
+    rest = [i for i, r in enumerate(out) if r is None]
+    for i, r in zip(rest, _collect(len(rest), _submit_sample(ex, [pts[i] for i in rest], exact, workers)), strict=True):
+        out[i] = r
+    return [r for r in out if r is not None]
+
+
+def _submit_sample(ex: Executor, pts: list[Point], exact: bool, workers: int) -> list[tuple[list[int], Any]]:
+    """:func:`_sample_rows` of ``pts`` submitted to ``ex`` in about two pieces of whole partitions per worker: (each
+    piece's indices, its future). Does not block (but for this process's executor)."""
+    if not pts:
+        return []
     parts = tasks.partitions(pts)
     n = max(1, min(len(parts), 2 * workers))
     pieces = [[i for part in parts[k * len(parts) // n : (k + 1) * len(parts) // n] for i in part] for k in range(n)]
     # submit, not ``map``: an interrupted ``map`` cancels its futures while the pool marks them broken (a traceback)
-    futures = [ex.submit(_sample_rows, [pts[i] for i in piece], exact) for piece in pieces]
-    out: list[dict[str, Any] | None] = [None] * len(pts)
-    for piece, f in zip(pieces, futures, strict=True):
+    return [(piece, ex.submit(_sample_rows, [pts[i] for i in piece], exact)) for piece in pieces]
+
+
+def _collect(n: int, submitted: list[tuple[list[int], Any]]) -> list[dict[str, Any] | None]:
+    out: list[dict[str, Any] | None] = [None] * n
+    for piece, f in submitted:
         for i, r in zip(piece, f.result(), strict=True):
             out[i] = r
-    return [r for r in out if r is not None]
+    return out
+
+
+class Ahead:
+    """Sample simulations submitted before the check needs them: the points every check re-simulates whatever it
+    draws (a grid's boundaries, known once the grid is answered) run on the workers while the plan goes on, the rest
+    of the sample while its evaluated rows are made; :func:`simulated_rows` takes their rows (the default path's,
+    planned within their batch) instead of simulating them again. Raises at :meth:`rows_of` what a simulation the
+    check reads raised."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[list[Point], list[tuple[list[int], Any]]]] = []
+        self._batch_of: dict[int, tuple[Point, int]] = {}  # id(point) -> (the point, its batch)
+        self._rows: dict[int, dict[str, Any] | None] = {}  # the rows of the batches collected
+        self._collected: set[int] = set()
+
+    def _known(self, p: Point) -> int | None:
+        got = self._batch_of.get(id(p))
+        return got[1] if got is not None and got[0] is p else None
+
+    def submit(self, ex: Executor, points: Sequence[Point], workers: int) -> None:
+        """Submit the default-path simulations of ``points`` (each must fit its device) but those submitted before.
+        Does not block (but for this process's executor)."""
+        pts = [p for p in points if self._known(p) is None]
+        if pts:
+            self._batch_of.update((id(p), (p, len(self.batches))) for p in pts)
+            self.batches.append((pts, _submit_sample(ex, pts, False, workers)))
+
+    def rows_of(self, points: Sequence[Point]) -> list[dict[str, Any] | None]:
+        """The rows of ``points`` simulated ahead (None for the others). Blocks for the batches that hold them."""
+        out: list[dict[str, Any] | None] = []
+        for p in points:
+            k = self._known(p)
+            if k is not None and k not in self._collected:
+                pts, submitted = self.batches[k]
+                self._rows.update((id(q), r) for q, r in zip(pts, _collect(len(pts), submitted), strict=True))
+                self._collected.add(k)
+            out.append(self._rows[id(p)] if k is not None else None)
+        return out
 
 
 def exact_rows(ex: Executor, points: Sequence[Point], workers: int = 2) -> list[dict[str, Any]]:
@@ -170,3 +226,26 @@ def chunks(points: Sequence[Point], workers: int, todo: Sequence[bool] | None = 
     if pts:
         out.append(Chunk(tuple(pts), tuple(marks), exact))
     return out
+
+
+def check_rows(pts: list[Point], rows: list[dict[str, Any] | None], jobs: int | None, workers_of: Any = None,
+                ahead: Any = None) -> tuple[float, int]:
+    """Re-simulate ``pts`` on ``jobs`` workers (``workers_of``: a context giving them; default a pool of its own) on
+    the simulator's default path (rows simulated ``ahead`` taken from it), exact where it differs, and compare each
+    with its evaluated row: (the largest relative disagreement, the points simulated again exact). Raises
+    EvaluatorDisagreement above the tolerance."""
+    from kvpipe.executors import executor_for
+    from sim.evaluator import check_sample
+
+    keep = [(p, r) for p, r in zip(pts, rows, strict=True) if r is not None]
+    workers = jobs or os.cpu_count() or 1
+    again: list[int] = []
+    with (workers_of or (lambda: executor_for(jobs)))() as ex:
+
+        def exact(chosen: list[Point]) -> list[dict[str, Any]]:
+            again.append(len(chosen))
+            return exact_rows(ex, chosen, workers)
+
+        worst = check_sample([p for p, _ in keep], [r for _, r in keep], n=len(keep),
+                             resimulate=lambda chosen: simulated_rows(ex, chosen, workers=workers, ahead=ahead), exact=exact)
+    return worst, sum(again)

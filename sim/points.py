@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from backends.profile import HardwareProfile, for_workload, load_profile
 from sim.errors import InputError
@@ -179,3 +182,38 @@ def new_point(wl: Workload, hw: HardwareProfile, tc: TransportConfig, _new: Any 
     obj = _new(Point)
     _set(obj, "__dict__", {"workload": wl, "hardware": hw, "transport": tc})
     return obj  # type: ignore[no-any-return]
+
+
+def line_arrays(pts: Any, parts: Any = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each point's line (a number: equal numbers, the same model, machine, cache types, sequences, tokens, arm and
+    placement), context, depth and budget (MiB), as arrays: each config object read once, each (workload, machine,
+    arm) once, found from object ids (``pts`` keeps the objects alive) or ``parts``, the points' distinct workload,
+    machine and config objects and each point's index of each (``kvpipe.executors.PackedPoints.parts``). Pure."""
+    n = len(pts)
+    if parts is None:
+        parts = []
+        for f in ("workload", "hardware", "transport"):
+            _, first, inv = np.unique(np.fromiter(map(id, map(operator.attrgetter(f), pts)), dtype=np.int64, count=n),
+                                      return_index=True, return_inverse=True)
+            parts.append(([getattr(pts[i], f) for i in first.tolist()], inv.reshape(-1)))
+    cfgs, cfg = parts[2]
+    arms: dict[str, int] = {}
+    arm = np.array([arms.setdefault(c.arm, len(arms)) for c in cfgs], dtype=np.int64)[cfg.reshape(-1)]
+    depth = np.array([c.depth for c in cfgs], dtype=np.int64)[cfg.reshape(-1)]
+    budget = np.array([c.budget_mib for c in cfgs], dtype=np.float64)[cfg.reshape(-1)]
+    code = arm
+    for _, inv in parts[:2]:  # codes below n x arms at each step: no overflow
+        _, code = np.unique(code * n + np.asarray(inv, dtype=np.int64).reshape(-1), return_inverse=True)
+        code = code.reshape(-1)
+    _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    lines: dict[Any, int] = {}
+    line, context = [], []
+    for i in first.tolist():
+        p = pts[i]
+        wl = p.workload
+        line.append(lines.setdefault((wl.model.name, p.hardware.name, wl.cache_k.name, wl.cache_v.name, wl.n_parallel,
+                                      wl.unified, wl.split_mode, wl.tokens, p.transport.arm, wl.kv_gpu_layers,
+                                      wl.n_gpu_layers, wl.pinned), len(lines)))
+        context.append(p.context)
+    inv = inv.reshape(-1)
+    return (np.array(line, dtype=np.int64)[inv], np.array(context, dtype=np.int64)[inv], depth, budget)

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.replay_shapes import _STEPS, steps_of
 from sim.replay_shapes import TEMPLATES as _TEMPLATES
 from sim.replay_shapes import learn as _learn
 from sim.run.point import GRAPH_BASE_BYTES, Point, graph_at, io_bytes_for, placed_hardware
@@ -100,6 +101,7 @@ def clear_shapes() -> None:
     """Forget the shapes and keys kept (a timing that must build them)."""
     _SHAPES.clear()
     _TEMPLATES.clear()
+    _STEPS.clear()
     context_free.cache_clear()
     window_rows_at.cache_clear()
 
@@ -188,7 +190,7 @@ class _Line:
         align = tuple(max(d.alignment_bytes, cfg.min_alignment_bytes) for d in devices)
         return _Line(point, tuple(d.memory_total_bytes for d in devices), tuple(d.memory_used_bytes for d in devices), align,
                      [span_fn(cfg.pack_streams, a) for a in align], (cfg.pack_streams, align), io_bytes_for(wl),
-                     _family(point), tuple(window_rows_at(wl, k) for k in range(wl.tokens)))
+                     _family(point), steps_of(wl)[0])
 
     def shape(self, step: int) -> _Shape:
         return _shape(self.point, step, self.rows[step], self.spans, self.slot_key, self.family)

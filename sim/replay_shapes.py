@@ -102,3 +102,20 @@ def learn(tkey: Any, kept: tuple[ShapeTemplate, bool] | None, wl: Workload, grap
         TEMPLATES[tkey] = (kept[0], True)
     else:
         TEMPLATES[tkey] = None
+
+
+_STEPS: dict[int, tuple[Workload, tuple[int, ...], tuple[int, ...]]] = {}
+STEPS_KEPT = 1 << 14  # workloads whose steps are kept: a batch's lines, each read by the planner, then by the evaluator
+
+
+def steps_of(wl: Workload) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Each decode step's window rows (the window of the highest row any sequence writes: ``sim.replay.window_rows_at``)
+    and the row the first sequence writes, from one ``wl.writes`` per step, kept per workload object (the point
+    planner and the evaluator's numbers both read them of each line; no workload is hashed). Pure."""
+    got = _STEPS.get(id(wl))
+    if got is None or got[0] is not wl:
+        if len(_STEPS) >= STEPS_KEPT:
+            _STEPS.clear()
+        writes = [wl.writes(k) for k in range(wl.tokens)]
+        got = _STEPS[id(wl)] = (wl, tuple(wl.window_rows(max(r for _, r in w)) for w in writes), tuple(w[0][1] for w in writes))
+    return got[1], got[2]

@@ -23,11 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from backends.base import CopyRange, copy_calls
+from backends.base import copy_calls
 from backends.profile import LinkCurve
-from sim.evaluator.window_costs import _ONE_CALL, Template, _seconds, template_of
+from sim.evaluator.window_costs import ONE_CALL_SECONDS, Template, engine_seconds, one_call_seconds, template_of
 from sim.graph import DecodeGraph
-from sim.replay import context_free, interned, window_rows_at
+from sim.replay import context_free, interned
+from sim.replay_shapes import steps_of
 from sim.run.point import Point, graph_at
 from sim.transport import planning
 from sim.transport.deliveries import Delivery, SpanFn, ordered_copy, plan_deliveries, slot_entries, span_fn
@@ -118,15 +119,15 @@ def _build(graph: DecodeGraph, h2d: LinkCurve, d2h: LinkCurve, span: SpanFn, del
         vals.append(s.compute_s)
         link = h2d if s.kind == "gpu" else d2h
         for small in s.ordered:
-            vals += [_seconds(link, (CopyRange(0, 0, small.nbytes),)), small.nbytes]
+            vals += [one_call_seconds(link, small.nbytes), small.nbytes]
         if staged:
             d = deliveries[s.index]
-            vals += [_seconds(h2d, d.early), d.early_bytes, _seconds(h2d, d.late), d.late_bytes]
+            vals += [engine_seconds(h2d, d.early), d.early_bytes, engine_seconds(h2d, d.late), d.late_bytes]
             off = 0
             for inp in s.staged:
                 ranges, spanned = ordered_copy(inp, off, span)
                 off += spanned
-                vals += [_seconds(h2d, ranges), _nbytes(ranges)]
+                vals += [engine_seconds(h2d, ranges), _nbytes(ranges)]
     return TokenCosts(layout_of(tuple(shape)), np.array(vals, dtype=np.float64), graph.window_rows)
 
 
@@ -241,13 +242,14 @@ def point_costs(point: Point) -> list[TokenCosts]:
         kept = {}
         _keep(_KEPT, base, kept)
     out = []
+    window, row_of = steps_of(wl)
     for step in range(wl.tokens):
         got = kept.get(step)
         if got is None:
-            rows = window_rows_at(wl, step)
+            rows = window[step]
             block = _BLOCKS.get((family, rows))
             if block is None and not resident:  # another window of a family whose template is trusted: no graph
-                block = _from_template(family, rows, wl.writes(step)[0][1])
+                block = _from_template(family, rows, row_of[step])
                 if block is not None:
                     _keep(_BLOCKS, (family, rows), block, KEPT_BLOCKS)
             if block is None or block.scaled is None:
@@ -262,7 +264,7 @@ def point_costs(point: Point) -> list[TokenCosts]:
                     if not resident and made.scaled:
                         _learn(family, point, graph, got, made)
             else:
-                got = _scaled(block, wl.writes(step)[0][1])
+                got = _scaled(block, row_of[step])
             kept[step] = got
         out.append(got)
     return out
@@ -309,7 +311,7 @@ def clear_costs() -> None:
     """Forget every kept token's numbers (a timing that must build them, as ``kvpipe bench`` does)."""
     _KEPT.clear()
     _BLOCKS.clear()
-    _ONE_CALL.clear()
+    ONE_CALL_SECONDS.clear()
     _TEMPLATES.clear()
 
 

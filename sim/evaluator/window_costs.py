@@ -54,45 +54,52 @@ class Template:
 
     def values_at(self, rows: int) -> np.ndarray:
         """The vector of the window of ``rows`` rows, but its early and late columns (``costs._scaled`` sets those
-        for the step's row). Pure."""
+        for the step's row). Splits alike (the same layers, staged and resident bytes per row) are computed once, in
+        the same order of operations. Pure."""
         vals = self.values.copy()
         c = self.compute
+        done: dict[tuple[object, ...], float] = {}
         for col, n_layers, staged, resident, has_resident, head in self.computes:
-            secs = n_layers * self.layer_s
-            if staged:
-                secs += c.attention_seconds(rows * staged)
-            if has_resident:
-                secs += sum(c.attention_seconds(rows * b) + c.batch_seconds(1, 0, True) for b in resident) if resident else 0.0
-            if head:
-                secs += c.head_s
+            key = (n_layers, staged, resident, has_resident, head)
+            secs = done.get(key)
+            if secs is None:
+                secs = n_layers * self.layer_s
+                if staged:
+                    secs += c.attention_seconds(rows * staged)
+                if has_resident:
+                    secs += sum(c.attention_seconds(rows * b) + c.batch_seconds(1, 0, True) for b in resident) if resident else 0.0
+                if head:
+                    secs += c.head_s
+                done[key] = secs
             vals[col] = secs
         for s_col, b_col, per_row in (*self.masks, *self.windows):
             n = rows * per_row
-            vals[s_col], vals[b_col] = _one_call(self.h2d, n), n
+            vals[s_col], vals[b_col] = one_call_seconds(self.h2d, n), n
         return vals
 
 
-def _one_call(link: LinkCurve, n: int) -> float:
-    """Engine seconds of one 1D copy of ``n`` bytes (kept as :func:`_seconds` keeps them)."""
-    return _seconds(link, (CopyRange(0, 0, n),))
+def one_call_seconds(link: LinkCurve, n: int) -> float:
+    """Engine seconds of one 1D copy of ``n`` bytes on ``link`` (``copy_calls``' one call, ``calls_seconds``' cost),
+    kept by link and bytes in ``ONE_CALL_SECONDS`` (a graph's small inputs and many of its windows' copies are the same
+    sizes). Pure."""
+    got = ONE_CALL_SECONDS.get((id(link), n))
+    if got is None or got[0] is not link:
+        if len(ONE_CALL_SECONDS) > 1 << 16:
+            ONE_CALL_SECONDS.clear()
+        got = ONE_CALL_SECONDS[id(link), n] = (link, float(calls_seconds(link, copy_calls((CopyRange(0, 0, n),)))))
+    return got[1]
 
 
-def _seconds(link: LinkCurve, ranges: Any) -> float:
-    """Engine seconds of a copy of ``ranges`` (``copy_calls``' shape, ``calls_seconds``' cost). One 1D range is one
-    call of its bytes (none if empty): its seconds are kept by link and bytes (a graph's small inputs and many of its
-    windows' copies are the same sizes)."""
+def engine_seconds(link: LinkCurve, ranges: Any) -> float:
+    """Engine seconds of a copy of ``ranges`` on ``link`` (``copy_calls``' shape, ``calls_seconds``' cost, the SimPy
+    machine's rule): one 1D range is :func:`one_call_seconds` of its bytes. Pure."""
     if len(ranges) == 1 and ranges[0].rows == 1:
-        n = ranges[0].nbytes
-        got = _ONE_CALL.get((id(link), n))
-        if got is None or got[0] is not link:
-            if len(_ONE_CALL) > 1 << 16:
-                _ONE_CALL.clear()
-            got = _ONE_CALL[id(link), n] = (link, float(calls_seconds(link, copy_calls(ranges))))
-        return got[1]
+        return one_call_seconds(link, ranges[0].nbytes)
     return float(calls_seconds(link, copy_calls(ranges)))
 
 
-_ONE_CALL: dict[tuple[int, int], tuple[LinkCurve, float]] = {}
+#: :func:`one_call_seconds`' kept answers: (id of the link, bytes) -> (the link, seconds).
+ONE_CALL_SECONDS: dict[tuple[int, int], tuple[LinkCurve, float]] = {}
 
 
 def template_of(wl: Workload, graph: DecodeGraph, layout: object, values: np.ndarray, compute: ComputeModel,

@@ -179,17 +179,17 @@ def test_a_runner_answers_the_same_on_one_worker_and_on_two(monkeypatch: pytest.
 def test_the_check_counts_the_points_it_compares(monkeypatch: pytest.MonkeyPatch) -> None:
     """``Runner.check`` says how many points it re-simulated: those it compares, not a chosen point that does not fit
     the device (it has no row)."""
-    from kvpipe import plan_run
+    from kvpipe import sweep_work
     from kvpipe.plan_run import Runner
 
     compared: list[int] = []
-    real = plan_run._check_rows
+    real = sweep_work.check_rows
 
-    def counting(pts: list, rows: list, jobs: int | None) -> tuple[float, int]:  # type: ignore[type-arg]
+    def counting(pts: list, rows: list, jobs: int | None, *rest: object) -> tuple[float, int]:  # type: ignore[type-arg]
         compared.append(sum(r is not None for r in rows))
-        return real(pts, rows, jobs)
+        return real(pts, rows, jobs, *rest)
 
-    monkeypatch.setattr(plan_run, "_check_rows", counting)
+    monkeypatch.setattr(sweep_work, "check_rows", counting)
     req = PlanRequest(contexts=(4096, 480_000), tokens=2, max_depth=1, jobs=1)  # 480,000 cells do not fit the 12 GB card
     runner = Runner(req)
     f = runner.run(points(req, list(req.contexts), [0, 1], [0.0]), grid=True)
@@ -203,18 +203,18 @@ def test_the_check_draws_the_resident_arm_too(monkeypatch: pytest.MonkeyPatch) -
     beside the transport arm's (at least ``ARM_N``, or ``n`` if smaller), and compares them."""
     from dataclasses import replace
 
-    from kvpipe import plan_run
+    from kvpipe import sweep_work
     from kvpipe.plan_run import Runner
     from sim.evaluator.check import ARM_N
 
     arms: list[str] = []
-    real = plan_run._check_rows
+    real = sweep_work.check_rows
 
-    def seen(pts: list, rows: list, jobs: int | None) -> float:  # type: ignore[type-arg]
+    def seen(pts: list, rows: list, jobs: int | None, *rest: object) -> float:  # type: ignore[type-arg]
         arms.extend(p.transport.arm for p, r in zip(pts, rows, strict=True) if r is not None)
-        return real(pts, rows, jobs)
+        return real(pts, rows, jobs, *rest)
 
-    monkeypatch.setattr(plan_run, "_check_rows", seen)
+    monkeypatch.setattr(sweep_work, "check_rows", seen)
     req = PlanRequest(contexts=tuple(range(2048, 2048 * 41, 2048)), tokens=1, max_depth=4, jobs=1)
     pts = points(req, list(req.contexts), [0, 1, 2, 3, 4], [0.0, 64.0])  # 400 transport points
     resident = [replace(p, transport=replace(p.transport, arm="resident", depth=0, budget_mib=0.0)) for p in pts[:100:10]]
@@ -255,3 +255,94 @@ def test_a_plan_runs_without_the_cycle_collector_and_restores_it(monkeypatch: py
         assert not gc.isenabled()  # off before, off after
     finally:
         gc.enable()
+
+
+def test_one_pool_for_a_plan_and_its_grids_boundaries_simulated_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan (``plan_fit``: its runner entered) starts one pool of workers for all its runs and its check; a grid's
+    boundaries are submitted for simulation as soon as the grid is answered (``sweep_work.Ahead``), and the check
+    takes their rows and simulates only the rest -- with the same answer, the same points compared and the same
+    disagreement as a runner with no pool of its own (``--jobs 1``), which simulates nothing ahead."""
+    from dataclasses import replace
+
+    from kvpipe import executors, sweep_work
+    from kvpipe.capacity import plan_fit
+
+    pools: list[int | None] = []
+    real_pool = executors.executor_for
+
+    def counting(jobs: int | None = None, *a: Any) -> Any:
+        pools.append(jobs)
+        return real_pool(jobs, *a)
+
+    asked: list[int] = []  # the points of each default-path batch submitted
+    real_submit = sweep_work._submit_sample
+
+    def submitted(ex: Any, pts: list, exact: bool, workers: int) -> Any:  # type: ignore[type-arg]
+        asked.append(len(pts))
+        return real_submit(ex, pts, exact, workers)
+
+    monkeypatch.setattr(executors, "executor_for", counting)
+    monkeypatch.setattr(sweep_work, "_submit_sample", submitted)
+    req = PlanRequest(contexts=tuple(range(8192, 8192 * 9, 8192)), tokens=2, max_depth=3, budgets_mib=(0, 32, 128), jobs=2)
+    two = plan_fit(req)
+    batches = [n for n in asked if n]  # the boundaries as the grid is answered, the rest as the check begins
+    assert pools == [2] and len(batches) == 2 and sum(batches) == two.checked
+    asked.clear()
+    one = plan_fit(replace(req, jobs=1))
+    assert [n for n in asked if n] == [two.checked]  # no pool: everything at the check
+    assert (one.check, one.checked, one.checked_exact) == (two.check, two.checked, two.checked_exact)
+    assert [f.best for f in one.fits] == [f.best for f in two.fits]
+    assert [(p.best_depth, p.gain_by_depth) for p in one.plans] == [(p.best_depth, p.gain_by_depth) for p in two.plans]
+
+
+def test_ahead_rows_are_the_points_own_and_an_error_reaches_the_check() -> None:
+    """``sweep_work.Ahead`` gives the rows of the very point objects it simulated (an equal point that is another
+    object, or one not submitted, gets None) equal to ``simulated_rows``' own, and an error of a simulation the check
+    reads is raised then."""
+    from concurrent.futures import Future
+    from dataclasses import replace
+
+    from kvpipe.executors import _Serial
+    from kvpipe.sweep_work import Ahead, simulated_rows
+    from sim.evaluator.check import row_disagreement
+
+    pts = points(REF, [4096, 16384], [0, 1], [0.0, 64.0])
+    ahead = Ahead()
+    ahead.submit(_Serial(), pts[:5], workers=1)
+    got = ahead.rows_of([pts[6], replace(pts[0]), *pts[:5]])
+    alone = simulated_rows(_Serial(), pts[:5], workers=1)
+    assert got[:2] == [None, None] and all(row_disagreement(a, b) == 0.0 for a, b in zip(got[2:], alone, strict=True))
+    both = zip(simulated_rows(_Serial(), pts, workers=1, ahead=ahead), simulated_rows(_Serial(), pts, workers=1), strict=True)
+    assert all(row_disagreement(a, b) <= 1e-12 for a, b in both)  # planned in two batches, not one: float noise at most
+    class Failing(_Serial):
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+            failed: Future[Any] = Future()
+            failed.set_exception(RuntimeError("a simulation failed"))
+            return failed
+
+    broken = Ahead()
+    broken.submit(Failing(), pts[:1], workers=1)
+    broken.submit(_Serial(), pts[:2], workers=1)  # the first was submitted: only the second
+    assert len(broken.batches) == 2 and broken.batches[1][0] == [pts[1]]
+    assert broken.rows_of(pts[2:3]) == [None] and broken.rows_of(pts[1:2])[0] is not None
+    with pytest.raises(RuntimeError, match="a simulation failed"):
+        broken.rows_of(pts[:1])
+
+
+def test_an_entered_runner_makes_its_grids_boundary_rows_ahead_and_checks_the_same() -> None:
+    """A runner entered with ``--jobs 2`` evaluates a grid's boundary rows on its workers as soon as the grid is
+    answered and simulates them; its check compares the same points with the same disagreement as one process."""
+    from dataclasses import replace
+
+    from kvpipe.plan_run import Runner, boundaries
+
+    req = PlanRequest(contexts=tuple(range(4096, 4096 * 13, 4096)), tokens=2, max_depth=3, jobs=2)
+    pts = points(req, list(req.contexts), [0, 1, 2, 3], [0.0, 32.0, 128.0])
+    with Runner(req) as two:
+        f = two.run(pts, grid=True)
+        want = {i for i in boundaries(pts, f) if f.fits[i]}
+        assert want and [set(map(id, ps)) for ps, _ in two._rows_ahead] == [{id(pts[i]) for i in want}]
+        got = two.check(8), two.checked
+    one = Runner(replace(req, jobs=1))
+    one.run(pts, grid=True)
+    assert (one.check(8), one.checked) == got and not one._rows_ahead

@@ -119,6 +119,45 @@ def test_object_groups_are_the_id_walk() -> None:
 
 
 
+def test_line_arrays_are_the_point_walk() -> None:
+    """``sim.points.line_arrays`` (ids as arrays) gives each point the context, depth and budget a walk over the points
+    reads, and lines that a walk keyed by the line's fields (model, machine, caches, sequences, tokens, arm,
+    placement) tells apart exactly as it does -- equal workloads not shared included; the plan's boundaries over them
+    are the boundaries over the walk's arrays."""
+    import random
+    from dataclasses import replace
+
+    import numpy as np
+
+    from kvpipe.plan_run import Figures, boundaries
+    from sim.evaluator.check import boundaries as changes
+
+    pts = points(GridSpec(contexts=((4096,), (8192,), (16384,)), depths=(0, 1, 2), budgets_mib=(0, 64), kv_offload=(True, False),
+                          kv_gpu_layers=(0, 2), cache_types=("q8_0", "f16"), hardware=("rtx4070-gen4x16", "rtx3060-gen3x4")))
+    twins = [replace(p, workload=replace(p.workload), transport=replace(p.transport)) for p in pts[::3]]  # equal, not shared
+    mixed = pts + twins + pts[:5]
+    random.Random(3).shuffle(mixed)
+    walk: dict[tuple[object, ...], int] = {}
+    want = [walk.setdefault((p.workload.model.name, p.hardware.name, p.workload.cache_k.name, p.workload.cache_v.name,
+                             p.workload.n_parallel, p.workload.unified, p.workload.split_mode, p.workload.tokens, p.transport.arm,
+                             p.workload.kv_gpu_layers, p.workload.n_gpu_layers, p.workload.pinned), len(walk)) for p in mixed]
+    line, context, depth, budget = sp.line_arrays(mixed)
+    assert len(set(zip(line.tolist(), want, strict=True))) == len(walk) == len(set(line.tolist()))  # the same partition
+    assert context.tolist() == [p.context for p in mixed] and depth.tolist() == [p.transport.depth for p in mixed]
+    assert budget.tolist() == [p.transport.budget_mib for p in mixed]
+    from kvpipe.executors import PackedPoints
+
+    packed = sp.line_arrays(mixed, PackedPoints(mixed).parts)  # the indices a run packed its points with: the same
+    assert all(np.array_equal(a, b) for a, b in zip(packed, (line, context, depth, budget), strict=True))
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        tps = rng.choice([1.0, 2.0, 3.0], len(mixed))
+        declined = rng.random(len(mixed)) < 0.3
+        figs = Figures(tps, declined, *(np.zeros(len(mixed)) for _ in range(6)), np.ones(len(mixed), dtype=bool))
+        assert boundaries(mixed, figs) == changes(np.array(want), context, depth, budget, tps, declined)
+    assert boundaries([], figs.take([])) == set()
+
+
 def test_packed_points_come_back_equal_and_shared_through_pickle() -> None:
     """``kvpipe.executors.PackedPoints`` (what a worker is sent) gives the points back, in order, equal, sharing their
     objects as the originals did, and ``summarize_packed`` answers as ``summarize`` does."""
@@ -135,5 +174,8 @@ def test_packed_points_come_back_equal_and_shared_through_pickle() -> None:
     random.Random(2).shuffle(pts)
     back = pickle.loads(pickle.dumps(PackedPoints(pts))).points()
     assert back == pts and _sharing(back) == _sharing(pts)
+    for lo, hi in ((0, len(pts)), (3, 17), (5, 5), (len(pts) - 2, len(pts))):  # a piece: the same points as a slice
+        piece = pickle.loads(pickle.dumps(PackedPoints(pts).take(lo, hi))).points()
+        assert piece == pts[lo:hi] and _sharing(piece) == _sharing(pts[lo:hi])
     got, want = summarize_packed(PackedPoints(pts)), summarize(pts)
     assert all(np.array_equal(getattr(got, f), getattr(want, f)) for f in want.__dataclass_fields__)

@@ -102,3 +102,23 @@ def test_a_template_that_misses_the_second_window_is_given_up(monkeypatch: pytes
     pts = points(GridSpec(contexts=tuple((c,) for c in range(128, 8193, 128)), depths=(1,), budgets_mib=(0.0,), tokens=2))
     assert _check(pts)[0] == 0
     assert list(costs._TEMPLATES.values()) == [None]
+
+
+def test_steps_of_are_each_steps_writes_kept_per_workload_object() -> None:
+    """``sim.replay_shapes.steps_of`` gives each step's window rows (``replay.window_rows_at``) and its first sequence's
+    row (``Workload.writes``) for one sequence and several (unified and split), and keeps them per object: an equal
+    workload that is another object, or a new object at a reused id, is read afresh, never given another's steps."""
+    from dataclasses import replace
+
+    pts = points(GridSpec(contexts=((100,), (4096,)), parallels=(1, 2), tokens=5, depths=(0,)))
+    pts += points(GridSpec(contexts=((4000, 70),), parallels=(2,), tokens=5, depths=(0,)))
+    pts += points(GridSpec(contexts=((300, 9000),), parallels=(2,), unified=False, tokens=3, depths=(0,)))
+    for p in pts:
+        wl = p.workload
+        want = (tuple(replay.window_rows_at(wl, k) for k in range(wl.tokens)), tuple(wl.writes(k)[0][1] for k in range(wl.tokens)))
+        assert shapes.steps_of(wl) == want and shapes.steps_of(replace(wl)) == want
+        other = replace(wl, context=tuple(c + 1000 for c in wl.context))
+        shapes._STEPS[id(other)] = (wl, *want)  # a stale entry at this object's id: another object's steps
+        assert shapes.steps_of(other) == (tuple(replay.window_rows_at(other, k) for k in range(other.tokens)),
+                                          tuple(other.writes(k)[0][1] for k in range(other.tokens)))
+        assert shapes.steps_of(other) != want
