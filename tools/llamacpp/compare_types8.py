@@ -46,7 +46,7 @@ def compare(out: Path, gguf: str) -> int:
         for p, t, bp in zip(p8.PROCS, tps, b["candidates"][chosen]["processes"], strict=True):
             procs.append({"cache": row["cache"], "depth": d, "process": p, "t_h": bp["t_h"], "measured_tps": t,
                           "predicted_tps": bp["predicted_tps"], "error": bp["predicted_tps"] / t - 1})
-    for n, k, v, ds, cal in p8.RESIDENT:
+    for n, k, v, _ds, _cal in p8.RESIDENT:
         name = f"r8-res-{n}-held.json"
         for r in p5.records(p8._folder(name), (name,)):
             b = pred[(p8._cache(k, v), 0, r["n_depth"])]

@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                          "types: run 4 (every cache type: tools/llamacpp/predict_types.py); types5: run 5 (the same, the "
                          "ordered runs spanning copy sizes: tools/llamacpp/predict_types5.py); types6: run 6 (calibration "
                          "and held-out runs interleaved in one call: tools/llamacpp/predict_types6.py); types7: run 7 (each ordered "
-                         "configuration in its own process: tools/llamacpp/predict_types7.py); types8: run 8 (the types interleaved in time, "
-                         "the staging rule: tools/llamacpp/predict_types8.py)")
+                         "configuration in its own process: tools/llamacpp/predict_types7.py); types8: run 8 (the types "
+                         "interleaved in time, the staging rule: tools/llamacpp/predict_types8.py)")
     ap.add_argument("--blind", action="store_true",
                     help="write the held-out rows' predictions only (blind.json), their measured figures unread")
     ap.add_argument("--out", default="", help="default: validate/results/h200-llamacpp/prediction (fa1), prediction-fa0 (fa0)")

@@ -25,8 +25,6 @@ import predict_types5 as p5
 import predict_types7 as p7
 import staging_rule as sr
 
-from validate.token_sim import golden_log
-
 RESULTS = pt.RESULTS
 RUN = RESULTS / "run8"
 CALLS = (RUN / "call1", RUN / "call2")
@@ -94,8 +92,7 @@ def processes(profile: dict[str, Any], gguf: str, role: str, when: dict[str, flo
             if role == "cal":
                 rec = _record(name)
                 meas = rec["n_gen"] / (rec["avg_ns"] * 1e-9)
-                g = golden_log(lambda x, k=k, v=v, d=d, m=meas: (pt.predict(p5._flat(profile, x), gguf, k, v, 1, d)["predicted_tps"]
-                                                                 / m - 1) ** 2, 3.0, 30.0, 30)
+                g = p5.implied_GBps(profile, gguf, k, v, d, meas)
             out.append((sr.Process(f"{_cache(k, v)}@{d}", _cache(k, v), when[name[:-5]], meas, g), k, v, d))
     return out
 
@@ -142,7 +139,7 @@ def blind_rows(profile: dict[str, Any], gguf: str, found: dict[str, Any]) -> lis
                for c in sr.CANDIDATES}
         rows.append(base | {"role": "held out", "predicted_tps": per[found["chosen"]]["predicted_tps"],
                             "band": found["loo_rms"][found["chosen"]], "staging": found["chosen"], "candidates": per})
-    for n, k, v, ds, cal in RESIDENT:
+    for _n, k, v, ds, cal in RESIDENT:
         rows += [pt.predict(profile, gguf, k, v, 0, d) | {"role": "held out"} for d in ds if d not in cal]
     return rows
 
