@@ -75,3 +75,25 @@ def test_no_held_out_depth_or_prompt_was_used_by_an_earlier_run() -> None:
     assert len(held) == 10 and earlier and prompts and not held & earlier
     pp_held = re.search(r'LCP_R8_PP_HELD:-([\d ]+)\}', SCRIPT)
     assert pp_held is not None and pp_held.group(1).split() == ["640", "1088"] and not {640, 1088} & prompts
+
+
+def test_the_committed_held_out_predictions_are_the_blind_ones() -> None:
+    import json
+
+    path = RESULTS / "prediction-types8"
+    blind = {(r["cache"], r["nkvo"], r["depth"]): r["predicted_tps"] for r in json.loads((path / "blind.json").read_text())["rows"]}
+    report = json.loads((path / "prediction.json").read_text())
+    held = {(r["cache"], r["nkvo"], r["depth"]): r["predicted_tps"] for r in report["rows"] if r["role"] == "held out"}
+    assert held == blind and len(held) == 16
+    rule = json.loads((path / "blind.json").read_text())["staging_rule"]
+    import sys
+
+    if str(LCP) not in sys.path:
+        sys.path.append(str(LCP))
+    import staging_rule
+
+    assert rule["chosen"] == staging_rule.choose(rule["scores_mse"])  # the committed choice is the rule's on its scores
+    batched = RESULTS / "prediction-batched8"
+    pred = {(r["layout"], r["pp"], r["pl"]): r["predicted_tps"] for r in json.loads((batched / "prediction.json").read_text())["held_out"]}
+    rows = json.loads((batched / "comparison.json").read_text())["rows"]
+    assert {(r["layout"], r["pp"], r["pl"]): r["predicted_tps"] for r in rows} == pred and len(pred) == 16
