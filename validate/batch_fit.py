@@ -34,7 +34,10 @@ Two choices, stated once:
   copy by more than the term itself, and the term then clamps at 0. With rows
   at two contexts or more the two are told apart (a copy grows with the
   context, the term does not): a factor on the link's rate is fitted with the
-  term (:func:`staging_factor`) and goes into the profile.
+  term (:func:`staging_factor`) and goes into the profile. Or (``staging="one"``)
+  the factor is fitted to the one-sequence rows alone (:func:`staging_one`:
+  a one-sequence step holds no per-sequence term, so its miss is the call's
+  staging and the profile's compute), kept, and the term fitted after it.
 
 Units: seconds inside; the profile file's us and ms only in the records.
 Blocks for the simulations (tens of ms each).
@@ -71,6 +74,7 @@ class BatchFit:
     offsets: tuple[dict[str, Any], ...]  # per point: measured less fitted ms per step (weighted mean), the profile's miss
     staging: float = 1.0  # the factor fitted on the link's rate (1: the one-sequence profile's rate kept)
     link_key: str = ""  # the link the factor applies to ("" when none was fitted)
+    staging_from: str = ""  # "all": beside the term, every row; "one": the one-sequence rows alone ("" none fitted)
 
 
 def with_term(profile: dict[str, Any], key: str, value_us: float, entry: str = "") -> dict[str, Any]:
@@ -140,6 +144,29 @@ def staging_factor(base: dict[str, Any], model: ModelShape, cache_k: CacheType, 
     return golden_log(cost, lo, hi, 30)
 
 
+def staging_one(base: dict[str, Any], model: ModelShape, cache_k: CacheType, cache_v: CacheType, runs: Sequence[TokenRun],
+                lo: float = 0.25, hi: float = 4.0) -> float:
+    """The factor on the ordered runs' link rate that leaves the least squared relative error over the ordered
+    one-sequence rows alone (each row's own simulated step, no constant: a one-sequence step holds no per-sequence term).
+    Raises InputError without an ordered one-sequence row. Blocks (a golden-section search, one simulation a row a step)."""
+    from validate.link_fit import h2d_key
+    from validate.token_sim import golden_log
+
+    ones = [r for r in runs if r.arm == "ordered" and r.sequences == 1]
+    if not ones:
+        raise InputError("the staging rate from the one-sequence rows needs -nkvo rows at one sequence (got sequences "
+                         f"{', '.join(str(s) for s in sorted({r.sequences for r in runs}))}); allowed: llama-batched-bench "
+                         "files with -npl 1 among the -npl values")
+    key = h2d_key(ones)
+    wls = [workload_of(model, cache_k, cache_v, r) for r in ones]
+
+    def cost(f: float) -> float:
+        d = with_staging(base, key, f)
+        return sum((simulated_s(d, wl, r.arm) / r.seconds_per_token - 1.0) ** 2 for wl, r in zip(wls, ones, strict=True))
+
+    return golden_log(cost, lo, hi, 30)
+
+
 def _entry(model: ModelShape, cache_k: CacheType, cache_v: CacheType) -> str:
     return workload_key(model.name, cache_k.name) if cache_k == cache_v else f"{model.name}@{cache_k.name}/{cache_v.name}"
 
@@ -158,9 +185,10 @@ def _slope(rows: Sequence[tuple[tuple[Any, ...], float, float, float]]) -> float
 
 
 def fit_per_sequence(base: dict[str, Any], model: ModelShape, cache_k: CacheType, cache_v: CacheType,
-                     runs: Sequence[TokenRun], term: str = "layer", staging: bool = False) -> BatchFit:
+                     runs: Sequence[TokenRun], term: str = "layer", staging: bool | str = False) -> BatchFit:
     """The per-sequence ``term`` (a key of :data:`TERMS`) of ``base`` fitted to ``runs``; see the module doc.
-    ``staging``: the ordered runs' link rate refitted beside it (:func:`staging_factor`), the profile then carries it.
+    ``staging``: the ordered runs' link rate refitted, the profile then carries it: True or ``"all"`` beside the term
+    (:func:`staging_factor`), ``"one"`` from the one-sequence rows alone before the term (:func:`staging_one`).
 
     Each run is one step of ``run.sequences`` sequences (``seconds_per_token``: the step's seconds, all sequences).
     The slope minimises the squared relative error. Raises InputError when no point has runs at two sequence counts.
@@ -170,10 +198,14 @@ def fit_per_sequence(base: dict[str, Any], model: ModelShape, cache_k: CacheType
         raise InputError(f"per-sequence term {term!r}; allowed: {', '.join(TERMS)}")
     key, entry = TERMS[term], _entry(model, cache_k, cache_v)
     factor, link_key = 1.0, ""
-    if staging:
+    how = "all" if staging is True else (staging or "")
+    if how not in ("", "all", "one"):
+        raise InputError(f"staging {staging!r}; allowed: all (beside the term), one (the one-sequence rows alone)")
+    if how:
         from validate.link_fit import h2d_key
 
-        factor = staging_factor(base, model, cache_k, cache_v, runs, term)
+        factor = (staging_one(base, model, cache_k, cache_v, runs) if how == "one"
+                  else staging_factor(base, model, cache_k, cache_v, runs, term))
         link_key = h2d_key([r for r in runs if r.arm == "ordered"])
         base = with_staging(base, link_key, factor)
     wls = [workload_of(model, cache_k, cache_v, r) for r in runs]
@@ -202,7 +234,7 @@ def fit_per_sequence(base: dict[str, Any], model: ModelShape, cache_k: CacheType
         offsets.append({"arm": g[0], "context": g[1], "unified": g[2], "pinned": g[3], "rows": len(mine),
                         "offset_ms": miss * 1e3})
     return BatchFit(term=key, value_us=value, profile=fitted, clamped=k < 0, residuals=residuals, held_out=tuple(held),
-                    offsets=tuple(offsets), staging=factor, link_key=link_key)
+                    offsets=tuple(offsets), staging=factor, link_key=link_key, staging_from=how)
 
 
 def _row(r: TokenRun, fitted_s: float, **extra: float) -> dict[str, Any]:
@@ -214,7 +246,7 @@ def _row(r: TokenRun, fitted_s: float, **extra: float) -> dict[str, Any]:
 
 def record(fit: BatchFit, source: str) -> dict[str, Any]:
     """The fit as a profile's ``batch`` record (file units, rounded to 6 significant digits)."""
-    staging = {"staging_factor": fit.staging, "staging_link": fit.link_key} if fit.link_key else {}
+    staging = {"staging_factor": fit.staging, "staging_link": fit.link_key, "staging_from": fit.staging_from} if fit.link_key else {}
     return rounded({"from": source, "term": fit.term, "value_us": fit.value_us, "clamped": fit.clamped, **staging,
                     "residuals": list(fit.residuals), "held_out": list(fit.held_out), "offsets": list(fit.offsets)})
 
@@ -253,15 +285,18 @@ def apply(profile: dict[str, Any], fit: BatchFit, model: ModelShape, cache_k: Ca
             f"to a step, one constant per point for the one-sequence profile's miss (validate.batch_fit); the other "
             f"per-sequence terms as the base has them")
         if fit.link_key:
+            how = ("to the one-sequence rows alone, before the per-sequence term (validate.batch_fit.staging_one)"
+                   if fit.staging_from == "one" else
+                   "beside the per-sequence term to the same rows (validate.batch_fit.staging_factor)")
             prov[f"devices.links.{fit.link_key}"] = (
-                f"the base's curve at {fit.staging:.4f} times its rate: fitted beside the per-sequence term to the same "
-                f"rows ({source}; validate.batch_fit.staging_factor). Base: {prov.get(f'devices.links.{fit.link_key}', 'as given')}")
+                f"the base's curve at {fit.staging:.4f} times its rate: fitted {how} ({source}). "
+                f"Base: {prov.get(f'devices.links.{fit.link_key}', 'as given')}")
     return d
 
 
 def fit_files(paths: Sequence[str], unified: Sequence[bool], arm: str, pinned: bool, base: dict[str, Any], base_where: str,
               model: ModelShape, cache_k: CacheType, cache_v: CacheType, term: str = "layer",
-              command: str = "", staging: bool = False) -> tuple[dict[str, Any], BatchFit]:
+              command: str = "", staging: bool | str = False) -> tuple[dict[str, Any], BatchFit]:
     """The per-sequence ``term`` of ``base`` fitted to llama-batched-bench files (``unified[i]``: file i ran -kvu), and
     the profile dict with it (:func:`apply`). Raises InputError (a bad file, too few sequence counts). Blocks."""
     from validate import batched_bench

@@ -57,9 +57,10 @@ def register(sub: Any) -> None:
                    help="with --from-batched-bench: where a further sequence's cost goes (whole steps fix only its sum): "
                         "each layer's matrix products (layer_seq_us, default), each attention layer (attn_seq_us) or each "
                         "CPU split (cpu_row_us)")
-    p.add_argument("--fit-staging", action="store_true",
-                   help="with --from-batched-bench --nkvo 1: refit the host->device rate (a factor on --hardware's curve) "
-                        "beside the per-sequence term, from files at two -npp values or more (the same call's staging)")
+    p.add_argument("--fit-staging", nargs="?", const="all", default="", choices=("all", "one"),
+                   help="with --from-batched-bench --nkvo 1: refit the host->device rate (a factor on --hardware's curve): "
+                        "all (the default when given bare) beside the per-sequence term, from files at two -npp values or "
+                        "more; one: from the one-sequence rows alone, kept, then the term")
     p.add_argument("--nkvo-attention", choices=("device", "host"), default="device",
                    help="with --from-llama-bench: where the build runs attention under -nkvo: device (the fork's delivered "
                         "windows, default) or host (upstream llama.cpp: on the CPU)")
@@ -187,7 +188,8 @@ def run_from_batched_bench(args: argparse.Namespace) -> int:
     write_output(args.out, json.dumps(profile, indent=1) + "\n")
     print(f"wrote {args.out}: {m.name} {ctype.name}, per sequence past the first {fit.term} {fit.value_us:.3f} us"
           + (" (the rows grow slower than the profile without it: 0)" if fit.clamped else "")
-          + (f"; the staging rate {fit.staging:.3f} times --hardware's" if fit.link_key else ""))
+          + (f"; the staging rate {fit.staging:.3f} times --hardware's"
+             + (" (from the one-sequence rows)" if fit.staging_from == "one" else "") if fit.link_key else ""))
     print("\n".join(batch_fit.table(fit)))
     return 0
 

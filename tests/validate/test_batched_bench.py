@@ -141,6 +141,8 @@ BAD_CALLS = {
     "ngl-below": (["--nkvo", "1", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "n_gpu_layers"),
     "one-count": (["--nkvo", "1", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "sequence counts"),
     "staging-one-npp": (["--nkvo", "1", "--fit-staging", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "two -npp values"),
+    "staging-how": (["--nkvo", "1", "--fit-staging", "some", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "'some'"),
+    "staging-no-one": (["--nkvo", "1", "--fit-staging", "one", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "one sequence"),
 }
 
 
@@ -152,6 +154,9 @@ def test_a_bad_invocation_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[s
         src = _edit_all(src, n_gpu_layers=20)
     if case == "one-count":
         src = _edit_all(src, pl=4, n_kv=4 * 2080)
+    if case == "staging-no-one":  # rows at 2, 4 and 8 sequences: the term is fitted, the one-sequence staging is not
+        recs = [json.loads(x) for x in src.read_text().splitlines() if x.strip()]
+        src.write_text("\n".join(json.dumps(r) for r in recs if r["pl"] > 1) + "\n")
     err = _refused(capsys, tmp_path, ["calibrate", "--from-batched-bench", str(src), *argv, "--out", str(tmp_path / "fit.json")])
     assert named in err, err
 
@@ -186,3 +191,30 @@ def test_the_calls_staging_is_fitted_beside_the_term_from_two_prompt_lengths(tmp
     assert fitted["batch"]["staging_factor"] == pytest.approx(0.9, rel=0.005) and "devices.links.h2d_pinned" in fitted["provenance"]
     link = [g for _, g in fitted["devices"][0]["links"]["h2d_pinned"]["points"]]
     assert link == pytest.approx([g for _, g in slower["devices"][0]["links"]["h2d_pinned"]["points"]], rel=0.005)
+
+
+def test_the_one_sequence_rule_takes_the_staging_from_the_one_sequence_rows_alone(tmp_path: Path,
+                                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    base, _ = read_profile_dict("h200-gen5x16")
+    slower = with_staging(base, "h2d_pinned", 0.9)  # this call's host link ran at 90% of the profile's
+    files = [tmp_path / f"{lay}.jsonl" for lay in ("split", "unified")]  # one -npp: enough for this rule
+    for f in files:
+        _write_truth_rows(f, slower, 37.0, 0.0, unified=f.name.startswith("unified"))
+    out = tmp_path / "fit.json"
+    argv = ["calibrate", "--from-batched-bench", ",".join(map(str, files)), "--kv-unified", "0,1", "--nkvo", "1",
+            "--fit-staging", "one", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b", "--out", str(out)]
+    assert main(argv) == 0
+    assert "the staging rate 0.900 times --hardware's (from the one-sequence rows)" in capsys.readouterr().out
+    fitted = json.loads(out.read_text())
+    assert fitted["batch"]["staging_factor"] == pytest.approx(0.9, rel=0.005) and fitted["batch"]["staging_from"] == "one"
+    assert fitted["devices"][0]["compute"]["layer_seq_us"] == pytest.approx(37.0, rel=0.02)
+    assert "staging_one" in fitted["provenance"]["devices.links.h2d_pinned"]
+    # the rows of further sequences do not move the factor (only the term): make them 20% slower
+    for f in files:
+        recs = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+        f.write_text("\n".join(json.dumps(dict(r, t_tg=r["t_tg"] * 1.2, speed_tg=r["speed_tg"] / 1.2) if r["pl"] > 1 else r)
+                               for r in recs) + "\n")
+    assert main(argv) == 0
+    again = json.loads(out.read_text())
+    assert again["batch"]["staging_factor"] == pytest.approx(0.9, rel=0.005)
+    assert again["devices"][0]["compute"]["layer_seq_us"] > 37.0 * 1.05  # the slower rows went into the term

@@ -20,6 +20,8 @@
 #   run7, run7b, run7f: run 7 (tools/llamacpp/README-run7.md): run7 builds, then every ordered configuration in its own
 #   process (calibration and held-out processes alternating), each type's resident process, then llama-batched-bench;
 #   run7b (warm) finishes what run7 left; run7f (a fresh machine) builds llama-bench and runs the held-out ones again.
+#   run8, run8b, run8c: run 8 (tools/llamacpp/README-run8.md): run8 builds, then the cache types interleaved in time
+#   (two processes per ordered configuration), then llama-batched-bench; run8b and run8c (warm) go on where it stopped.
 # .lcp/llama.cpp-src.tar.xz is the stripped llama.cpp tree from the llama-cpp-python 0.3.36 sdist (see its
 # KVPIPE-SOURCE.txt). Every step is idempotent: the tree, the build (ninja resumes), the GGUF and each finished bench set
 # live under $LCP (/tmp, so only while the machine stays warm: 30 s after a call) and are reused by the next call.
@@ -29,7 +31,7 @@
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 PHASE=${1:-all}
-case $PHASE in all|build|bench|fa0|ngl|types|batched|run5|run5b|run5f|run6|run6b|run6f|run7|run7b|run7f) ;; *) echo "h200_bench.sh: phase '$PHASE'; expected all, build, bench, fa0, ngl, types, batched, run5, run5b, run5f, run6, run6b, run6f, run7, run7b or run7f" >&2; exit 2;; esac
+case $PHASE in all|build|bench|fa0|ngl|types|batched|run5|run5b|run5f|run6|run6b|run6f|run7|run7b|run7f|run8|run8b|run8c) ;; *) echo "h200_bench.sh: phase '$PHASE'; expected all, build, bench, fa0, ngl, types, batched, run5, run5b, run5f, run6, run6b, run6f, run7, run7b, run7f, run8, run8b or run8c" >&2; exit 2;; esac
 ROOT=$(pwd)
 T0=$(date +%s)
 DEADLINE=${LCP_DEADLINE:-570}             # seconds into this call: the device kills a call at 600 s
@@ -75,7 +77,7 @@ machine_info() {
 }
 
 build() {
-  local targets=(llama-bench); case $PHASE in types|batched|run5*|run6|run6b|run7|run7b) targets+=(llama-batched-bench);; esac
+  local targets=(llama-bench); case $PHASE in types|batched|run5*|run6|run6b|run7|run7b|run8*) targets+=(llama-batched-bench);; esac
   if [ -n "${LCP_BIN_TAR:-}" ] && [ ! -x "$BENCH" ]; then  # a build packed by run5b on the first machine
     mkdir -p "$BUILD" && cat $LCP_BIN_TAR | xz -dc | tar xf - -C "$BUILD" && log "unpacked the first machine's build ($LCP_BIN_TAR)"
   fi
@@ -122,6 +124,7 @@ bench() {
   local cmd=("$BENCH" -m "$MODEL" -ngl "$NGL" -fa "$FA" -p 0 -n "$NGEN" -r "$REPS" -o json --progress "$@")
   echo "$name: ${cmd[*]}" >> "$RUN/commands.txt"
   local b0=$(date +%s)
+  echo "$name $b0" >> "$RUN/starts.txt"   # the process's start, epoch seconds (run 8's time-drift candidate reads it)
   timeout "$budget" "${cmd[@]}" > "$RUN/$name.json" 2> >(while IFS= read -r l; do echo "$(( $(date +%s) - b0 )) $l"; done > "$RUN/$name.err")
   local rc=$?
   log "$name: rc=$rc in $(( $(date +%s) - b0 )) s: $(python3 - "$RUN/$name.json" "${HIDE:-}" <<'PY'
@@ -274,7 +277,7 @@ if [ "$PHASE" = batched ]; then
   done
   exit 0
 fi
-case $PHASE in run5*|run6*|run7*) source "$ROOT/tools/llamacpp/${PHASE:0:4}.sh";; esac
+case $PHASE in run5*|run6*|run7*|run8*) source "$ROOT/tools/llamacpp/${PHASE:0:4}.sh";; esac
 bench resident-q8_0 -ctk q8_0 -ctv q8_0 -nkvo 0 -d "$D_RESIDENT"
 bench ordered-q8_0-first -ctk q8_0 -ctv q8_0 -nkvo 1 -d "$D_ORDERED_FIRST"
 bench ordered-q8_0 -ctk q8_0 -ctv q8_0 -nkvo 1 -d "$D_ORDERED"

@@ -92,16 +92,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gguf", required=True, help="the GGUF llama-bench ran (write_gguf.py makes it)")
     ap.add_argument("--hardware", default="h200-gen5x16-kvpipe",
                     help="base profile: host and copy costs (default h200-gen5x16-kvpipe: the H200 probe's)")
-    ap.add_argument("--set", choices=sorted([*SETS, "types", "types5", "types6", "types7"]), default="fa1",
+    ap.add_argument("--set", choices=sorted([*SETS, "types", "types5", "types6", "types7", "types8"]), default="fa1",
                     help="fa1: run 1 (-fa 1); fa0: run 2 (-fa 0, attention on the CPU); ngl: run 3 (-ngl below the layer count); "
                          "types: run 4 (every cache type: tools/llamacpp/predict_types.py); types5: run 5 (the same, the "
                          "ordered runs spanning copy sizes: tools/llamacpp/predict_types5.py); types6: run 6 (calibration "
                          "and held-out runs interleaved in one call: tools/llamacpp/predict_types6.py); types7: run 7 (each ordered "
-                         "configuration in its own process: tools/llamacpp/predict_types7.py)")
+                         "configuration in its own process: tools/llamacpp/predict_types7.py); types8: run 8 (the types "
+                         "interleaved in time, the staging rule: tools/llamacpp/predict_types8.py)")
     ap.add_argument("--blind", action="store_true",
                     help="write the held-out rows' predictions only (blind.json), their measured figures unread")
     ap.add_argument("--out", default="", help="default: validate/results/h200-llamacpp/prediction (fa1), prediction-fa0 (fa0)")
     args = ap.parse_args(argv)
+    if args.set == "types8":
+        from predict_types8 import run as run_types8  # beside this file
+
+        return run_types8(args.gguf, args.hardware, Path(args.out) if args.out else RESULTS / "prediction-types8", args.blind)
     if args.set == "types7":
         from predict_types7 import run as run_types7  # beside this file
 

@@ -89,8 +89,17 @@ def afterwards(profile: dict[str, Any], gguf: str, rows: list[dict[str, Any]]) -
             continue
         k, v = (r["cache"].split("/") * 2)[:2] if "/" in r["cache"] else (r["cache"], r["cache"])
         r["flat_error"] = pt.predict(flat, gguf, k, v, 1, r["depth"])["predicted_tps"] / r["measured_tps"] - 1
-        r["implied_GBps"] = golden_log(lambda g, k=k, v=v, r=r: (pt.predict(_flat(profile, g), gguf, k, v, 1, r["depth"])
-                                                                 ["predicted_tps"] / r["measured_tps"] - 1) ** 2, 3.0, 30.0, 30)
+        r["implied_GBps"] = implied_GBps(profile, gguf, k, v, r["depth"], r["measured_tps"])
+
+
+def implied_GBps(profile: dict[str, Any], gguf: str, k: str, v: str, depth: int, measured_tps: float) -> float:
+    """The flat pageable staging rate, GB/s (3-30), at which ``profile`` predicts an ordered run of (``k``, ``v``) at
+    ``depth`` at ``measured_tps``. Blocks (a golden-section search: 32 simulations)."""
+
+    def cost(g: float) -> float:
+        return float((pt.predict(_flat(profile, g), gguf, k, v, 1, depth)["predicted_tps"] / measured_tps - 1) ** 2)
+
+    return golden_log(cost, 3.0, 30.0, 30)
 
 
 def run(gguf: str, hardware: str, out: Path, blind: bool) -> int:
