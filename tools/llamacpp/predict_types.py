@@ -26,6 +26,7 @@ import functools
 import io
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +167,16 @@ def table(rows: list[dict[str, Any]], summ: dict[str, Any]) -> list[str]:
     md += [f"| {x['cache']} | {x['nkvo']} | {x['depth']:,} | {x['role']} | {x['measured_tps']:.2f} ± {x['stddev_tps']:.2f} | "
            f"{x['predicted_tps']:.2f} | ±{x['band']:.1%} | {x['entry'].split('@')[-1]} | {x['error']:+.1%} |" for x in rows]
     return md + summary_table("held out (run 4)", summ)
+
+
+def blind_or_fit(out: Path, blind: bool, fit_now: Callable[[], tuple[dict[str, Any], str, str]]) -> tuple[dict[str, Any], str, str]:
+    """The profile, its fit command and output: when comparing (not ``blind``) and ``out/blind.json`` exists, the
+    profile the blind predictions were made with, read back, not refitted (reads files only); else ``fit_now()``
+    (blocks: the fit, minutes)."""
+    if not blind and (out / "blind.json").exists():
+        profile = json.loads((out / "profile.json").read_text())
+        return profile, json.loads((out / "blind.json").read_text())["fit_command"], "(the blind run's profile, not refitted)"
+    return fit_now()
 
 
 def write_blind(out: Path, name: str, profile: dict[str, Any], gguf: str, design: Any, cmd: str, log: str) -> int:

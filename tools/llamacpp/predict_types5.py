@@ -19,7 +19,6 @@ Not installed with the package: run it from a checkout.
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import Any
@@ -105,11 +104,7 @@ def implied_GBps(profile: dict[str, Any], gguf: str, k: str, v: str, depth: int,
 def run(gguf: str, hardware: str, out: Path, blind: bool) -> int:
     """Fit, then write blind.json (``blind``) or prediction.json and prediction.md. Blocks."""
     out.mkdir(parents=True, exist_ok=True)
-    if not blind and (out / "blind.json").exists():  # the profile the blind predictions were made with, not refitted
-        profile = json.loads((out / "profile.json").read_text())
-        cmd, log = json.loads((out / "blind.json").read_text())["fit_command"], "(the blind run's profile, not refitted)"
-    else:
-        profile, cmd, log = fit(gguf, hardware, out)
+    profile, cmd, log = pt.blind_or_fit(out, blind, lambda: fit(gguf, hardware, out))
     if blind:
         return pt.write_blind(out, "types5", profile, gguf, DESIGN, cmd, log)
     cal = _rows(profile, gguf, RUN / "call1", CALIBRATION, "calibration")

@@ -19,7 +19,6 @@ Not installed with the package: run it from a checkout.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -79,11 +78,7 @@ def run(gguf: str, hardware: str, out: Path, blind: bool) -> int:
     """Fit, then write blind.json (``blind``) or prediction.json and prediction.md against the blind run's profile.
     Blocks (the fit: minutes)."""
     out.mkdir(parents=True, exist_ok=True)
-    if not blind and (out / "blind.json").exists():  # the profile the blind predictions were made with, not refitted
-        profile = json.loads((out / "profile.json").read_text())
-        cmd, log = json.loads((out / "blind.json").read_text())["fit_command"], "(the blind run's profile, not refitted)"
-    else:
-        profile, cmd, log = pt.fit(gguf, hardware, out, calibration_records())
+    profile, cmd, log = pt.blind_or_fit(out, blind, lambda: pt.fit(gguf, hardware, out, calibration_records()))
     if blind:
         return pt.write_blind(out, "types7", profile, gguf, DESIGN, cmd, log)
     cal = _rows(profile, gguf, CALIBRATION, "calibration")
