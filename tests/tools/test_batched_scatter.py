@@ -64,6 +64,23 @@ def test_the_floor_is_zero_without_scatter_and_the_scatter_itself_with_one_call(
     assert 0.0 < bs.floor([(d,) * 4, (-d,) * 4], 2, 4, 200, 1)["median_abs"] < one["median_abs"]
 
 
+@pytest.mark.parametrize("stat", ["median", "mean"])
+def test_a_call_slower_by_a_fifth_makes_a_perfect_model_25_percent_fast(stat: str) -> None:
+    f = _tool().floor([(math.log(0.8),) * 4], 3, 2, 5, 1, stat)  # measured = 0.8 x truth: predicted / measured - 1
+    assert f["median_abs"] == pytest.approx(0.25) and f["max_abs"] == pytest.approx(0.25) and f["met_share"] == 0.0
+
+
+def test_the_geometric_mean_of_an_opposite_pair_is_exact_where_the_median_of_three_is_not() -> None:
+    bs = _tool()
+    d = math.log(1.2)
+    pool = [(d,) * 4, (-d,) * 4]
+    # mean of 2: a like pair (half the draws) errs by ~20%, an opposite pair by 0 -- never in between
+    two = bs.floor(pool, 2, 1, 400, 3, "mean")
+    assert 0.3 < two["met_share"] < 0.7
+    three = bs.floor(pool, 3, 1, 400, 3, "median")  # the median of three is always one of the calls: never 0
+    assert three["met_share"] == 0.0 and three["median_abs"] >= 1 - 1 / 1.2 - 1e-12
+
+
 def test_same_call_normalisation_removes_a_calls_own_factor(tmp_path: Path) -> None:
     bs = _tool()
     for k, f in ((1, 0.8), (2, 1.25)):  # two calls of one configuration, each off the model by its own factor
