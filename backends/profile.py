@@ -263,11 +263,21 @@ def load_profile(name_or_path: str) -> HardwareProfile:
 
 
 def read_profile_dict(name_or_path: str) -> tuple[dict[str, Any], str]:
-    """The JSON object of one preset (by name) or profile file (by path), and where it came from. Raises ValueError
-    (an InputError: one line naming the file) on an unreadable, too large, deeply nested or non-JSON file."""
+    """The JSON object of one preset (by name) or profile file (by path), and where it came from: a preset as
+    ``backends/presets/NAME.json`` (the same on every machine and checkout, so a profile fitted from it records no
+    local path), any other file as given. Reads one file; raises ValueError (an InputError: one line naming the file)
+    on an unreadable, too large, deeply nested or non-JSON file."""
     path = Path(name_or_path)
     if not path.suffix:
         path = PRESET_DIR / f"{name_or_path}.json"
         if not path.exists():
             raise ValueError(f"unknown hardware {name_or_path!r}; presets: {', '.join(preset_names())} or a .json file")
-    return load_json_object(path, "hardware profile"), str(path)
+    return load_json_object(path, "hardware profile"), _where(path)
+
+
+def _where(path: Path) -> str:
+    """``path`` as a profile's provenance names it: relative to the package root for a shipped preset, else as given."""
+    try:
+        return str(path.resolve().relative_to(PRESET_DIR.resolve().parent.parent))
+    except ValueError:
+        return str(path)

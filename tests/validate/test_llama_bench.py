@@ -132,3 +132,16 @@ def test_real_llama_bench_output_is_read() -> None:
     assert bench.build_commit == "0c1e570" and bench.model_type == "llama ?B F16"
     assert sorted((r.arm, r.depth) for r in bench.runs) == [("ordered", 0), ("ordered", 2048), ("resident", 0), ("resident", 2048)]
     assert all(r.samples_tps and r.seconds_per_token > 0 for r in bench.runs)
+
+
+def test_a_profile_fitted_on_a_preset_records_no_local_path(tmp_path: Path) -> None:
+    """The base preset is named by its place in the package, the same on every machine and checkout."""
+    presets = str(Path(__file__).resolve().parents[2] / "backends" / "presets")
+    for hardware in ((), ("--hardware", "rtx4070-gen4x16")):
+        fitted = _fit(tmp_path, ORDERED, *hardware)
+        text = json.dumps(fitted)
+        assert "backends/presets/rtx4070-gen4x16.json" in fitted["source"], fitted["source"]
+        assert presets not in text and "backends/presets/rtx4070-gen4x16.json" in fitted["provenance"]["host"]
+    own = tmp_path / "mine.json"
+    own.write_text(json.dumps(read_profile_dict("rtx4070-gen4x16")[0]))
+    assert read_profile_dict(str(own))[1] == str(own)  # a user's own file: as given
