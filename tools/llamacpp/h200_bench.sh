@@ -234,6 +234,19 @@ if [ "$PHASE" = types ]; then
   HIDE=1 bench types-mixed-held -ctk q8_0 -ctv q4_0 -nkvo 0,1 -d "${LCP_D_TYPES_MIXED:-4096}"
   exit 0
 fi
+# Three rounds of llama-batched-bench calls (issue 28, runs 6-8): $1 the names' prefix, $2 the -npp values in each
+# round's order (each held-out one between calibration ones), $3 the held-out -npp values (their calls run with HIDE);
+# every -npp split then unified.
+batched_rounds() {
+  local k pp kvu hide
+  for k in 1 2 3; do
+    for pp in $2; do
+      case " $3 " in *" $pp "*) hide=1;; *) hide=;; esac
+      for kvu in split unified; do HIDE=$hide batched_one "$1-batched-$kvu-pp$pp-r$k" "$pp" "$kvu"; done
+    done
+  done
+}
+
 # One llama-batched-bench call (issue 28): the cache in host RAM (-nkvo), flash attention on the GPU, npl sequences each
 # with its own PP-token prompt (not shared), TG tokens generated per sequence; unified (-kvu) or one stream per sequence.
 # HIDE: a held-out call, its figures kept out of the summary. llama-batched-bench prints log lines beside its JSONL rows.

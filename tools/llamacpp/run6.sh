@@ -58,14 +58,8 @@ held_of() {  # the depths of list $1 not in list $2, comma-separated
   python3 -c "import sys; c = set(sys.argv[2].split(',')); print(','.join(d for d in sys.argv[1].split(',') if d not in c))" "$1" "$2"
 }
 
-batched_grid() {  # 3 rounds; each round the -npp values in an order that puts the held-out one between calibration ones
-  local k pp kvu hide
-  for k in 1 2 3; do
-    for pp in ${LCP_R6_PP:-512 896 1280}; do
-      case " ${LCP_R6_PP_HELD:-896} " in *" $pp "*) hide=1;; *) hide=;; esac
-      for kvu in split unified; do HIDE=$hide batched_one r6-batched-$kvu-pp$pp-r$k $pp $kvu; done
-    done
-  done
+batched_grid() {  # h200_bench.sh's batched_rounds: 3 rounds, the held-out -npp between calibration ones
+  batched_rounds r6 "${LCP_R6_PP:-512 896 1280}" "${LCP_R6_PP_HELD:-896}"
 }
 
 case $PHASE in

@@ -51,14 +51,8 @@ types_fresh() {  # the fresh machine: the held-out configurations alone; every o
   done
 }
 
-batched_grid() {  # 3 rounds; in each, every held-out -npp between the two calibration ones, split then unified
-  local k pp kvu hide
-  for k in 1 2 3; do
-    for pp in ${LCP_R7_PP:-512 768 1152 1280}; do
-      case " ${LCP_R7_PP_HELD:-768 1152} " in *" $pp "*) hide=1;; *) hide=;; esac
-      for kvu in split unified; do HIDE=$hide batched_one r7-batched-$kvu-pp$pp-r$k $pp $kvu; done
-    done
-  done
+batched_grid() {  # h200_bench.sh's batched_rounds: 3 rounds, every held-out -npp between the two calibration ones
+  batched_rounds r7 "${LCP_R7_PP:-512 768 1152 1280}" "${LCP_R7_PP_HELD:-768 1152}"
 }
 
 case $PHASE in

@@ -37,14 +37,8 @@ types_grid() {  # round A, the resident processes, round B (round A reversed)
   for ((i = ${#R8_ORD[@]} - 1; i >= 0; i--)); do ord_one "${R8_ORD[$i]}" p2; done
 }
 
-batched_grid() {  # 3 rounds; in each, every held-out -npp between the two calibration ones, split then unified
-  local k pp kvu hide
-  for k in 1 2 3; do
-    for pp in ${LCP_R8_PP:-512 640 1088 1280}; do
-      case " ${LCP_R8_PP_HELD:-640 1088} " in *" $pp "*) hide=1;; *) hide=;; esac
-      for kvu in split unified; do HIDE=$hide batched_one r8-batched-$kvu-pp$pp-r$k $pp $kvu; done
-    done
-  done
+batched_grid() {  # h200_bench.sh's batched_rounds: 3 rounds, every held-out -npp between the two calibration ones
+  batched_rounds r8 "${LCP_R8_PP:-512 640 1088 1280}" "${LCP_R8_PP_HELD:-640 1088}"
 }
 
 case $PHASE in
