@@ -27,7 +27,7 @@ Two choices, stated once:
   layout, host memory) share an offset: what the one-sequence profile misses
   there (the ``B = 1`` row's error) is not charged to the further sequences.
   The offsets are reported, not written into the profile.
-* **The staging rate of the call, optionally** (``staging=True``). On the
+* **The staging rate of the call, optionally** (``staging="all"``). On the
   ordered path each further sequence adds its window copy, priced at the
   one-sequence profile's host->device rate; a host whose rate moved ~10%
   between calls (the H200's pageable staging, docs/validation.md) moves that
@@ -185,9 +185,9 @@ def _slope(rows: Sequence[tuple[tuple[Any, ...], float, float, float]]) -> float
 
 
 def fit_per_sequence(base: dict[str, Any], model: ModelShape, cache_k: CacheType, cache_v: CacheType,
-                     runs: Sequence[TokenRun], term: str = "layer", staging: bool | str = False) -> BatchFit:
+                     runs: Sequence[TokenRun], term: str = "layer", staging: str = "") -> BatchFit:
     """The per-sequence ``term`` (a key of :data:`TERMS`) of ``base`` fitted to ``runs``; see the module doc.
-    ``staging``: the ordered runs' link rate refitted, the profile then carries it: True or ``"all"`` beside the term
+    ``staging``: the ordered runs' link rate refitted, the profile then carries it: ``"all"`` beside the term
     (:func:`staging_factor`), ``"one"`` from the one-sequence rows alone before the term (:func:`staging_one`).
 
     Each run is one step of ``run.sequences`` sequences (``seconds_per_token``: the step's seconds, all sequences).
@@ -198,13 +198,12 @@ def fit_per_sequence(base: dict[str, Any], model: ModelShape, cache_k: CacheType
         raise InputError(f"per-sequence term {term!r}; allowed: {', '.join(TERMS)}")
     key, entry = TERMS[term], _entry(model, cache_k, cache_v)
     factor, link_key = 1.0, ""
-    how = "all" if staging is True else (staging or "")
-    if how not in ("", "all", "one"):
+    if staging not in ("", "all", "one"):
         raise InputError(f"staging {staging!r}; allowed: all (beside the term), one (the one-sequence rows alone)")
-    if how:
+    if staging:
         from validate.link_fit import h2d_key
 
-        factor = (staging_one(base, model, cache_k, cache_v, runs) if how == "one"
+        factor = (staging_one(base, model, cache_k, cache_v, runs) if staging == "one"
                   else staging_factor(base, model, cache_k, cache_v, runs, term))
         link_key = h2d_key([r for r in runs if r.arm == "ordered"])
         base = with_staging(base, link_key, factor)
@@ -234,7 +233,7 @@ def fit_per_sequence(base: dict[str, Any], model: ModelShape, cache_k: CacheType
         offsets.append({"arm": g[0], "context": g[1], "unified": g[2], "pinned": g[3], "rows": len(mine),
                         "offset_ms": miss * 1e3})
     return BatchFit(term=key, value_us=value, profile=fitted, clamped=k < 0, residuals=residuals, held_out=tuple(held),
-                    offsets=tuple(offsets), staging=factor, link_key=link_key, staging_from=how)
+                    offsets=tuple(offsets), staging=factor, link_key=link_key, staging_from=staging)
 
 
 def _row(r: TokenRun, fitted_s: float, **extra: float) -> dict[str, Any]:
@@ -296,7 +295,7 @@ def apply(profile: dict[str, Any], fit: BatchFit, model: ModelShape, cache_k: Ca
 
 def fit_files(paths: Sequence[str], unified: Sequence[bool], arm: str, pinned: bool, base: dict[str, Any], base_where: str,
               model: ModelShape, cache_k: CacheType, cache_v: CacheType, term: str = "layer",
-              command: str = "", staging: bool | str = False) -> tuple[dict[str, Any], BatchFit]:
+              command: str = "", staging: str = "") -> tuple[dict[str, Any], BatchFit]:
     """The per-sequence ``term`` of ``base`` fitted to llama-batched-bench files (``unified[i]``: file i ran -kvu), and
     the profile dict with it (:func:`apply`). Raises InputError (a bad file, too few sequence counts). Blocks."""
     from validate import batched_bench

@@ -69,10 +69,10 @@ def test_a_call_whose_link_ran_slower_gives_the_term_back_when_the_staging_is_fi
     runs = _rows(truth, {(2048, True): 1.0e-3, (8192, True): 0.0, (8192, False): -0.5e-3})
     kept = fit_per_sequence(base, M, Q, Q, runs)  # the one-sequence profile's rate kept: the copies take the term's place
     assert abs(kept.value_us - 42.0) > 10.0
-    fit = fit_per_sequence(base, M, Q, Q, runs, staging=True)
+    fit = fit_per_sequence(base, M, Q, Q, runs, staging="all")
     assert fit.staging == pytest.approx(0.85, rel=0.01) and fit.link_key == key
     assert fit.value_us == pytest.approx(42.0, rel=0.05) and not fit.clamped
     rate = base["devices"][0]["links"][key]["points"][0][1]
     assert fit.profile["devices"][0]["links"][key]["points"][0][1] == pytest.approx(rate * fit.staging)
     with pytest.raises(InputError, match="two -npp values"):  # one context cannot tell the copies from the term
-        fit_per_sequence(base, M, Q, Q, [r for r in runs if r.context == 2048], staging=True)
+        fit_per_sequence(base, M, Q, Q, [r for r in runs if r.context == 2048], staging="all")
