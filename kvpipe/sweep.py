@@ -46,6 +46,7 @@ from kvpipe.sweep_work import (  # noqa: F401 - re-exported: a sweep's chunks
     EVALUATED_PER_CHUNK,
     SIMULATED,
     Chunk,
+    check_on,
     chunks,
     exact_rows,
     key_of_point,
@@ -154,18 +155,9 @@ def run_sweep(
 
 
 def _check(ex: Executor, evaluated: list[tuple[Point, dict[str, Any]]], n: int, result: SweepResult, workers: int) -> None:
-    """The sample check of the evaluator's rows (``sim.evaluator.check_sample``), its simulations on ``ex`` (``workers``)."""
-    from sim.evaluator import check_sample
-
-    def resimulate(pts: list[Point]) -> list[dict[str, Any]]:
-        result.checked = len(pts)
-        return simulated_rows(ex, pts, workers=workers)
-
-    def exact(pts: list[Point]) -> list[dict[str, Any]]:
-        result.checked_exact = len(pts)
-        return exact_rows(ex, pts, workers=workers)
-
-    result.check = check_sample([p for p, _ in evaluated], [r for _, r in evaluated], n=n, resimulate=resimulate, exact=exact)
+    """The sample check of the evaluator's rows (``kvpipe.sweep_work.check_on``), its simulations on ``ex`` (``workers``)."""
+    result.check, result.checked, result.checked_exact = check_on(ex, [p for p, _ in evaluated], [r for _, r in evaluated],
+                                                                  n, workers)
 
 
 def _collect(ex: Executor, work: list[Chunk], store: RowStore, order: Sequence[Key], result: SweepResult,

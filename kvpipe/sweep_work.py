@@ -228,24 +228,37 @@ def chunks(points: Sequence[Point], workers: int, todo: Sequence[bool] | None = 
     return out
 
 
-def check_rows(pts: list[Point], rows: list[dict[str, Any] | None], jobs: int | None, workers_of: Any = None,
-                ahead: Any = None) -> tuple[float, int]:
-    """Re-simulate ``pts`` on ``jobs`` workers (``workers_of``: a context giving them; default a pool of its own) on
-    the simulator's default path (rows simulated ``ahead`` taken from it), exact where it differs, and compare each
-    with its evaluated row: (the largest relative disagreement, the points simulated again exact). Raises
-    EvaluatorDisagreement above the tolerance."""
-    from kvpipe.executors import executor_for
+def check_on(ex: Executor, pts: Sequence[Point], rows: Sequence[dict[str, Any]], n: int, workers: int,
+             ahead: Ahead | None = None) -> tuple[float, int, int]:
+    """The sample check (``sim.evaluator.check_sample``: ``n`` of the evaluated ``rows`` drawn, plus every boundary)
+    with its simulations on ``ex`` (``workers``): the simulator's default path (rows simulated ``ahead`` taken from
+    it), exact where it differs. Returns (the largest relative disagreement, the points re-simulated, the points
+    simulated again exact). Raises EvaluatorDisagreement above the tolerance. Blocks for the simulations."""
     from sim.evaluator import check_sample
 
+    counts = [0, 0]
+
+    def resimulate(chosen: list[Point]) -> list[dict[str, Any]]:
+        counts[0] += len(chosen)
+        return simulated_rows(ex, chosen, workers=workers, ahead=ahead)
+
+    def exact(chosen: list[Point]) -> list[dict[str, Any]]:
+        counts[1] += len(chosen)
+        return exact_rows(ex, chosen, workers)
+
+    worst = check_sample(list(pts), list(rows), n=n, resimulate=resimulate, exact=exact)
+    return worst, counts[0], counts[1]
+
+
+def check_rows(pts: list[Point], rows: list[dict[str, Any] | None], jobs: int | None, workers_of: Any = None,
+               ahead: Any = None) -> tuple[float, int]:
+    """:func:`check_on` of every point of ``pts`` that has a row (a plan's sample, drawn before), on ``jobs`` workers
+    (``workers_of``: a context giving them; default a pool of its own): (the largest relative disagreement, the points
+    simulated again exact). Raises EvaluatorDisagreement above the tolerance. Blocks."""
+    from kvpipe.executors import executor_for
+
     keep = [(p, r) for p, r in zip(pts, rows, strict=True) if r is not None]
-    workers = jobs or os.cpu_count() or 1
-    again: list[int] = []
     with (workers_of or (lambda: executor_for(jobs)))() as ex:
-
-        def exact(chosen: list[Point]) -> list[dict[str, Any]]:
-            again.append(len(chosen))
-            return exact_rows(ex, chosen, workers)
-
-        worst = check_sample([p for p, _ in keep], [r for _, r in keep], n=len(keep),
-                             resimulate=lambda chosen: simulated_rows(ex, chosen, workers=workers, ahead=ahead), exact=exact)
-    return worst, sum(again)
+        worst, _, again = check_on(ex, [p for p, _ in keep], [r for _, r in keep], len(keep), jobs or os.cpu_count() or 1,
+                                   ahead)
+    return worst, again
