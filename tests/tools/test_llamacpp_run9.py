@@ -72,3 +72,26 @@ def test_no_held_out_prompt_was_used_by_an_earlier_run() -> None:
     assert held.group(1).split() == ["832", "1216"] and not {832, 1216} & prompts
     assert cal.group(1).split() == ["512", "832", "1216", "1280"]  # every held-out -npp between the calibration ones
     assert re.search(r'LCP_R9_ROUNDS:-6\}', SCRIPT)
+
+
+def test_the_committed_comparison_is_the_blind_prediction_against_six_complete_rounds(tmp_path: Path) -> None:
+    import json
+    import math
+    import shutil
+    import sys
+
+    path = RESULTS / "prediction-batched9"
+    pred = {(r["layout"], r["pp"], r["pl"]): r["predicted_tps"] for r in json.loads((path / "prediction.json").read_text())["held_out"]}
+    committed = json.loads((path / "comparison.json").read_text())
+    assert {(r["layout"], r["pp"], r["pl"]): r["predicted_tps"] for r in committed["rows"]} == pred and len(pred) == 16
+    assert committed["complete_rounds"] == [1, 2, 3, 4, 5, 6]
+    for r in committed["rows"]:
+        assert len(r["calls_tps"]) == 6
+        assert math.isclose(r["measured_tps"], math.exp(sum(map(math.log, r["calls_tps"])) / 6), rel_tol=1e-12)
+    # the committed comparison is what compare --statistic gmean gives on every run 9 file
+    shutil.copy(path / "prediction.json", tmp_path / "prediction.json")
+    files = sorted(str(p.relative_to(ROOT)) for p in (RESULTS / "run9").glob("call*/r9-batched-*.jsonl"))
+    assert len(files) == 48
+    subprocess.run([sys.executable, str(LCP / "predict_batched.py"), "compare", "--statistic", "gmean", "--out",
+                    str(tmp_path), *files], cwd=ROOT, check=True, capture_output=True, timeout=120)
+    assert (tmp_path / "comparison.md").read_bytes() == (path / "comparison.md").read_bytes()
