@@ -22,6 +22,8 @@
 #   run7b (warm) finishes what run7 left; run7f (a fresh machine) builds llama-bench and runs the held-out ones again.
 #   run8, run8b, run8c: run 8 (tools/llamacpp/README-run8.md): run8 builds, then the cache types interleaved in time
 #   (two processes per ordered configuration), then llama-batched-bench; run8b and run8c (warm) go on where it stopped.
+#   run9, run9b, run9c: run 9 (tools/llamacpp/README-run9.md): run9 builds, then 6 rounds of llama-batched-bench only;
+#   run9b and run9c (warm) go on where it stopped.
 # .lcp/llama.cpp-src.tar.xz is the stripped llama.cpp tree from the llama-cpp-python 0.3.36 sdist (see its
 # KVPIPE-SOURCE.txt). Every step is idempotent: the tree, the build (ninja resumes), the GGUF and each finished bench set
 # live under $LCP (/tmp, so only while the machine stays warm: 30 s after a call) and are reused by the next call.
@@ -31,7 +33,7 @@
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 PHASE=${1:-all}
-case $PHASE in all|build|bench|fa0|ngl|types|batched|run5|run5b|run5f|run6|run6b|run6f|run7|run7b|run7f|run8|run8b|run8c) ;; *) echo "h200_bench.sh: phase '$PHASE'; expected all, build, bench, fa0, ngl, types, batched, run5, run5b, run5f, run6, run6b, run6f, run7, run7b, run7f, run8, run8b or run8c" >&2; exit 2;; esac
+case $PHASE in all|build|bench|fa0|ngl|types|batched|run5|run5b|run5f|run6|run6b|run6f|run7|run7b|run7f|run8|run8b|run8c|run9|run9b|run9c) ;; *) echo "h200_bench.sh: phase '$PHASE'; expected all, build, bench, fa0, ngl, types, batched, run5, run5b, run5f, run6, run6b, run6f, run7, run7b, run7f, run8, run8b, run8c, run9, run9b or run9c" >&2; exit 2;; esac
 ROOT=$(pwd)
 T0=$(date +%s)
 DEADLINE=${LCP_DEADLINE:-570}             # seconds into this call: the device kills a call at 600 s
@@ -77,7 +79,7 @@ machine_info() {
 }
 
 build() {
-  local targets=(llama-bench); case $PHASE in types|batched|run5*|run6|run6b|run7|run7b|run8*) targets+=(llama-batched-bench);; esac
+  local targets=(llama-bench); case $PHASE in types|batched|run5*|run6|run6b|run7|run7b|run8*|run9*) targets+=(llama-batched-bench);; esac
   if [ -n "${LCP_BIN_TAR:-}" ] && [ ! -x "$BENCH" ]; then  # a build packed by run5b on the first machine
     mkdir -p "$BUILD" && cat $LCP_BIN_TAR | xz -dc | tar xf - -C "$BUILD" && log "unpacked the first machine's build ($LCP_BIN_TAR)"
   fi
@@ -234,15 +236,19 @@ if [ "$PHASE" = types ]; then
   HIDE=1 bench types-mixed-held -ctk q8_0 -ctv q4_0 -nkvo 0,1 -d "${LCP_D_TYPES_MIXED:-4096}"
   exit 0
 fi
-# Three rounds of llama-batched-bench calls (issue 28, runs 6-8): $1 the names' prefix, $2 the -npp values in each
-# round's order (each held-out one between calibration ones), $3 the held-out -npp values (their calls run with HIDE);
-# every -npp split then unified.
+# Rounds of llama-batched-bench calls (issue 28, runs 6-9): $1 the names' prefix, $2 the -npp values in each round's
+# order (runs 6-8: each held-out one between calibration ones), $3 the held-out -npp values (their calls run with HIDE),
+# $4 the number of rounds (default 3, runs 6-8), $5 "alternate" (run 9): even rounds run the odd rounds' calls in
+# reverse order (-npp descending, unified then split); otherwise every round is $2's order, each -npp split then unified.
 batched_rounds() {
-  local k pp kvu hide
-  for k in 1 2 3; do
-    for pp in $2; do
+  local k i pp kvu hide calls=()
+  for pp in $2; do for kvu in split unified; do calls+=("$pp $kvu"); done; done
+  for ((k = 1; k <= ${4:-3}; k++)); do
+    for ((i = 0; i < ${#calls[@]}; i++)); do
+      if [ "${5:-}" = alternate ] && [ $((k % 2)) -eq 0 ]; then read -r pp kvu <<< "${calls[${#calls[@]} - 1 - i]}"
+      else read -r pp kvu <<< "${calls[$i]}"; fi
       case " $3 " in *" $pp "*) hide=1;; *) hide=;; esac
-      for kvu in split unified; do HIDE=$hide batched_one "$1-batched-$kvu-pp$pp-r$k" "$pp" "$kvu"; done
+      HIDE=$hide batched_one "$1-batched-$kvu-pp$pp-r$k" "$pp" "$kvu"
     done
   done
 }
@@ -290,7 +296,7 @@ if [ "$PHASE" = batched ]; then
   done
   exit 0
 fi
-case $PHASE in run5*|run6*|run7*|run8*) source "$ROOT/tools/llamacpp/${PHASE:0:4}.sh";; esac
+case $PHASE in run5*|run6*|run7*|run8*|run9*) source "$ROOT/tools/llamacpp/${PHASE:0:4}.sh";; esac
 bench resident-q8_0 -ctk q8_0 -ctv q8_0 -nkvo 0 -d "$D_RESIDENT"
 bench ordered-q8_0-first -ctk q8_0 -ctv q8_0 -nkvo 1 -d "$D_ORDERED_FIRST"
 bench ordered-q8_0 -ctk q8_0 -ctv q8_0 -nkvo 1 -d "$D_ORDERED"

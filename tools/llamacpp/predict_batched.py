@@ -12,7 +12,11 @@ one (``-kvu``): ``-npp 2048`` is the calibration, the other ``-npp`` values are 
 profile that ``kvpipe calibrate --from-batched-bench`` fitted, and writes ``DIR/prediction.json`` and ``.md`` with each
 command. ``compare`` reads the held-out files (named ``batched-{split,unified}-pp{PP}.jsonl``, as the bench script
 writes them), sets each measured S_TG beside its committed prediction, and writes ``DIR/comparison.json`` and
-``.md`` (error = predicted / measured - 1; median and largest |error|). Not part of the installed package.
+``.md`` (error = predicted / measured - 1; median and largest |error|). A configuration called several times (``-rK``)
+is measured by the median of its calls (runs 6-8, the default) or, with ``--statistic gmean`` (run 9), by the geometric
+mean over the **complete rounds**: the rounds K in which every configuration among the files given (calibration files
+may be given too; they only count for completeness) has a finished call (a row for every predicted ``-npl``).
+Not part of the installed package.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import argparse
 import contextlib
 import io
 import json
+import math
 import re
 import statistics
 import sys
@@ -31,9 +36,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from kvpipe.cli import main as kvpipe  # noqa: E402
+from sim.errors import InputError  # noqa: E402
 from validate import batched_bench  # noqa: E402
 
-NAME = re.compile(r"batched-(split|unified)-pp(\d+)(?:-r\d+)?\.jsonl$")
+NAME = re.compile(r"batched-(split|unified)-pp(\d+)(?:-r(\d+))?\.jsonl$")
 
 
 def simulate_tps(profile: str, gguf: str, pp: int, tg: int, pl: int, unified: bool) -> tuple[float, str]:
@@ -77,18 +83,13 @@ def compare(args: argparse.Namespace) -> int:
     out = Path(args.out)
     pred = json.loads((out / "prediction.json").read_text())
     want = {(r["layout"], r["pp"], r["tg"], r["pl"]): r for r in pred["held_out"]}
-    measured: dict[tuple[str, int, int, int], list[tuple[float, str]]] = {}
-    for path in args.measured:
-        m = NAME.search(path)
-        if not m:
-            sys.exit(f"predict_batched: {path!r} is not named batched-{{split,unified}}-pp{{PP}}[-rK].jsonl")
-        for r in batched_bench.load(path).rows:
-            key = (m.group(1), r.prompt_tokens, r.gen_tokens, r.sequences)
-            if key in want:
-                measured.setdefault(key, []).append((r.decode_tps, str(path)))
-    # a configuration called several times (-rK): the median of its calls is the measurement
-    rows = [{**want[k], "measured_tps": statistics.median(t for t, _ in v), "calls_tps": [t for t, _ in v],
-             "error": want[k]["predicted_tps"] / statistics.median(t for t, _ in v) - 1.0, "file": [f for _, f in v]}
+    if args.statistic == "gmean":
+        measured, rounds = _complete_rounds(args.measured, want)
+    else:
+        measured, rounds = _all_calls(args.measured, want), None
+    stat = _gmean if args.statistic == "gmean" else statistics.median
+    rows = [{**want[k], "measured_tps": stat([t for t, _ in v]), "calls_tps": [t for t, _ in v],
+             "error": want[k]["predicted_tps"] / stat([t for t, _ in v]) - 1.0, "file": [f for _, f in v]}
             for k, v in measured.items()]
     if len(rows) != len(want):
         sys.exit(f"predict_batched: {len(rows)} of the {len(want)} predicted rows found in the measured files")
@@ -100,17 +101,83 @@ def compare(args: argparse.Namespace) -> int:
     data = {"prediction": str(out / "prediction.json"), "rows": rows, "summary": summary,
             "target": {"median_abs_error": 0.05, "max_abs_error": 0.10},
             "met": statistics.median(errs) <= 0.05 and max(errs) <= 0.10}
+    head = "measured t/s (median)"
+    if rounds is not None:
+        data = {"statistic": "geometric mean over the complete rounds", "complete_rounds": rounds, **data}
+        head = f"measured t/s (geometric mean of {len(rounds)} complete rounds)"
     (out / "comparison.json").write_text(json.dumps(data, indent=1) + "\n")
-    lines = ["| layout | -npp | -npl | measured t/s (median) | calls | predicted t/s | error |", "|---|---:|---:|---:|---|---:|---:|"]
+    lines = [f"| layout | -npp | -npl | {head} | calls | predicted t/s | error |", "|---|---:|---:|---:|---|---:|---:|"]
     lines += [f"| {r['layout']} | {r['pp']} | {r['pl']} | {r['measured_tps']:.2f} | {' / '.join(f'{t:.2f}' for t in r['calls_tps'])} | "
               f"{r['predicted_tps']:.2f} | {r['error']:+.1%} |"
               for r in sorted(rows, key=lambda r: (r["pp"], r["layout"], r["pl"]))]
     lines += ["", "| held-out rows | n | median \\|error\\| | max \\|error\\| |", "|---|---:|---:|---:|"]
     lines += [f"| {k} | {v['rows']} | {v['median_abs_error']:.1%} | {v['max_abs_error']:.1%} |" for k, v in summary.items()]
     lines += ["", f"Target: median <= 5%, max <= 10%: {'met' if data['met'] else 'missed'}."]
+    if rounds is not None:
+        lines += ["", f"Complete rounds (every configuration given finished its call): {', '.join(map(str, rounds))}."]
     (out / "comparison.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
+
+
+def _gmean(values: list[float]) -> float:
+    """The geometric mean of positive t/s values."""
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
+def _name(path: str) -> re.Match[str]:
+    m = NAME.search(path)
+    if not m:
+        sys.exit(f"predict_batched: {path!r} is not named batched-{{split,unified}}-pp{{PP}}[-rK].jsonl")
+    return m
+
+
+def _all_calls(paths: list[str], want: dict) -> dict[tuple[str, int, int, int], list[tuple[float, str]]]:
+    """Every call's held-out rows, per configuration and -npl, in the order given (runs 6-8: the median of them)."""
+    measured: dict[tuple[str, int, int, int], list[tuple[float, str]]] = {}
+    for path in paths:
+        m = _name(path)
+        for r in batched_bench.load(path).rows:
+            key = (m.group(1), r.prompt_tokens, r.gen_tokens, r.sequences)
+            if key in want:
+                measured.setdefault(key, []).append((r.decode_tps, str(path)))
+    return measured
+
+
+def _complete_rounds(paths: list[str], want: dict) -> tuple[dict[tuple[str, int, int, int], list[tuple[float, str]]], list[int]]:
+    """The held-out rows of the complete rounds only, and those rounds (ascending). A call is finished when its file
+    has a row for every predicted -npl; a round is complete when every configuration (layout, -npp) among the files
+    has a finished call in it. Two finished calls of one configuration and round: an error. Reads the files only."""
+    npl = {k[3] for k in want}
+    calls: dict[tuple[str, int, int], tuple[str, list]] = {}
+    for path in paths:
+        m = _name(path)
+        if m.group(3) is None:
+            sys.exit(f"predict_batched: {path!r} has no round (-rK); --statistic gmean needs one per file")
+        try:
+            rows = batched_bench.load(path).rows
+        except InputError:
+            continue  # killed before its first row: not finished
+        if not npl <= {r.sequences for r in rows}:
+            continue  # not finished (killed or cut short): no part of any round
+        key = (m.group(1), int(m.group(2)), int(m.group(3)))
+        if key in calls:
+            sys.exit(f"predict_batched: two finished calls of {key[0]} -npp {key[1]} round {key[2]}: "
+                     f"{calls[key][0]!r} and {path!r}")
+        calls[key] = (str(path), rows)
+    configs = {(lay, pp) for lay, pp, _ in calls}
+    rounds = sorted(k for k in {k for _, _, k in calls} if all((lay, pp, k) in calls for lay, pp in configs))
+    measured: dict[tuple[str, int, int, int], list[tuple[float, str]]] = {}
+    for (lay, pp, k), (path, rows) in sorted(calls.items(), key=lambda c: (c[0][2], c[0][0], c[0][1])):
+        if k not in rounds:
+            continue
+        for r in rows:
+            key = (lay, r.prompt_tokens, r.gen_tokens, r.sequences)
+            if key in want:
+                measured.setdefault(key, []).append((r.decode_tps, path))
+    if not rounds:
+        sys.exit("predict_batched: no complete round among the files given")
+    return measured, rounds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,7 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=predict)
     c = sub.add_parser("compare", help="hold the committed prediction to the held-out files")
     c.add_argument("--out", required=True, help="the folder holding prediction.json; comparison.* are written there")
-    c.add_argument("measured", nargs="+", help="held-out llama-batched-bench JSONL files")
+    c.add_argument("--statistic", choices=("median", "gmean"), default="median",
+                   help="a configuration's measurement over its calls: median (runs 6-8, default) or gmean (run 9: the "
+                        "geometric mean over the rounds every configuration given finished)")
+    c.add_argument("measured", nargs="+", help="held-out llama-batched-bench JSONL files (with gmean, the calibration "
+                                               "files may be given too: they count only for the complete rounds)")
     c.set_defaults(func=compare)
     args = ap.parse_args(argv)
     return int(args.func(args))

@@ -1,0 +1,88 @@
+"""predict_batched.py compare: the median of runs 6-8 (their committed comparison reproduced) and run 9's geometric
+mean over the complete rounds (the rounds every configuration given finished)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOL = ROOT / "tools" / "llamacpp" / "predict_batched.py"
+RESULTS = ROOT / "validate" / "results" / "h200-llamacpp"
+
+
+def _compare(out: Path, files: list[str], *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(TOOL), "compare", "--out", str(out), *extra, *files], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_median_default_reproduces_run_8s_committed_comparison(tmp_path: Path) -> None:
+    committed = RESULTS / "prediction-batched8"
+    shutil.copy(committed / "prediction.json", tmp_path / "prediction.json")
+    call2 = RESULTS / "run8" / "call2"
+    files = [str(p.relative_to(ROOT)) for pp in (640, 1088) for p in sorted(call2.glob(f"r8-batched-*-pp{pp}-*.jsonl"))]
+    res = _compare(tmp_path, files)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "comparison.md").read_bytes() == (committed / "comparison.md").read_bytes()
+    got, want = (json.loads((d / "comparison.json").read_text()) for d in (tmp_path, committed))
+    assert {k: v for k, v in got.items() if k != "prediction"} == {k: v for k, v in want.items() if k != "prediction"}
+
+
+def _write_call(path: Path, pp: int, tps: dict[int, float]) -> str:
+    rows = [{"pp": pp, "tg": 64, "pl": pl, "n_kv": pl * (pp + 64), "t_tg": 64 * pl / t, "speed_tg": t} for pl, t in tps.items()]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _setup(tmp_path: Path) -> Path:
+    out = tmp_path / "pred"
+    out.mkdir()
+    held = [{"layout": lay, "pp": 832, "tg": 64, "pl": pl, "predicted_tps": 100.0, "command": ""}
+            for lay in ("split", "unified") for pl in (1, 2)]
+    (out / "prediction.json").write_text(json.dumps({"held_out": held}))
+    return out
+
+
+def test_gmean_uses_only_the_rounds_every_configuration_finished(tmp_path: Path) -> None:
+    out, d = _setup(tmp_path), tmp_path / "files"
+    d.mkdir()
+    files = []
+    # held-out split: rounds 1-3 finished; unified: rounds 1-3 finished; calibration -npp 512 split: round 2 cut short
+    # (no -npl 2 row), round 3 finished. Complete rounds: 1 and 3 (round 2 is missing a finished calibration call).
+    speeds = {1: 80.0, 2: 200.0, 3: 125.0}
+    for k, t in speeds.items():
+        for lay in ("split", "unified"):
+            files.append(_write_call(d / f"r9-batched-{lay}-pp832-r{k}.jsonl", 832, {1: t, 2: 2 * t}))
+    files.append(_write_call(d / "r9-batched-split-pp512-r1.jsonl", 512, {1: 1.0, 2: 1.0}))
+    files.append(_write_call(d / "r9-batched-split-pp512-r2.jsonl", 512, {1: 1.0}))
+    files.append(_write_call(d / "r9-batched-split-pp512-r3.jsonl", 512, {1: 1.0, 2: 1.0}))
+    (d / "r9-batched-split-pp512-r4.jsonl").write_text("")  # killed before its first row
+    files.append(str(d / "r9-batched-split-pp512-r4.jsonl"))
+    res = _compare(out, files, "--statistic", "gmean")
+    assert res.returncode == 0, res.stderr
+    data = json.loads((out / "comparison.json").read_text())
+    assert data["complete_rounds"] == [1, 3]
+    one = math.sqrt(80.0 * 125.0)  # the geometric mean of rounds 1 and 3: 100 t/s
+    for r in data["rows"]:
+        assert len(r["calls_tps"]) == 2 and math.isclose(r["measured_tps"], one * r["pl"])
+        assert math.isclose(r["error"], 100.0 / (one * r["pl"]) - 1.0, abs_tol=1e-12)
+    assert "geometric mean of 2 complete rounds" in (out / "comparison.md").read_text()
+    # the median over every call (the default) would have taken round 2 as well (it reads every file: not the empty one)
+    res = _compare(out, files[:-1])
+    med = {r["pl"]: r["measured_tps"] for r in json.loads((out / "comparison.json").read_text())["rows"]}
+    assert res.returncode == 0 and med == {1: 125.0, 2: 250.0}
+
+
+def test_gmean_refuses_files_without_a_round_and_two_finished_calls_of_one_round(tmp_path: Path) -> None:
+    out, d = _setup(tmp_path), tmp_path / "files"
+    (d / "a").mkdir(parents=True)
+    files = [_write_call(d / f"r9-batched-{lay}-pp832.jsonl", 832, {1: 1.0, 2: 2.0}) for lay in ("split", "unified")]
+    res = _compare(out, files, "--statistic", "gmean")
+    assert res.returncode != 0 and "has no round (-rK)" in res.stderr and "Traceback" not in res.stderr
+    files = [_write_call(p / "r9-batched-split-pp832-r1.jsonl", 832, {1: 1.0, 2: 2.0}) for p in (d, d / "a")]
+    res = _compare(out, files, "--statistic", "gmean")
+    assert res.returncode != 0 and "two finished calls of split -npp 832 round 1" in res.stderr
