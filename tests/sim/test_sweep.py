@@ -253,3 +253,59 @@ def test_resident_and_ordered_rows_of_one_context_are_two_rows(tmp_path) -> None
     ordered = next(r for r in rows if (r["arm"], r["depth"]) == ("transport", 0))
     piped = next(r for r in rows if r["depth"] == 1)
     assert piped["gain"] == pytest.approx(piped["tokens_per_s"] / ordered["tokens_per_s"] - 1)  # against ordered, not resident
+
+
+def test_a_sweeps_drawn_sample_is_simulated_ahead_and_checks_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With workers, the sample check's drawn points (``sim.evaluator.check.draw`` reads only the arms of the evaluated
+    points in grid order, known before any row) are submitted for simulation with the evaluator's chunks, tolerating
+    a failure, and the check takes their rows and simulates only the rest (the boundaries): the same points compared
+    and the same disagreement as one process, which simulates nothing ahead."""
+    from kvpipe import sweep_work
+    from sim.evaluator.check import draw
+
+    asked: list[tuple[list, bool]] = []  # type: ignore[type-arg]
+    real = sweep_work._submit_sample
+
+    def submitted(ex, pts, exact, workers, tolerant=False):  # type: ignore[no-untyped-def]
+        asked.append((list(pts), tolerant))
+        return real(ex, pts, exact, workers, tolerant)
+
+    monkeypatch.setattr(sweep_work, "_submit_sample", submitted)
+    pts = sweep_points(["--context", "1024..24576/1024", "--depth", "0..3", "--budget", "0,64", "--tokens", "2"])
+    two = sweep.run_sweep(pts, jobs=2, progress=False, check_n=8)
+    drawn = [pts[i] for i in sorted(draw([p.transport.arm for p in pts], 8))]
+    assert [t for _, t in asked] == [True, False] and asked[0][0] == drawn
+    assert len(asked[1][0]) > 0 and not set(map(id, asked[1][0])) & set(map(id, drawn))  # the boundaries alone
+    assert len(asked[0][0]) + len(asked[1][0]) == two.checked
+    asked.clear()
+    one = sweep.run_sweep(pts, jobs=1, progress=False, check_n=8)
+    assert [(len(p), t) for p, t in asked] == [(one.checked, False)]
+    assert (one.check, one.checked, one.checked_exact) == (two.check, two.checked, two.checked_exact)
+    assert all(row_disagreement(a, b) == 0.0 for a, b in zip(one.rows, two.rows, strict=True))
+
+
+def test_a_failed_simulation_made_ahead_is_simulated_again_when_the_check_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tolerant ``Ahead`` (a sweep's draw, made before the rows say which points fit) keeps None for the points of a
+    simulation that raised and the rows of the others; the check simulates such a point again, which raises then."""
+    from kvpipe import sweep_work
+    from kvpipe.executors import _Serial
+
+    pts = sweep_points(GRID)
+    real = sweep_work.tasks.run_task
+
+    def failing(task, **kw):  # type: ignore[no-untyped-def]
+        if task.point.context == 2048:
+            raise RuntimeError("a simulation failed")
+        return real(task, **kw)
+
+    monkeypatch.setattr(sweep_work.tasks, "run_task", failing)
+    ahead = sweep_work.Ahead(tolerant=True)
+    ahead.submit(_Serial(), pts, workers=1)
+    got = ahead.rows_of(pts)
+    assert [r is None for r in got] == [p.context == 2048 for p in pts] and any(r is not None for r in got)
+    with pytest.raises(RuntimeError, match="a simulation failed"):
+        sweep_work.simulated_rows(_Serial(), pts, workers=1, ahead=ahead)
+    monkeypatch.setattr(sweep_work.tasks, "run_task", real)
+    again = sweep_work.simulated_rows(_Serial(), pts, workers=1, ahead=ahead)
+    alone = sweep_work.simulated_rows(_Serial(), pts, workers=1)
+    assert all(row_disagreement(a, b) <= 1e-12 for a, b in zip(again, alone, strict=True))
