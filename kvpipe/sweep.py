@@ -45,7 +45,6 @@ from kvpipe.row_store import JOURNAL, LOCK, MANIFEST, ROWS_CSV, ROWS_JSON, RowSt
 from kvpipe.sweep_work import (  # noqa: F401 - re-exported: a sweep's chunks
     EVALUATED_PER_CHUNK,
     SIMULATED,
-    Ahead,
     Chunk,
     check_on,
     chunks,
@@ -146,43 +145,21 @@ def run_sweep(
         evaluated: list[tuple[Point, dict[str, Any]]] = []
         try:
             workers = 1 if isinstance(ex, _Serial) else (jobs or os.cpu_count() or 1)
-            work = chunks(unique, workers, todo, exact, evaluator)
-            ahead = _draw_ahead(ex, work, unique, check_n, workers)
-            _collect(ex, work, store, order, result, progress, evaluated)
+            _collect(ex, chunks(unique, workers, todo, exact, evaluator), store, order, result, progress, evaluated)
         finally:
             store.close(order)
         if evaluated and check_n:
             place = {id(p): i for i, p in enumerate(unique)}  # grid order, not the order chunks finished: the same sample
-            _check(ex, sorted(evaluated, key=lambda pr: place[id(pr[0])]), check_n, result, workers, ahead)
+            _check(ex, sorted(evaluated, key=lambda pr: place[id(pr[0])]), check_n, result, workers)
     result.rows = store.ordered(order) if out_dir else [store.rows[k] for k in order if k in store.rows]
     result.wall_s = time.perf_counter() - t0
     return result
 
 
-def _check(ex: Executor, evaluated: list[tuple[Point, dict[str, Any]]], n: int, result: SweepResult, workers: int,
-           ahead: Ahead | None = None) -> None:
-    """The sample check of the evaluator's rows (``kvpipe.sweep_work.check_on``), its simulations on ``ex`` (``workers``;
-    those made ``ahead`` taken)."""
+def _check(ex: Executor, evaluated: list[tuple[Point, dict[str, Any]]], n: int, result: SweepResult, workers: int) -> None:
+    """The sample check of the evaluator's rows (``kvpipe.sweep_work.check_on``), its simulations on ``ex`` (``workers``)."""
     result.check, result.checked, result.checked_exact = check_on(ex, [p for p, _ in evaluated], [r for _, r in evaluated],
-                                                                  n, workers, ahead)
-
-
-def _draw_ahead(ex: Executor, work: list[Chunk], unique: Sequence[Point], n: int, workers: int) -> Ahead | None:
-    """The sample check's drawn points (``sim.evaluator.check.draw``: it reads only the arms of the evaluated points in
-    grid order, known before any is evaluated), their simulations submitted behind the evaluator's chunks so that the
-    workers go on to them while the parent collects the rows and finds the boundaries; the check takes their rows
-    (:class:`kvpipe.sweep_work.Ahead`). Where a point falls back to the simulator (its graph does not fit) the check
-    draws from fewer points and simulates what it drew anew. None with this process's executor (it would only move the
-    same work) or no check. Does not block (but for this process's executor)."""
-    from sim.evaluator.check import draw
-
-    inside = {id(p) for c in work if c.evaluate for p in c.todo_points}
-    if isinstance(ex, _Serial) or not n or not inside:
-        return None
-    pts = [p for p in unique if id(p) in inside]  # the order ``_check`` sorts the evaluated rows into
-    ahead = Ahead(tolerant=True)
-    ahead.submit(ex, [pts[i] for i in sorted(draw([p.transport.arm for p in pts], n))], workers)
-    return ahead
+                                                                  n, workers)
 
 
 def _collect(ex: Executor, work: list[Chunk], store: RowStore, order: Sequence[Key], result: SweepResult,

@@ -103,24 +103,17 @@ def chunk_rows(pts: Sequence[Point], sims: list[tuple[Chunk, Any]]) -> list[dict
     return [by_key.get(key_of_point(p)) for p in pts]
 
 
-def _sample_rows(points: Sequence[Point], exact: bool, tolerant: bool = False) -> list[dict[str, Any] | None]:
+def _sample_rows(points: Sequence[Point], exact: bool) -> list[dict[str, Any]]:
     """A sample check's simulations of whole partitions (in a worker): planned together (``sim.run.tasks.tasks``),
     each distinct one run once -- the default path, or every token if ``exact`` -- with no race checker (the check
-    compares rows); each point's row, in order. Raises what a simulation raises (``tolerant``: None for the points of a
-    simulation that raised, the others' rows)."""
+    compares rows); each point's row, in order. Raises what a simulation raises."""
     pts = list(points)
     out: list[dict[str, Any] | None] = [None] * len(pts)
     for t in tasks.tasks(pts):
         task = dataclasses.replace(t, exact=True) if exact else t
-        try:
-            rows = [row(r) | SIMULATED for r in tasks.run_task(task, checked=False)]
-        except Exception:
-            if not tolerant:
-                raise
-            continue
-        for m, r in zip(task.members, rows, strict=True):
-            out[m.index] = r
-    return out if tolerant else [r for r in out if r is not None]
+        for m, r in zip(task.members, tasks.run_task(task, checked=False), strict=True):
+            out[m.index] = row(r) | SIMULATED
+    return [r for r in out if r is not None]
 
 
 def simulated_rows(ex: Executor, points: Sequence[Point], exact: bool = False, workers: int = 2,
@@ -143,8 +136,7 @@ def simulated_rows(ex: Executor, points: Sequence[Point], exact: bool = False, w
     return [r for r in out if r is not None]
 
 
-def _submit_sample(ex: Executor, pts: list[Point], exact: bool, workers: int, tolerant: bool = False
-                   ) -> list[tuple[list[int], Any]]:
+def _submit_sample(ex: Executor, pts: list[Point], exact: bool, workers: int) -> list[tuple[list[int], Any]]:
     """:func:`_sample_rows` of ``pts`` submitted to ``ex`` in about two pieces of whole partitions per worker: (each
     piece's indices, its future). Does not block (but for this process's executor)."""
     if not pts:
@@ -153,7 +145,7 @@ def _submit_sample(ex: Executor, pts: list[Point], exact: bool, workers: int, to
     n = max(1, min(len(parts), 2 * workers))
     pieces = [[i for part in parts[k * len(parts) // n : (k + 1) * len(parts) // n] for i in part] for k in range(n)]
     # submit, not ``map``: an interrupted ``map`` cancels its futures while the pool marks them broken (a traceback)
-    return [(piece, ex.submit(_sample_rows, [pts[i] for i in piece], exact, tolerant)) for piece in pieces]
+    return [(piece, ex.submit(_sample_rows, [pts[i] for i in piece], exact)) for piece in pieces]
 
 
 def _collect(n: int, submitted: list[tuple[list[int], Any]]) -> list[dict[str, Any] | None]:
@@ -169,11 +161,9 @@ class Ahead:
     draws (a grid's boundaries, known once the grid is answered) run on the workers while the plan goes on, the rest
     of the sample while its evaluated rows are made; :func:`simulated_rows` takes their rows (the default path's,
     planned within their batch) instead of simulating them again. Raises at :meth:`rows_of` what a simulation the
-    check reads raised; ``tolerant`` (points that may not fit their device, a sweep's draw made before its rows): such
-    a point's row is None, and :func:`simulated_rows` simulates it anew if the check reads it, which raises then."""
+    check reads raised."""
 
-    def __init__(self, tolerant: bool = False) -> None:
-        self.tolerant = tolerant
+    def __init__(self) -> None:
         self.batches: list[tuple[list[Point], list[tuple[list[int], Any]]]] = []
         self._batch_of: dict[int, tuple[Point, int]] = {}  # id(point) -> (the point, its batch)
         self._rows: dict[int, dict[str, Any] | None] = {}  # the rows of the batches collected
@@ -189,7 +179,7 @@ class Ahead:
         pts = [p for p in points if self._known(p) is None]
         if pts:
             self._batch_of.update((id(p), (p, len(self.batches))) for p in pts)
-            self.batches.append((pts, _submit_sample(ex, pts, False, workers, self.tolerant)))
+            self.batches.append((pts, _submit_sample(ex, pts, False, workers)))
 
     def rows_of(self, points: Sequence[Point]) -> list[dict[str, Any] | None]:
         """The rows of ``points`` simulated ahead (None for the others). Blocks for the batches that hold them."""

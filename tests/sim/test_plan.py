@@ -277,9 +277,9 @@ def test_one_pool_for_a_plan_and_its_grids_boundaries_simulated_ahead(monkeypatc
     asked: list[int] = []  # the points of each default-path batch submitted
     real_submit = sweep_work._submit_sample
 
-    def submitted(ex: Any, pts: list, exact: bool, workers: int, tolerant: bool = False) -> Any:  # type: ignore[type-arg]
+    def submitted(ex: Any, pts: list, exact: bool, workers: int) -> Any:  # type: ignore[type-arg]
         asked.append(len(pts))
-        return real_submit(ex, pts, exact, workers, tolerant)
+        return real_submit(ex, pts, exact, workers)
 
     monkeypatch.setattr(executors, "executor_for", counting)
     monkeypatch.setattr(sweep_work, "_submit_sample", submitted)
