@@ -263,9 +263,9 @@ class Runner:
         if not pts:
             return []
         worth = max(len(pts) // PARALLEL_POINTS, len({id(p.workload) for p in pts}) // PARALLEL_LINES)
-        workers = min(self.req.jobs or os.cpu_count() or 1, max(1, worth)) * PIECES_PER_WORKER
-        workers = min(workers, worth) if workers > PIECES_PER_WORKER else 1
-        cuts = [len(pts) * k // workers for k in range(workers + 1)]
+        n = min(self.req.jobs or os.cpu_count() or 1, max(1, worth)) * PIECES_PER_WORKER  # the workers', each's pieces
+        n = min(n, worth) if n > PIECES_PER_WORKER else 1
+        cuts = [len(pts) * k // n for k in range(n + 1)]
         return list(zip(cuts, cuts[1:], strict=False))
 
     def _submit(self, ex: Any, pts: list[Point]) -> list[tuple[Any, Any]]:
