@@ -278,17 +278,34 @@ def ring_estimate_mib(wl: Workload, depth: int) -> float:
 def best_choices(req: Any, base: Point, contexts: list[int], limits: Limits, rings: dict[int, dict[int, float]],
                  run: Callable[[list[Point]], Any], auto_ngl: bool = False,
                  mark: Callable[[list[Point]], None] | None = None) -> list[ContextFit]:
-    """Answer every context's candidates in one run (``run``: their ``kvpipe.plan_run.Figures``) and keep each
-    context's fastest (ties: fewer resident layers, then the shallower depth). ``rings``: per context, the ring MiB of
-    each depth. ``auto_ngl``: each context at the largest -ngl that fits it. ``mark``: given the best candidates of
-    the contexts where the choice (arm, depth, resident layers, decline) changes from the next or previous context."""
+    """Answer every context's candidates in one run (``run``: their ``kvpipe.plan_run.Figures``) and keep each context's
+    fastest (ties: fewer resident layers, then the shallower depth). ``rings``: per context, the ring MiB of each depth.
+    ``auto_ngl``: each context at the largest -ngl that fits it. ``mark``: given the best candidates of the contexts where
+    the choice (arm, depth, resident layers, decline) changes from the next or previous context."""
+    def now(pts: list[Point]) -> Callable[[], Any]:
+        figs = run(pts)
+        return lambda: figs
+
+    return choices_started(req, base, contexts, limits, rings, now, auto_ngl, mark)()
+
+
+def choices_started(req: Any, base: Point, contexts: list[int], limits: Limits, rings: dict[int, dict[int, float]],
+                    start: Callable[[list[Point]], Callable[[], Any]], auto_ngl: bool = False,
+                    mark: Callable[[list[Point]], None] | None = None) -> Callable[[], list[ContextFit]]:
+    """:func:`best_choices` begun: the candidates made and their run started now (``start``: a function giving their
+    figures, ``kvpipe.plan_run.Runner.start``), the choices made when the function returned is called (blocks)."""
     per: list[list[Point]] = []
     for c in contexts:
         pt = _with_context(base, c)
         per.append(candidates(pt, limits, req.max_depth, rings.get(c) or {d: ring_estimate_mib(pt.workload, d)
                                                                          for d in range(req.max_depth + 1)}, req.build,
                               auto_ngl))
-    figs: Any = run([p for ps in per for p in ps]) if any(per) else None
+    pending = start([p for ps in per for p in ps]) if any(per) else None
+    return lambda: _choices(contexts, per, pending() if pending is not None else None, base, limits, mark)
+
+
+def _choices(contexts: list[int], per: list[list[Point]], figs: Any, base: Point, limits: Limits,
+             mark: Callable[[list[Point]], None] | None) -> list[ContextFit]:
     out, i = [], 0
     picked: list[Point | None] = []  # each context's best candidate
     for c, ps in zip(contexts, per, strict=True):
@@ -354,14 +371,14 @@ def _plan_fit(req: Any, runner: Any) -> FitPlan:
     reserved = dev.memory_reserved_bytes
     verdict, ngl = weights_verdict(base.workload, limits, reserved)
     base = replace(base, workload=replace(base.workload, n_gpu_layers=ngl))
-    run = runner.run
+    started: list[Callable[[], list[ContextFit]]] = []  # the memory plan's run, begun beside the gain analysis's budgets
 
-    plans: list[Any] = []
-    rings: dict[int, dict[int, float]] = {}
-    if not verdict and ngl >= base.workload.model.n_layers:
-        plans = gain_plan.plan(req, runner)
-        rings = {p.context: {0: 0.0, **p.ring_mib_by_depth} for p in plans}
-    fits = best_choices(req, base, list(req.contexts), limits, rings, run, auto_ngl=bool(verdict), mark=runner.mark)
+    def start_fits(ps: list[Any]) -> None:
+        rings = {p.context: {0: 0.0, **p.ring_mib_by_depth} for p in ps}
+        started.append(choices_started(req, base, list(req.contexts), limits, rings, runner.start, bool(verdict), runner.mark))
+
+    plans = gain_plan.plan(req, runner, then=start_fits) if not verdict and ngl >= base.workload.model.n_layers else []
+    fits = (started or [choices_started(req, base, list(req.contexts), limits, {}, runner.start, bool(verdict), runner.mark)])[0]()
     out = FitPlan(req.model, req.hardware, limits, ngl, fits, plans, verdict, min_tps=req.min_tps, build=req.build,
                   pinned=req.pinned, n_layers=base.workload.model.n_layers, check_n=req.check_n)
     wl = base.workload
@@ -369,7 +386,7 @@ def _plan_fit(req: Any, runner: Any) -> FitPlan:
     out.largest_resident_context = largest_context(lambda c: fits_resident(replace(wl, context=(c,)), limits, reserved), 1 << 24)
     if req.min_tps is not None and out.largest_host_context:
         def fast_enough(c: int) -> bool:
-            best = best_choices(req, base, [c], limits, {}, run, auto_ngl=bool(verdict))[0].best
+            best = best_choices(req, base, [c], limits, {}, runner.run, auto_ngl=bool(verdict))[0].best
             return best is not None and best.tokens_per_s >= req.min_tps
 
         hi = max(out.largest_host_context, out.largest_resident_context)

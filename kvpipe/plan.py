@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -125,11 +126,13 @@ def _gains(tps: np.ndarray, declined: np.ndarray, ordered: np.ndarray) -> np.nda
 # ------------------------------------------------------------------- plan
 
 
-def plan(req: PlanRequest, runner: Runner | None = None) -> list[ContextPlan]:
+def plan(req: PlanRequest, runner: Runner | None = None, then: Callable[[list[ContextPlan]], None] | None = None
+         ) -> list[ContextPlan]:
     """Plan every context of ``req`` whose graph fits the device (``runner``: the plan's, whose evaluated points are
     checked at its end); a context that does not fit even on the ordered path has no plan (the memory plan,
-    ``kvpipe.capacity``, says why). Blocks for the evaluation and any simulations (about a second for a few contexts
-    on two cores)."""
+    ``kvpipe.capacity``, says why). ``then``: given the plans as soon as their uncapped figures (each depth's gain and
+    ring) are known, before the budgets' runs (the memory plan starts there). Blocks for the evaluation and any
+    simulations (about a second for a few contexts on two cores)."""
     runner = runner or Runner(req)
     depths = list(range(req.max_depth + 1))
     budgets = [0.0, *(b for b in req.budgets_mib if b)]  # uncapped first; the asked budgets in the same run
@@ -147,6 +150,8 @@ def plan(req: PlanRequest, runner: Runner | None = None) -> list[ContextPlan]:
     fits = np.asarray(grid(f.fits).all(axis=(0, 2)))  # a context whose graph does not fit the device even ordered is left out
     asked = [c for c in range(len(req.contexts)) if fits[c]]  # (the memory plan says why it does not fit)
     out = [_uncapped(req, pts[c * first], gain[0, c], ring[c], window[c], tps[0, c]) for c in asked]
+    if then is not None:
+        then(out)
     if not out:
         return out
     _at_budget(req, runner, out)

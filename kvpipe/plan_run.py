@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -37,6 +37,7 @@ DEFAULT_BUDGET_MIB = TransportConfig().budget_mib
 CHECK_N = 32  # the evaluator's points the plan re-simulates at its end, at least
 PARALLEL_POINTS = 20_000  # the fewest points per worker worth evaluating in a process of its own (pickling them: ~6 us each)
 PARALLEL_LINES = 1_000  # or the fewest lines (each builds its own graphs and numbers: ~1-3 ms a line)
+PIECES_PER_WORKER = 4  # contiguous pieces per worker, taken in turn (the dear lines -- small contexts -- bunch together)
 
 
 @dataclass(frozen=True)
@@ -189,23 +190,28 @@ class Runner:
             self._pool = self._stack.enter_context(executor_for(self.req.jobs))
         return contextlib.nullcontext(self._pool)
 
-    def _in_envelope(self, p: Point) -> bool:
+    def _in_envelope(self, p: Point) -> bool:  # not by depth and budget; ids of objects the runner's points keep alive
         from sim.evaluator import in_envelope
         from sim.replay import config_but_depth_budget
 
-        # the envelope does not depend on depth and budget; ids of objects the runner's points keep alive
         key = (id(p.workload), id(p.hardware), config_but_depth_budget(p.transport))
-        got = self._inside.get(key)
-        if got is None:
-            got = self._inside[key] = in_envelope(p) is None
-        return got
+        if key not in self._inside:
+            self._inside[key] = in_envelope(p) is None
+        return self._inside[key]
 
     def run(self, pts: Sequence[Point], grid: bool = False) -> Figures:
         """Every point's figures: evaluated where the envelope allows (unless ``--exact``), else simulated; the
-        simulations and, when the work is worth it (``_pieces``), the evaluation's pieces share the ``--jobs``
-        workers. ``grid``: the points are a grid along contexts, whose boundaries (where the best depth or a decline
-        changes) the check re-simulates. Blocks for the evaluation and the simulations."""
+        simulations and, when worth it (``_pieces``), the evaluation's pieces share the ``--jobs`` workers. ``grid``: the
+        points are a grid along contexts, whose boundaries (where the best depth or a decline changes) the check
+        re-simulates. Blocks for the evaluation and the simulations."""
+        return self.start(pts, grid)()
+
+    def start(self, pts: Sequence[Point], grid: bool = False) -> Callable[[], Figures]:
+        """:meth:`run` begun: on the runner's pool (entered, the work worth it) the work is submitted now and the
+        function returned collects it (blocking); else it is done now. Either way the run joins the check's record
+        (in the order the functions are called: the sample drawn is the same whatever ``--jobs``) when it is called."""
         from kvpipe.executors import PackedPoints, _Serial, summarize_packed
+        from kvpipe.sweep_work import chunk_rows
         from sim.evaluator import Summary, summarize
 
         packed = PackedPoints(pts)  # each distinct object's index: the envelope's groups, the workers' pieces
@@ -218,19 +224,27 @@ class Runner:
             sims = self._submit(ex, others)
             futures = [ex.submit(summarize, mine[a:b]) if isinstance(ex, _Serial) else
                        ex.submit(summarize_packed, packed.take(a, b) if not others else PackedPoints(mine[a:b])) for a, b in cuts]
-            parts: list[tuple[np.ndarray, Figures]] = []
-            if mine:
-                s = Summary.concat([f.result() for f in futures])
-                figures = Figures(s.tokens_per_s, s.declined, s.ring_mib, s.ring_alloc_mib, s.window_rows, s.late_mib,
-                                  s.blocked_ms, s.fits & (s.tokens_per_s > 0), np.ones(len(mine), dtype=bool))
-                parts.append((idx, figures))
-                if grid:
-                    self.grids.append(len(self.evaluated))
-                    self._check_ahead(len(self.evaluated), mine, figures, None if others else packed.parts)
-                self.evaluated.append((mine, figures))
-            if others:
-                parts.append((rest, Figures.of_rows(_rows_of(others, sims))))
-        return Figures.merge(len(pts), parts)
+
+            def collect() -> list[tuple[np.ndarray, Figures]]:
+                parts = []
+                if mine:
+                    s = Summary.concat([f.result() for f in futures])
+                    parts.append((idx, Figures(s.tokens_per_s, s.declined, s.ring_mib, s.ring_alloc_mib, s.window_rows,
+                                               s.late_mib, s.blocked_ms, s.fits & (s.tokens_per_s > 0), np.ones(len(mine), dtype=bool))))
+                if others:
+                    parts.append((rest, Figures.of_rows(chunk_rows(others, sims))))
+                return parts
+
+            def record(parts: list[tuple[np.ndarray, Figures]]) -> Figures:
+                if mine:
+                    if grid:
+                        self.grids.append(len(self.evaluated))
+                        self._check_ahead(len(self.evaluated), mine, parts[0][1], None if others else packed.parts)
+                    self.evaluated.append((mine, parts[0][1]))
+                return Figures.merge(len(pts), parts)
+
+            done = collect() if not parallel or self._stack is None else None  # else collected when asked
+        return lambda: record(done if done is not None else collect())
 
     def _inside_of(self, pts: Sequence[Point], packed: Any) -> np.ndarray:
         """Whether the evaluator answers each point (``_in_envelope``, asked once per workload, machine and config but
@@ -244,14 +258,14 @@ class Runner:
         return np.array([self._in_envelope(pts[i]) for i in first.tolist()], dtype=bool)[group.reshape(-1)]
 
     def _pieces(self, pts: list[Point]) -> list[tuple[int, int]]:
-        """``pts`` in contiguous pieces (each one's first and past-last index), one per ``--jobs`` worker when the work is
-        worth it: at least ``PARALLEL_POINTS`` points or ``PARALLEL_LINES`` lines (each builds its own graphs) per
-        worker; else one."""
+        """``pts`` in contiguous pieces (first and past-last index) when worth more than one ``--jobs`` worker (at least
+        ``PARALLEL_POINTS`` points or ``PARALLEL_LINES`` lines a piece): ``PIECES_PER_WORKER`` per worker, taken in turn."""
         if not pts:
             return []
         worth = max(len(pts) // PARALLEL_POINTS, len({id(p.workload) for p in pts}) // PARALLEL_LINES)
-        workers = min(self.req.jobs or os.cpu_count() or 1, max(1, worth))
-        cuts = [len(pts) * k // workers for k in range(workers + 1)]
+        n = min(self.req.jobs or os.cpu_count() or 1, max(1, worth)) * PIECES_PER_WORKER  # the workers', each's pieces
+        n = min(n, worth) if n > PIECES_PER_WORKER else 1
+        cuts = [len(pts) * k // n for k in range(n + 1)]
         return list(zip(cuts, cuts[1:], strict=False))
 
     def _submit(self, ex: Any, pts: list[Point]) -> list[tuple[Any, Any]]:
@@ -265,9 +279,8 @@ class Runner:
         return [(c, ex.submit(run_chunk, c)) for c in work]
 
     def _check_ahead(self, k: int, pts: list[Point], figs: Figures, parts: Any) -> None:
-        """Grid run ``k``'s boundaries (the check re-simulates them whatever it draws), found now; with the runner's
-        pool (entered, ``--jobs`` > 1) their simulations and their evaluated rows submitted now, to be made while the
-        plan goes on. Does not block."""
+        """Grid run ``k``'s boundaries (the check re-simulates them whatever it draws), found now; with the runner's pool
+        (entered, ``--jobs`` > 1) their simulations and evaluated rows submitted, made while the plan goes on. Does not block."""
         from kvpipe.sweep_work import Ahead
 
         self._bounds[k] = boundaries(pts, figs, parts)
@@ -290,8 +303,10 @@ class Runner:
 
     def _simulated(self, pts: list[Point]) -> list[dict[str, Any] | None]:
         """The simulator's rows of ``pts`` in order (None where a point failed: it does not fit). Blocks."""
+        from kvpipe.sweep_work import chunk_rows
+
         with self._workers() if pts else contextlib.nullcontext() as ex:
-            return _rows_of(pts, self._submit(ex, pts))
+            return chunk_rows(pts, self._submit(ex, pts))
 
     def rows(self, pts: Sequence[Point]) -> list[dict[str, Any] | None]:
         """Whole rows of a few points (the evaluator's where it answers them, kept for the check; else simulated);
@@ -342,19 +357,6 @@ class Runner:
         self.checked = sum(r is not None for r in rows)  # a chosen point that does not fit has no row to compare
         worst, self.checked_exact = check_rows(sample, rows, self.req.jobs, self._workers, self._ahead)
         return total, worst
-
-
-def _rows_of(pts: Sequence[Point], sims: list[tuple[Any, Any]]) -> list[dict[str, Any] | None]:
-    """The rows of ``pts`` from their submitted simulations (None where a point failed: it does not fit). Blocks."""
-    from kvpipe.sweep_work import key_of_point
-    from sim.rows import key_of_row
-
-    by_key = {}
-    for _, fut in sims:
-        for r in fut.result():
-            if not isinstance(r, str):
-                by_key[key_of_row(r)] = r
-    return [by_key.get(key_of_point(p)) for p in pts]
 
 
 def _starts(runs: list[tuple[Sequence[Point], Figures]]) -> list[int]:

@@ -125,6 +125,9 @@ def run_sweep(
     if not points:
         raise InputError("the grid is empty; give at least one value per flag")
     from sim.run import run  # noqa: F401 - imported once here, so local workers forked from this process inherit it
+
+    if evaluator and not exact:
+        import sim.evaluator.evaluate  # noqa: F401 - the same for the evaluator (each worker imported it on its first chunk)
     t0 = time.perf_counter()
     with executor_for(jobs, dask_address) as ex:  # first: a missing extra or scheduler writes nothing
         order: list[Key] = []
@@ -146,9 +149,8 @@ def run_sweep(
         finally:
             store.close(order)
         if evaluated and check_n:
-            place = {k: i for i, k in enumerate(order)}  # grid order, not the order chunks finished: the same sample each run
-            _check(ex, sorted(evaluated, key=lambda pr: place[key_of_point(pr[0])]), check_n, result,
-                   1 if isinstance(ex, _Serial) else (jobs or os.cpu_count() or 1))
+            place = {id(p): i for i, p in enumerate(unique)}  # grid order, not the order chunks finished: the same sample
+            _check(ex, sorted(evaluated, key=lambda pr: place[id(pr[0])]), check_n, result, workers)
     result.rows = store.ordered(order) if out_dir else [store.rows[k] for k in order if k in store.rows]
     result.wall_s = time.perf_counter() - t0
     return result

@@ -94,6 +94,15 @@ def _evaluated(points: Sequence[Point]) -> list[dict[str, Any] | str]:
     return [r for r in out if r is not None]
 
 
+def chunk_rows(pts: Sequence[Point], sims: list[tuple[Chunk, Any]]) -> list[dict[str, Any] | None]:
+    """The rows of ``pts`` from their chunks' submitted :func:`run_chunk` (chunk, future) pairs (None where a point
+    failed: it does not fit), as a plan runs the points outside the envelope. Blocks."""
+    from sim.rows import key_of_row
+
+    by_key = {key_of_row(r): r for _, fut in sims for r in fut.result() if not isinstance(r, str)}
+    return [by_key.get(key_of_point(p)) for p in pts]
+
+
 def _sample_rows(points: Sequence[Point], exact: bool) -> list[dict[str, Any]]:
     """A sample check's simulations of whole partitions (in a worker): planned together (``sim.run.tasks.tasks``),
     each distinct one run once -- the default path, or every token if ``exact`` -- with no race checker (the check

@@ -24,7 +24,7 @@ from typing import Any
 from sim.graph import DecodeGraph
 from sim.graph_parts import layout_of
 from sim.transport.deliveries import SpanFn
-from sim.workload import Workload
+from sim.workload import Workload, pad_rows
 
 #: A shape's fields: (staged: ((device, slot need, full need, staged splits), ...), GPU devices, host cache bytes,
 #: devices keeping the --kv-gpu-layers prefix, its bytes) -- ``sim.replay._Shape``'s.
@@ -116,6 +116,15 @@ def steps_of(wl: Workload) -> tuple[tuple[int, ...], tuple[int, ...]]:
     if got is None or got[0] is not wl:
         if len(_STEPS) >= STEPS_KEPT:
             _STEPS.clear()
-        writes = [wl.writes(k) for k in range(wl.tokens)]
-        got = _STEPS[id(wl)] = (wl, tuple(wl.window_rows(max(r for _, r in w)) for w in writes), tuple(w[0][1] for w in writes))
+        got = _STEPS[id(wl)] = (wl, *_steps(wl))
     return got[1], got[2]
+
+
+def _steps(wl: Workload) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    contexts = wl.contexts
+    if len(contexts) == 1:  # one sequence writes row context + k at step k (``Workload.writes``), its window padded
+        first, per_stream = contexts[0], wl.cells_per_stream  # (``Workload.window_rows``, its bound read once)
+        rows = tuple(range(first, first + wl.tokens))
+        return tuple(min(pad_rows(r + 1), per_stream) for r in rows), rows
+    writes = [wl.writes(k) for k in range(wl.tokens)]
+    return tuple(wl.window_rows(max(r for _, r in w)) for w in writes), tuple(w[0][1] for w in writes)

@@ -151,3 +151,36 @@ def test_the_plan_holds_its_evaluated_rows_to_the_simulator_once(monkeypatch: py
     with pytest.raises(EvaluatorDisagreement):
         plan_fit(req)
     assert plan_fit(replace(req, check_n=0)).check[1] == 0.0  # --check 0: nothing re-simulated
+
+
+def test_the_memory_plan_runs_beside_the_gain_analysis_with_the_answer_of_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the plan's pool (``--jobs 2``, work worth several pieces), the memory plan's candidates are submitted as soon
+    as the gain grid's uncapped figures give their rings, and collected after the gain analysis's own runs
+    (``Runner.start``): every figure, choice and the sample check (the same points drawn: runs join the check's record
+    in the order they are collected) the same as one process's, where every run is made when it starts."""
+    from kvpipe import plan_run
+
+    monkeypatch.setattr(plan_run, "PARALLEL_POINTS", 8)  # pieces for a small plan: the pool is used
+    monkeypatch.setattr(plan_run, "PARALLEL_LINES", 1)
+    log: list[tuple[str, int]] = []
+    real = plan_run.Runner.start
+
+    def start(self, pts, grid=False):  # type: ignore[no-untyped-def]
+        log.append(("start", len(pts)))
+        got = real(self, pts, grid)
+        return lambda: (log.append(("collect", len(pts))), got())[1]
+
+    monkeypatch.setattr(plan_run.Runner, "start", start)
+    req = PlanRequest(contexts=tuple(range(4096, 4096 * 13, 4096)), tokens=2, max_depth=3, budgets_mib=(0, 64), jobs=2,
+                      host_mem_gib=64)
+    two = plan_fit(req)
+    mem = log[2][1]  # the grid's run, then the memory plan's begun, the budgets' runs made, the memory plan's collected
+    assert log[:3] == [("start", 12 * 4 * 2), ("collect", 12 * 4 * 2), ("start", mem)] and log[-1] == ("collect", mem)
+    assert len(log) > 4 and all(kind == "start" for kind, _ in log[3:-1:2]) and all(kind == "collect" for kind, _ in log[4:-1:2])
+    two_log = list(log)
+    log.clear()
+    one = plan_fit(replace(req, jobs=1))
+    assert log == two_log  # runs started and recorded in the same order (one process makes each as it starts)
+    assert (one.check, one.checked, one.checked_exact) == (two.check, two.checked, two.checked_exact)
+    assert [f.best for f in one.fits] == [f.best for f in two.fits] and [f.candidates for f in one.fits] == [f.candidates for f in two.fits]
+    assert [p.to_json() for p in one.plans] == [p.to_json() for p in two.plans]

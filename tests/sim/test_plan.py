@@ -346,3 +346,18 @@ def test_an_entered_runner_makes_its_grids_boundary_rows_ahead_and_checks_the_sa
     one = Runner(replace(req, jobs=1))
     one.run(pts, grid=True)
     assert (one.check(8), one.checked) == got and not one._rows_ahead
+
+
+def test_the_evaluations_pieces_are_contiguous_and_several_per_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Work worth more than one worker is cut into ``PIECES_PER_WORKER`` contiguous pieces per worker (taken in turn:
+    a plan's dear small contexts bunch at its start), never more than the work is worth; else one piece."""
+    from kvpipe import plan_run
+
+    pts = points(PlanRequest(jobs=2), list(range(4096, 4096 * 11, 4096)), [0, 1, 2], [0.0, 64.0])  # 60 points, 10 lines
+    monkeypatch.setattr(plan_run, "PARALLEL_LINES", 10**6)
+    for per_piece, want in ((61, 1), (60, 1), (30, 2), (20, 3), (10, 6), (5, 8), (1, 8)):
+        monkeypatch.setattr(plan_run, "PARALLEL_POINTS", per_piece)
+        cuts = plan_run.Runner(PlanRequest(jobs=2))._pieces(pts)
+        assert len(cuts) == want and cuts[0][0] == 0 and cuts[-1][1] == len(pts)
+        assert all(b == c and a < b for (a, b), (c, _) in zip(cuts, cuts[1:] + [(cuts[-1][1], 0)], strict=True))
+    assert len(plan_run.Runner(PlanRequest(jobs=1))._pieces(pts)) == 1

@@ -113,11 +113,14 @@ def test_steps_of_are_each_steps_writes_kept_per_workload_object() -> None:
     pts = points(GridSpec(contexts=((100,), (4096,)), parallels=(1, 2), tokens=5, depths=(0,)))
     pts += points(GridSpec(contexts=((4000, 70),), parallels=(2,), tokens=5, depths=(0,)))
     pts += points(GridSpec(contexts=((300, 9000),), parallels=(2,), unified=False, tokens=3, depths=(0,)))
-    for p in pts:
-        wl = p.workload
+    ones = [p.workload for p in pts if p.workload.n_parallel == 1]  # one sequence: split, a cache the window reaches
+    wls = [p.workload for p in pts] + [replace(w, unified=u, ctx_size=w.contexts[0] + w.tokens + extra)
+                                       for w in ones for u in (True, False) for extra in (0, 1, 300)]
+    assert any(w.window_rows(w.contexts[0] + w.tokens - 1) == w.cells_per_stream for w in wls)
+    for wl in wls:
         want = (tuple(replay.window_rows_at(wl, k) for k in range(wl.tokens)), tuple(wl.writes(k)[0][1] for k in range(wl.tokens)))
         assert shapes.steps_of(wl) == want and shapes.steps_of(replace(wl)) == want
-        other = replace(wl, context=tuple(c + 1000 for c in wl.context))
+        other = replace(wl, context=tuple(c + 1000 for c in wl.context), ctx_size=wl.ctx_size and wl.ctx_size + 1000)
         shapes._STEPS[id(other)] = (wl, *want)  # a stale entry at this object's id: another object's steps
         assert shapes.steps_of(other) == (tuple(replay.window_rows_at(other, k) for k in range(other.tokens)),
                                           tuple(other.writes(k)[0][1] for k in range(other.tokens)))
