@@ -24,6 +24,8 @@
 #   (two processes per ordered configuration), then llama-batched-bench; run8b and run8c (warm) go on where it stopped.
 #   run9, run9b, run9c: run 9 (tools/llamacpp/README-run9.md): run9 builds, then 6 rounds of llama-batched-bench only;
 #   run9b and run9c (warm) go on where it stopped.
+#   span: the split-cache copy check (tools/llamacpp/README-span.md): builds, then llama-batched-bench at -npp 1216 with
+#   two -c values (streams of 1,536 and 1,280 cells), split and unified, in rounds.
 # .lcp/llama.cpp-src.tar.xz is the stripped llama.cpp tree from the llama-cpp-python 0.3.36 sdist (see its
 # KVPIPE-SOURCE.txt). Every step is idempotent: the tree, the build (ninja resumes), the GGUF and each finished bench set
 # live under $LCP (/tmp, so only while the machine stays warm: 30 s after a call) and are reused by the next call.
@@ -33,7 +35,7 @@
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 PHASE=${1:-all}
-case $PHASE in all|build|bench|fa0|ngl|types|batched|run5|run5b|run5f|run6|run6b|run6f|run7|run7b|run7f|run8|run8b|run8c|run9|run9b|run9c) ;; *) echo "h200_bench.sh: phase '$PHASE'; expected all, build, bench, fa0, ngl, types, batched, run5, run5b, run5f, run6, run6b, run6f, run7, run7b, run7f, run8, run8b, run8c, run9, run9b or run9c" >&2; exit 2;; esac
+case $PHASE in all|build|bench|fa0|ngl|types|batched|run5|run5b|run5f|run6|run6b|run6f|run7|run7b|run7f|run8|run8b|run8c|run9|run9b|run9c|span) ;; *) echo "h200_bench.sh: phase '$PHASE'; expected all, build, bench, fa0, ngl, types, batched, run5, run5b, run5f, run6, run6b, run6f, run7, run7b, run7f, run8, run8b, run8c, run9, run9b, run9c or span" >&2; exit 2;; esac
 ROOT=$(pwd)
 T0=$(date +%s)
 DEADLINE=${LCP_DEADLINE:-570}             # seconds into this call: the device kills a call at 600 s
@@ -79,7 +81,7 @@ machine_info() {
 }
 
 build() {
-  local targets=(llama-bench); case $PHASE in types|batched|run5*|run6|run6b|run7|run7b|run8*|run9*) targets+=(llama-batched-bench);; esac
+  local targets=(llama-bench); case $PHASE in types|batched|run5*|run6|run6b|run7|run7b|run8*|run9*|span) targets+=(llama-batched-bench);; esac
   if [ -n "${LCP_BIN_TAR:-}" ] && [ ! -x "$BENCH" ]; then  # a build packed by run5b on the first machine
     mkdir -p "$BUILD" && cat $LCP_BIN_TAR | xz -dc | tar xf - -C "$BUILD" && log "unpacked the first machine's build ($LCP_BIN_TAR)"
   fi
@@ -260,7 +262,7 @@ batched_one() {
   local name=$1 pp=$2 kvu=$3
   if [ -f "$LCP/done/$name" ]; then log "$name: done in an earlier call"; return 0; fi
   [ $(left) -lt 30 ] && { log "$name: skipped, $(left) s left"; return 1; }
-  local ctx=$(( 8 * (pp + ${LCP_TG:-32}) + 256 ))
+  local ctx=${CTX:-$(( 8 * (pp + ${LCP_TG:-32}) + 256 ))}  # CTX: a call's own -c (the span check)
   local cmd=("$BBENCH" -m "$MODEL" -ngl "$NGL" -fa on -nkvo -ctk q8_0 -ctv q8_0 -c "$ctx" -b 2048 -ub 512
              -npp "$pp" -ntg "${LCP_TG:-32}" -npl "${LCP_NPL:-1,2,4,8}" --output-format jsonl)
   [ $kvu = unified ] && cmd+=(-kvu)
@@ -296,7 +298,7 @@ if [ "$PHASE" = batched ]; then
   done
   exit 0
 fi
-case $PHASE in run5*|run6*|run7*|run8*|run9*) source "$ROOT/tools/llamacpp/${PHASE:0:4}.sh";; esac
+case $PHASE in run5*|run6*|run7*|run8*|run9*|span) source "$ROOT/tools/llamacpp/${PHASE:0:4}.sh";; esac
 bench resident-q8_0 -ctk q8_0 -ctv q8_0 -nkvo 0 -d "$D_RESIDENT"
 bench ordered-q8_0-first -ctk q8_0 -ctv q8_0 -nkvo 1 -d "$D_ORDERED_FIRST"
 bench ordered-q8_0 -ctk q8_0 -ctv q8_0 -nkvo 1 -d "$D_ORDERED"
