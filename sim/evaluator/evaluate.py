@@ -183,23 +183,38 @@ def evaluate_batch(points: Sequence[Point], first: int = 0) -> Evaluation:
 
 
 def _run_lanes(plans: Plans, costs_of: list[list[TokenCosts]], keys: np.ndarray, n_tok: int) -> dict[str, np.ndarray]:
-    """Each lane's GraphStats fields: lanes of one graph shape, decision and machine run as one matrix."""
+    """Each lane's GraphStats fields: lanes of one graph shape, decision and machine run as one matrix (its rows in
+    lane order, the groups in order of their first lane). The lanes are grouped as arrays: each lane's layout, ring
+    decision and machine numbered, one key per lane, one stable sort. Pure."""
     out = {f: np.zeros(len(keys), dtype=np.float64 if f in TIME_FIELDS else np.int64)
            for f in (*TIME_FIELDS, *BYTE_FIELDS, *COUNT_FIELDS)}
-    groups: dict[Any, list[tuple[int, np.ndarray]]] = {}
-    machines: dict[int, Any] = {}
-    for j, key in enumerate(keys.tolist()):
-        code, rest = key % (1 << 24), key >> 24
-        li, k = divmod(rest, n_tok)
-        line = plans.lines[li]
-        costs = costs_of[li][k]
-        setup = _setup(code, costs.layout.staged)
-        machines.setdefault(id(line.hardware), line.hardware)
-        groups.setdefault((costs.layout, setup, id(line.hardware)), []).append((j, costs.values))
-    for (layout, setup, hw_id), lanes in groups.items():
-        hw = machines[hw_id]
-        st = run_token(layout, np.stack([v for _, v in lanes]), setup, hw.host, hw.devices[0])
-        idx = np.fromiter((j for j, _ in lanes), dtype=np.intp, count=len(lanes))
+    if not len(keys):
+        return out
+    code, rest = keys % (1 << 24), keys >> 24
+    li, k = np.divmod(rest, n_tok)
+    lanes = [costs_of[a][b] for a, b in zip(li.tolist(), k.tolist(), strict=True)]
+    layouts: dict[int, Any] = {}
+    lay = np.fromiter((layouts.setdefault(id(c.layout), len(layouts)) for c in lanes), dtype=np.int64, count=len(lanes))
+    layout_of = list({id(c.layout): c.layout for c in lanes}.values())  # numbered as ``layouts``
+    machines: dict[int, int] = {}
+    hw_of_line = np.array([machines.setdefault(id(p.hardware), len(machines)) for p in plans.lines], dtype=np.int64)
+    hardware = list({id(p.hardware): p.hardware for p in plans.lines}.values())
+    # each (layout, code) pair's Setup, numbered by the Setup itself (two codes may name one decision)
+    pairs, pair_of = np.unique(lay * (1 << 24) + code, return_inverse=True)
+    setups: dict[Setup, int] = {}
+    setup_of_pair = np.array([setups.setdefault(_setup(int(c), layout_of[int(a)].staged), len(setups))
+                              for a, c in zip((pairs >> 24).tolist(), (pairs % (1 << 24)).tolist(), strict=True)], dtype=np.int64)
+    setup_list = list(setups)
+    group = (lay * len(setups) + setup_of_pair[pair_of.reshape(-1)]) * len(hardware) + hw_of_line[li]
+    order = np.argsort(group, kind="stable")
+    bounds = np.flatnonzero(np.diff(group[order])) + 1
+    parts = sorted(np.split(order, bounds), key=lambda idx: int(idx[0]))  # groups by their first lane
+    for idx in parts:
+        g = int(group[idx[0]])
+        hw = hardware[g % len(hardware)]
+        g //= len(hardware)
+        layout, setup = layout_of[g // len(setups)], setup_list[g % len(setups)]
+        st = run_token(layout, np.stack([lanes[j].values for j in idx.tolist()]), setup, hw.host, hw.devices[0])
         for f in TIME_FIELDS:
             out[f][idx] = st[f]
         for f in BYTE_FIELDS:
