@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from sim.replay_shapes import _STEPS, steps_of
+from sim.replay_shapes import _STEPS, ShapeArrays, placed_devices, steps_of
 from sim.replay_shapes import TEMPLATES as _TEMPLATES
 from sim.replay_shapes import learn as _learn
-from sim.run.point import GRAPH_BASE_BYTES, Point, graph_at, io_bytes_for, placed_hardware
+from sim.run.point import GRAPH_BASE_BYTES, Point, graph_at, io_bytes_for
 from sim.transport import planning
 from sim.transport.config import TransportConfig
 from sim.transport.deliveries import span_fn
@@ -186,7 +186,7 @@ class _Line:
 
     @staticmethod
     def of(point: Point) -> _Line:
-        cfg, devices, wl = point.transport, placed_hardware(point).devices, point.workload
+        cfg, devices, wl = point.transport, placed_devices(point), point.workload
         align = tuple(max(d.alignment_bytes, cfg.min_alignment_bytes) for d in devices)
         return _Line(point, tuple(d.memory_total_bytes for d in devices), tuple(d.memory_used_bytes for d in devices), align,
                      [span_fn(cfg.pack_streams, a) for a in align], (cfg.pack_streams, align), io_bytes_for(wl),
@@ -348,7 +348,7 @@ def plan_points(points: Sequence[Point], each_line: Callable[[Point], Any] | Non
     for k in range(int(tokens.max(initial=0))):
         here = {li: sh[k] for li, sh in enumerate(shapes) if len(sh) > k}
         live = (tokens > k) & ledger.fits
-        arr = _ShapeArrays(here, len(info), n_dev, line_of)
+        arr = ShapeArrays(here, len(info), n_dev, line_of)
         rows.append(np.array([x.rows[k] if li in here else 0 for li, x in enumerate(info)], dtype=np.int64)[line_of])
         gp = planning.GraphPlan.empty(n)
         for d in range(n_dev):  # the --kv-gpu-layers prefix is placed before any ring is sized (not on the resident arm)
@@ -374,24 +374,6 @@ def plan_points(points: Sequence[Point], each_line: Callable[[Point], Any] | Non
                       for d, r in rings.items()})
     return Plans(points, line_of, [x.point for x in info], pol, tokens, graphs, snaps, rows, made_at, rank, ledger.fits,
                  failed_at, ledger.reasons)
-
-
-class _ShapeArrays:
-    """One token's graph shapes of every line, as arrays over the points (``line_of``: each point's line)."""
-
-    def __init__(self, shapes: dict[int, _Shape], n_lines: int, n_dev: int, line_of: np.ndarray) -> None:
-        z = np.zeros((n_lines, n_dev), dtype=np.int64)
-        staged, need, full, n_splits, rank = z.astype(bool), z.copy(), z.copy(), z.copy(), z.copy()
-        gpu, kv = z.astype(bool), z.astype(bool)
-        kv_bytes, host_cache = np.zeros(n_lines, dtype=np.int64), np.zeros(n_lines, dtype=np.int64)
-        for li, sh in shapes.items():
-            for r, (d, nd, fl, ns) in enumerate(sh.staged):
-                staged[li, d], need[li, d], full[li, d], n_splits[li, d], rank[li, d] = True, nd, fl, ns, r
-            gpu[li, list(sh.gpu_devices)] = True
-            kv[li, list(sh.device_kv)] = True
-            kv_bytes[li], host_cache[li] = sh.device_kv_bytes, sh.host_cache_bytes
-        self.staged, self.need, self.full, self.n_splits, self.rank = (a[line_of] for a in (staged, need, full, n_splits, rank))
-        self.gpu, self.kv, self.kv_bytes, self.host_cache = gpu[line_of], kv[line_of], kv_bytes[line_of], host_cache[line_of]
 
 
 def plan_point(point: Point) -> PointPlan:

@@ -21,8 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from sim.graph import DecodeGraph
 from sim.graph_parts import layout_of
+from sim.memory import held_before_ring
+from sim.run.point import Point, placed_hardware
 from sim.transport.deliveries import SpanFn
 from sim.workload import Workload, pad_rows
 
@@ -128,3 +132,52 @@ def _steps(wl: Workload) -> tuple[tuple[int, ...], tuple[int, ...]]:
         return tuple(min(pad_rows(r + 1), per_stream) for r in rows), rows
     writes = [wl.writes(k) for k in range(wl.tokens)]
     return tuple(wl.window_rows(max(r for _, r in w)) for w in writes), tuple(w[0][1] for w in writes)
+
+
+_PLACED: dict[tuple[int, tuple[int, ...]], tuple[Any, tuple[Any, ...]]] = {}
+
+
+def placed_devices(point: Point) -> tuple[Any, ...]:
+    """``sim.run.point.placed_hardware(point).devices``, kept per profile object and the bytes each device holds
+    before the ring (``sim.memory.held_before_ring``: all that profile reads of the workload), so the lines of a plan
+    that hold the same bytes (every context of one ``--kv-gpu-layers`` count) share one placed profile. Pure."""
+    hw = point.hardware
+    key = (id(hw), held_before_ring(point.workload, tuple(d.memory_reserved_bytes for d in hw.devices)))
+    got = _PLACED.get(key)
+    if got is None or got[0] is not hw:
+        if len(_PLACED) >= STEPS_KEPT:
+            _PLACED.clear()
+        got = _PLACED[key] = (hw, placed_hardware(point).devices)
+    return got[1]
+
+
+class ShapeArrays:
+    """One token's graph shapes of every line (``sim.replay._Shape``s by line number), as arrays over the points
+    (``line_of``: each point's line). Each distinct shape object is read once (the lines of one window share theirs);
+    a line without a shape at this token has zeros."""
+
+    def __init__(self, shapes: dict[int, Any], n_lines: int, n_dev: int, line_of: np.ndarray) -> None:
+        ids: dict[int, int] = {}
+        distinct: list[Any] = []
+        sid = np.empty(n_lines, dtype=np.intp)
+        sid.fill(-1)
+        for li, sh in shapes.items():
+            j = ids.get(id(sh))
+            if j is None:
+                j = ids[id(sh)] = len(distinct)
+                distinct.append(sh)
+            sid[li] = j
+        sid[sid < 0] = len(distinct)  # the last row: zeros
+        z = np.zeros((len(distinct) + 1, n_dev), dtype=np.int64)
+        staged, need, full, n_splits, rank = z.astype(bool), z.copy(), z.copy(), z.copy(), z.copy()
+        gpu, kv = z.astype(bool), z.astype(bool)
+        kv_bytes, host_cache = np.zeros(len(distinct) + 1, dtype=np.int64), np.zeros(len(distinct) + 1, dtype=np.int64)
+        for j, sh in enumerate(distinct):
+            for r, (d, nd, fl, ns) in enumerate(sh.staged):
+                staged[j, d], need[j, d], full[j, d], n_splits[j, d], rank[j, d] = True, nd, fl, ns, r
+            gpu[j, list(sh.gpu_devices)] = True
+            kv[j, list(sh.device_kv)] = True
+            kv_bytes[j], host_cache[j] = sh.device_kv_bytes, sh.host_cache_bytes
+        at = sid[line_of]
+        self.staged, self.need, self.full, self.n_splits, self.rank = (a[at] for a in (staged, need, full, n_splits, rank))
+        self.gpu, self.kv, self.kv_bytes, self.host_cache = gpu[at], kv[at], kv_bytes[at], host_cache[at]

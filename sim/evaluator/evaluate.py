@@ -7,7 +7,8 @@ The points are planned together by the scheduler's own rules (``sim.replay.plan_
 decision (``token.Setup``: ordered, or depth N with the ring's slots fresh or already used, and the boundary wait
 after a token that delivered). Points of one line whose decision at a token is the same run the same lane -- every
 budget of an ordered point, every budget that keeps the same ring -- so a lane is evaluated once however many points
-share it. Lanes with the same graph shape, decision and machine run together as one matrix (``token.run_token``).
+share it. Lanes with the same graph shape, depth (slots) and machine run together as one matrix (``token.run_token``),
+each with its own slots-used and boundary-wait flags.
 
 An :class:`Evaluation` keeps, per (point, token), its lane, and per lane the fields ``GraphStats`` has; from them
 it makes a point's stats, its row (``sim.rows.row``, so every field is computed as the simulator's row is),
@@ -183,29 +184,42 @@ def evaluate_batch(points: Sequence[Point], first: int = 0) -> Evaluation:
 
 
 def _run_lanes(plans: Plans, costs_of: list[list[TokenCosts]], keys: np.ndarray, n_tok: int) -> dict[str, np.ndarray]:
-    """Each lane's GraphStats fields: lanes of one graph shape, decision and machine run as one matrix."""
+    """Each lane's GraphStats fields: the lanes of one graph shape, depth (slots) and machine run as one matrix, each
+    lane with its own slots-used and boundary flags (``run_token``'s ``used``/``boundary``: a line's first token and
+    its later ones together); its rows in lane order, the groups in order of their first lane. The lanes are grouped
+    as arrays: each lane's layout and machine numbered, one key per lane, one stable sort. Pure."""
     out = {f: np.zeros(len(keys), dtype=np.float64 if f in TIME_FIELDS else np.int64)
            for f in (*TIME_FIELDS, *BYTE_FIELDS, *COUNT_FIELDS)}
-    groups: dict[Any, list[tuple[int, np.ndarray]]] = {}
-    machines: dict[int, Any] = {}
-    for j, key in enumerate(keys.tolist()):
-        code, rest = key % (1 << 24), key >> 24
-        li, k = divmod(rest, n_tok)
-        line = plans.lines[li]
-        costs = costs_of[li][k]
-        setup = _setup(code, costs.layout.staged)
-        machines.setdefault(id(line.hardware), line.hardware)
-        groups.setdefault((costs.layout, setup, id(line.hardware)), []).append((j, costs.values))
-    for (layout, setup, hw_id), lanes in groups.items():
-        hw = machines[hw_id]
-        st = run_token(layout, np.stack([v for _, v in lanes]), setup, hw.host, hw.devices[0])
-        idx = np.fromiter((j for j, _ in lanes), dtype=np.intp, count=len(lanes))
+    if not len(keys):
+        return out
+    code, rest = keys % (1 << 24), keys >> 24
+    li, k = np.divmod(rest, n_tok)
+    lanes = [costs_of[a][b] for a, b in zip(li.tolist(), k.tolist(), strict=True)]
+    layouts: dict[int, Any] = {}
+    lay = np.fromiter((layouts.setdefault(id(c.layout), len(layouts)) for c in lanes), dtype=np.int64, count=len(lanes))
+    layout_of = list({id(c.layout): c.layout for c in lanes}.values())  # numbered as ``layouts``
+    machines: dict[int, int] = {}
+    hw_of_line = np.array([machines.setdefault(id(p.hardware), len(machines)) for p in plans.lines], dtype=np.int64)
+    hardware = list({id(p.hardware): p.hardware for p in plans.lines}.values())
+    # a code (``_setup``): 0/1 ordered without/with the boundary wait; else 2 + ((depth * 64 + n_slots) * 2 + used) * 2
+    # + before. Its frame: the depth and slots alone (fresh slots, no wait); the flags per lane.
+    piped = code >= 2
+    frame = np.where(piped, (code - 2) // 4 * 4 + 2, 0)
+    used = piped & ((code - 2) // 2 % 2 == 1)
+    boundary = np.where(piped, (code - 2) % 2 == 1, code == 1)
+    group = (lay * (1 << 24) + frame) * len(hardware) + hw_of_line[li]
+    order = np.argsort(group, kind="stable")
+    bounds = np.flatnonzero(np.diff(group[order])) + 1
+    parts = sorted(np.split(order, bounds), key=lambda idx: int(idx[0]))  # groups by their first lane
+    for idx in parts:
+        j0 = int(idx[0])
+        hw, layout = hardware[int(hw_of_line[li[j0]])], layout_of[int(lay[j0])]
+        st = run_token(layout, np.stack([lanes[j].values for j in idx.tolist()]), _setup(int(frame[j0]), layout.staged),
+                       hw.host, hw.devices[0], used[idx], boundary[idx])
         for f in TIME_FIELDS:
             out[f][idx] = st[f]
-        for f in BYTE_FIELDS:
+        for f in (*BYTE_FIELDS, *COUNT_FIELDS):
             out[f][idx] = np.asarray(st[f]).astype(np.int64)
-        for f in COUNT_FIELDS:
-            out[f][idx] = int(st[f])  # type: ignore[call-overload]
     return out
 
 

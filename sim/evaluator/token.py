@@ -1,7 +1,7 @@
 """One token of the transport scheduler as a program over lanes: the host, two streams, two FIFO copy engines.
 
 Every lane is one (point, token) whose graph has the same shape and whose ring decision is the same (ordered, or
-pipelined at depth N with the same slots already used and the same boundary wait); its numbers are a row of the
+pipelined at depth N; the slots already used and the boundary wait the same, or given per lane); its numbers are a row of the
 cost matrix (``sim.evaluator.costs``). The program is the scheduler's (``TransportScheduler.run_graph``) with the
 SimPy machine's timing rules, each lane's times kept in NumPy arrays:
 
@@ -220,10 +220,10 @@ class _Machine:
         if self.host.split_launch_s > 0:
             self.h = self.h + self.host.split_launch_s
 
-    def event(self) -> None:
-        """A record or an event wait: the host's cost of the call."""
+    def event(self, where: Arr | None = None) -> None:
+        """A record or an event wait: the host's cost of the call (``where``: only in these lanes)."""
         if self.host.event_s > 0:
-            self.h = self.h + self.host.event_s
+            self.h = self.h + self.host.event_s if where is None else np.where(where, self.h + self.host.event_s, self.h)
 
     def deliver(self, o: int, seconds: Arr, nbytes: Arr) -> None:
         """Issue delivery ``o``'s early copy on the transfer stream, then record its ``ready``."""
@@ -234,10 +234,14 @@ class _Machine:
         self.T = o + 1
 
 
-def run_token(layout: Layout, X: Arr, setup: Setup, host: HostCosts, dev: DeviceProfile) -> dict[str, Arr | float]:
+def run_token(layout: Layout, X: Arr, setup: Setup, host: HostCosts, dev: DeviceProfile, used: Arr | None = None,
+              boundary: Arr | None = None) -> dict[str, Arr | float]:
     """Run one token of ``layout`` over the lanes of ``X`` (one row each). Returns each GraphStats time and byte
-    field (arrays) and count (numbers), as the scheduler would have counted them. Does not block."""
-    return _Token(layout, X, setup, host, dev).run()
+    field (arrays) and count (numbers; an array where the lanes' counts differ), as the scheduler would have counted
+    them. ``used``/``boundary`` (a bool per lane), given, replace ``setup``'s: whether each lane's ring slots are
+    already used (its first ``min(staged, n_slots)``), whether it waits at the boundary -- so the lanes of every token of
+    a depth run as one matrix. Does not block."""
+    return _Token(layout, X, setup, host, dev, used, boundary).run()
 
 
 class _Token:
@@ -245,7 +249,8 @@ class _Token:
     deliveries issued up to ``depth`` splits ahead, each staged split's late rows, wait and launch; ``st`` counts what
     the scheduler's GraphStats count."""
 
-    def __init__(self, layout: Layout, X: Arr, setup: Setup, host: HostCosts, dev: DeviceProfile) -> None:
+    def __init__(self, layout: Layout, X: Arr, setup: Setup, host: HostCosts, dev: DeviceProfile, used: Arr | None = None,
+                 boundary: Arr | None = None) -> None:
         n_d2h = sum(len(c.ordered) for c in layout.splits if c.kind == "cpu")
         self.m = _Machine(X.shape[0], layout.staged, n_d2h, host, dev, ordered=setup.depth == 0)
         z = np.zeros(X.shape[0])
@@ -253,7 +258,10 @@ class _Token:
                                            "early_bytes": z, "late_bytes": z, "ordered_bytes": z, "ordered_copies": 0,
                                            "depth_stops": 0, "recycle_waits": 0, "deliveries": 0}
         self.layout, self.X, self.setup, self.host = layout, X, setup, host
-        self.used = list(setup.slots_used)
+        self.used: list[bool | Arr] = list(setup.slots_used)
+        if used is not None:  # per lane: the slots a lane's earlier deliveries used
+            self.used = [used if o < min(layout.staged, setup.n_slots) else False for o in range(setup.n_slots)]
+        self.boundary = boundary
         self.staged = [c for c in layout.splits if c.windows]
         self.issued = self.consumed = 0
 
@@ -285,7 +293,12 @@ class _Token:
         while self.issued < S and self.issued <= self.consumed + setup.depth:
             o = self.issued
             slot = o % setup.n_slots
-            if self.used[slot]:
+            was = self.used[slot]
+            if isinstance(was, np.ndarray):
+                if was.any():
+                    m.event(was)
+                    st["recycle_waits"] = st["recycle_waits"] + was.astype(np.int64)
+            elif was:
                 m.event()
                 st["recycle_waits"] += 1
             es, eb = self.staged[o].early
@@ -326,10 +339,13 @@ class _Token:
 
     def run(self) -> dict[str, Arr | float]:
         m, X = self.m, self.X
-        if self.setup.boundary:
+        if self.boundary is None and self.setup.boundary:
             m.h = m.h + self.host.host_wait_s  # the transfer stream: idle since the last token's last delivery was waited on
             m.h = m.h + self.host.host_wait_s  # the consumer stream: the last token ended by synchronizing it
             self.st["boundary_wait_s"] = m.h.copy()
+        elif self.boundary is not None and self.boundary.any():  # the same two waits, in the lanes that wait
+            m.h = np.where(self.boundary, m.h + self.host.host_wait_s + self.host.host_wait_s, m.h)
+            self.st["boundary_wait_s"] = np.where(self.boundary, m.h, self.st["boundary_wait_s"])
         if self.setup.depth:
             self.prefetch()
         for c in self.layout.splits:

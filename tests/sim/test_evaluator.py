@@ -302,3 +302,46 @@ def test_boundaries_are_changes_of_best_depth_or_decline_not_float_noise() -> No
     declined[[2, 5]] = True  # depth 2 declined at contexts 0 and 1, not after: a flip between contexts 1 and 2
     got = boundaries(np.zeros(12, dtype=np.int64), ctx, depth, np.zeros(12), tps, declined)
     assert got == {4, 8} | {5, 8}  # best 1 -> 2 between contexts 1 and 2 (points 4 and 8); the decline flip (5, 8)
+
+
+def test_lanes_run_one_matrix_per_layout_depth_and_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``evaluate._run_lanes`` groups its lanes as arrays: one ``run_token`` per (layout, depth and slots, machine) --
+    a line's first token (fresh slots) and its later ones (slots used, the boundary wait or not) in one matrix with
+    per-lane flags -- every lane in exactly one, and each lane's fields bit for bit what ``run_token`` gives that lane
+    run alone under its own decision (``_setup`` of its code: the lanes of a matrix do not affect each other)."""
+    import importlib
+
+    import numpy as np
+
+    ev = importlib.import_module("sim.evaluator.evaluate")  # the module (the package exports a function of its name)
+    pts = points(GridSpec(contexts=((2048,), (9000,)), kv_gpu_layers=(0, 5), depths=(0, 1, 3), budgets_mib=(0.0, 64.0, 512.0),
+                          hardware=("rtx4070-gen4x16", "rtx3060-gen3x4"), tokens=4))
+    pts += points(GridSpec(contexts=((3000,),), kv_offload=(False,), depths=(0,), tokens=3))
+    got: list[Any] = []
+    calls: list[tuple[Any, Any, Any, Any, Any]] = []
+    real_lanes, real_token = ev._run_lanes, ev.run_token
+
+    def lanes(*a: Any) -> Any:
+        out = real_lanes(*a)
+        got.append((a, out))
+        return out
+
+    def token(layout: Any, X: Any, setup: Any, host: Any, dev: Any, used: Any = None, boundary: Any = None) -> Any:
+        calls.append((layout, setup, host, used, boundary))
+        return real_token(layout, X, setup, host, dev, used, boundary)
+
+    monkeypatch.setattr(ev, "_run_lanes", lanes)
+    monkeypatch.setattr(ev, "run_token", token)
+    ev.summarize(pts)
+    (plans, costs_of, keys, n_tok), out = got[0]
+    assert len({(id(lay), s, id(h)) for lay, s, h, *_ in calls}) == len(calls) > 4
+    assert sum(len(u) for *_, u, _ in calls) == len(keys)
+    assert len({c[0] for c in calls}) > 2 and len({id(c[2]) for c in calls}) >= 2
+    assert any(u.any() and not u.all() for *_, u, _ in calls) and any(b.any() and not b.all() for *_, b in calls)
+    for j, key in enumerate(keys.tolist()):
+        li, k = divmod(key >> 24, n_tok)
+        c, line = costs_of[li][k], plans.lines[li]
+        st = real_token(c.layout, c.values[None, :], ev._setup(key % (1 << 24), c.layout.staged), line.hardware.host,
+                        line.hardware.devices[0])
+        for f in out:
+            assert out[f][j] == np.asarray(st[f]).reshape(-1)[0], (j, f)

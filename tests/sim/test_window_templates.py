@@ -125,3 +125,58 @@ def test_steps_of_are_each_steps_writes_kept_per_workload_object() -> None:
         assert shapes.steps_of(other) == (tuple(replay.window_rows_at(other, k) for k in range(other.tokens)),
                                           tuple(other.writes(k)[0][1] for k in range(other.tokens)))
         assert shapes.steps_of(other) != want
+
+
+def test_placed_devices_are_placed_hardwares_shared_by_the_bytes_held() -> None:
+    """``sim.replay_shapes.placed_devices`` (what the point planner's lines read) is ``placed_hardware(p).devices`` for
+    every point -- --kv-gpu-layers, -ngl, contexts, a measured profile, two devices -- and the points of one profile
+    that hold the same bytes share one placed tuple; a stale entry at another profile's id is not given out."""
+    from dataclasses import replace
+
+    from sim.memory import held_before_ring
+    from sim.run.point import placed_hardware
+
+    shapes._PLACED.clear()
+    grid = GridSpec(contexts=((4096,), (65536,)), kv_gpu_layers=(0, 3, 9), depths=(0,), hardware=("rtx4070-gen4x16", "h200-gen5x16"),
+                    tokens=1)
+    pts = points(grid) + points(replace(grid, kv_gpu_layers=(0,), n_gpu_layers=(8, 20)))
+    pts += points(GridSpec(contexts=((4096,),), split_mode="layer", hardware=("rtx4070-gen4x16+rtx3060-gen3x4",), depths=(0,), tokens=1))
+    fixed = replace(pts[0].hardware, devices=(replace(pts[0].hardware.devices[0], memory_used_bytes=3 << 30),))
+    pts.append(replace(pts[0], hardware=fixed))
+    assert len({len(p.hardware.devices) for p in pts}) == 2
+    held = {}
+    for p in pts:
+        got = shapes.placed_devices(p)
+        assert got == placed_hardware(p).devices
+        key = (id(p.hardware), held_before_ring(p.workload, tuple(d.memory_reserved_bytes for d in p.hardware.devices)))
+        assert held.setdefault(key, got) is got
+    assert len(held) < len(pts) and len({d[0].memory_used_bytes for d in held.values()}) > 4
+    other = replace(pts[0].hardware)  # an equal profile, another object: read afresh
+    key = (id(other), held_before_ring(pts[0].workload, (other.devices[0].memory_reserved_bytes,)))
+    shapes._PLACED[key] = (pts[0].hardware, (fixed.devices[0],))  # a stale entry at its id
+    assert shapes.placed_devices(replace(pts[0], hardware=other)) == placed_hardware(pts[0]).devices
+
+
+def test_shape_arrays_are_each_lines_shape() -> None:
+    """``sim.replay_shapes.ShapeArrays`` (each distinct shape read once) gives every point its line's shape fields,
+    zeros where a line has no shape at the token, on two devices with shared and distinct shape objects."""
+    rng = np.random.default_rng(5)
+    made = [replay._Shape(tuple((d, int(rng.integers(1, 1 << 30)), int(rng.integers(1, 1 << 30)), int(rng.integers(1, 40)))
+                                for d in sorted(rng.choice(2, size=int(rng.integers(0, 3)), replace=False).tolist())),
+                          tuple(sorted(set(rng.integers(0, 2, size=2).tolist()))), int(rng.integers(0, 1 << 40)),
+                          tuple(sorted(set(rng.integers(0, 2, size=int(rng.integers(0, 2))).tolist()))),
+                          int(rng.integers(0, 1 << 33))) for _ in range(6)]
+    n_lines = 40
+    here = {li: made[int(rng.integers(0, len(made)))] for li in range(n_lines) if rng.random() < 0.8}
+    line_of = rng.integers(0, n_lines, size=300)
+    arr = shapes.ShapeArrays(here, n_lines, 2, line_of)
+    for i, li in enumerate(line_of.tolist()):
+        sh = here.get(li)
+        staged = {d: (nd, fl, ns, r) for r, (d, nd, fl, ns) in enumerate(sh.staged)} if sh else {}
+        for d in range(2):
+            want = staged.get(d, (0, 0, 0, 0))
+            assert (arr.need[i, d], arr.full[i, d], arr.n_splits[i, d], arr.rank[i, d]) == want
+            assert arr.staged[i, d] == (d in staged)
+            assert arr.gpu[i, d] == bool(sh and d in sh.gpu_devices) and arr.kv[i, d] == bool(sh and d in sh.device_kv)
+        assert (arr.kv_bytes[i], arr.host_cache[i]) == ((sh.device_kv_bytes, sh.host_cache_bytes) if sh else (0, 0))
+    assert len(here) < n_lines and len({id(s) for s in here.values()}) < len(here)
