@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import subprocess
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,6 +24,25 @@ def tool(name: str) -> ModuleType:
     if str(TOOLS) not in sys.path:
         sys.path.append(str(TOOLS))  # the tools import each other by module name, as they do when run as scripts
     return importlib.import_module(name)
+
+
+def bench_dry_run(tmp_path: Path, phase: str, env_extra: dict[str, str] | None = None) -> tuple[str, str]:
+    """``tools/llamacpp/h200_bench.sh phase`` with stub llama-bench and llama-batched-bench binaries (each
+    llama-batched-bench call prints rows for -npl 1, 2, 4, 8): the summary it wrote and its commands.txt. Blocks (a
+    bash run, seconds)."""
+    lcp = tmp_path / "lcp"
+    (lcp / "build" / "bin").mkdir(parents=True, exist_ok=True)
+    (lcp / "llama-3.1-8b-q8_0.gguf").write_text("")
+    for name, body in (("llama-bench", "echo '[]'"),
+                       ("llama-batched-bench", 'for p in 1 2 4 8; do echo "{\\"pl\\": $p, \\"speed_tg\\": 1.0}"; done')):
+        stub = lcp / "build" / "bin" / name
+        stub.write_text(f"#!/bin/bash\n{body}\n")
+        stub.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "LCP": str(lcp), "OUT": str(tmp_path / "out"), "HOME": str(tmp_path), **(env_extra or {})}
+    subprocess.run(["bash", str(TOOLS / "llamacpp" / "h200_bench.sh"), phase], cwd=TOOLS.parent, env=env, check=True,
+                   capture_output=True, timeout=120)
+    commands = (next(lcp.glob(f"out-{phase}-*")) / "commands.txt").read_text()
+    return (tmp_path / "out" / f"summary-{phase}.txt").read_text(), commands
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import bench_dry_run
+
 ROOT = Path(__file__).resolve().parents[2]
 LCP = ROOT / "tools" / "llamacpp"
 RESULTS = ROOT / "validate" / "results" / "h200-llamacpp"
@@ -18,17 +20,7 @@ SCRIPT = (LCP / "run9.sh").read_text()
 
 def _dry_run(tmp_path: Path, phase: str, env_extra: dict[str, str] | None = None) -> tuple[list[str], str]:
     """The call names a phase runs, in order (stub binaries), and the summary it wrote."""
-    lcp = tmp_path / "lcp"
-    (lcp / "build" / "bin").mkdir(parents=True, exist_ok=True)
-    (lcp / "llama-3.1-8b-q8_0.gguf").write_text("")
-    for name, body in (("llama-bench", "echo '[]'"),
-                       ("llama-batched-bench", 'for p in 1 2 4 8; do echo "{\\"pl\\": $p, \\"speed_tg\\": 1.0}"; done')):
-        stub = lcp / "build" / "bin" / name
-        stub.write_text(f"#!/bin/bash\n{body}\n")
-        stub.chmod(0o755)
-    env = {"PATH": "/usr/bin:/bin", "LCP": str(lcp), "OUT": str(tmp_path / "out"), "HOME": str(tmp_path), **(env_extra or {})}
-    subprocess.run(["bash", str(LCP / "h200_bench.sh"), phase], cwd=ROOT, env=env, check=True, capture_output=True, timeout=120)
-    summary = (tmp_path / "out" / f"summary-{phase}.txt").read_text()
+    summary, _ = bench_dry_run(tmp_path, phase, env_extra)
     return re.findall(r"\] (r\d-batched-\S+): rc=", summary), summary
 
 

@@ -5,26 +5,13 @@ batched_one takes CTX), and run 9's calls keep their computed -c."""
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-LCP = ROOT / "tools" / "llamacpp"
+from tests.conftest import bench_dry_run
 
 
 def _dry_run(tmp_path: Path, phase: str, env_extra: dict[str, str]) -> tuple[list[str], str]:
-    lcp = tmp_path / "lcp"
-    (lcp / "build" / "bin").mkdir(parents=True, exist_ok=True)
-    (lcp / "llama-3.1-8b-q8_0.gguf").write_text("")
-    for name, body in (("llama-bench", "echo '[]'"),
-                       ("llama-batched-bench", 'for p in 2 8; do echo "{\\"pl\\": $p, \\"speed_tg\\": 1.0}"; done')):
-        stub = lcp / "build" / "bin" / name
-        stub.write_text(f"#!/bin/bash\n{body}\n")
-        stub.chmod(0o755)
-    env = {"PATH": "/usr/bin:/bin", "LCP": str(lcp), "OUT": str(tmp_path / "out"), "HOME": str(tmp_path), **env_extra}
-    subprocess.run(["bash", str(LCP / "h200_bench.sh"), phase], cwd=ROOT, env=env, check=True, capture_output=True, timeout=120)
-    commands = (next(lcp.glob(f"out-{phase}-*")) / "commands.txt").read_text()
-    summary = (tmp_path / "out" / f"summary-{phase}.txt").read_text()
+    summary, commands = bench_dry_run(tmp_path, phase, env_extra)
     return re.findall(r"\] (\S+-batched-\S+|span-\S+): rc=", summary), commands
 
 

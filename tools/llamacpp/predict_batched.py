@@ -168,7 +168,7 @@ def _complete_rounds(paths: list[str], want: dict) -> tuple[dict[tuple[str, int,
     configs = {(lay, pp) for lay, pp, _ in calls}
     rounds = sorted(k for k in {k for _, _, k in calls} if all((lay, pp, k) in calls for lay, pp in configs))
     measured: dict[tuple[str, int, int, int], list[tuple[float, str]]] = {}
-    for (lay, pp, k), (path, rows) in sorted(calls.items(), key=lambda c: (c[0][2], c[0][0], c[0][1])):
+    for (lay, _pp, k), (path, rows) in sorted(calls.items(), key=lambda c: (c[0][2], c[0][0], c[0][1])):
         if k not in rounds:
             continue
         for r in rows:
