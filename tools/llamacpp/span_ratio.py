@@ -13,7 +13,6 @@ import json
 import math
 import re
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 NAME = re.compile(r"span-(split|unified)-c(\d+)-r(\d+)\.jsonl$")
