@@ -312,6 +312,23 @@ def fit_files(paths: Sequence[str], unified: Sequence[bool], arm: str, pinned: b
     return out, fit
 
 
+def span_notes(paths: Sequence[str], unified: Sequence[bool]) -> list[str]:
+    """One note per split-cache file whose rows upstream llama.cpp copies more of than kvpipe models
+    (:func:`validate.batched_bench.span_ratios`): its largest ratio. Reads the files."""
+    from validate import batched_bench
+
+    out = []
+    for path, uni in zip(paths, unified, strict=True):
+        spans = batched_bench.span_ratios(batched_bench.load(path), uni)
+        if spans:
+            r, stream, window, ratio = max(spans, key=lambda s: s[3])
+            out.append(f"note: {path}: -npp {r.prompt_tokens} -npl {r.sequences} over a split cache of {stream}-cell streams: "
+                       f"upstream llama.cpp copies (ns - 1) x {stream} + {window} rows of each layer's K and V, {ratio:.3f}x "
+                       f"the ns x {window} kvpipe models, so the fit reads these rows as slower sequences (docs/validation.md, "
+                       f"\"Run 9's largest miss\"); a -c that makes each stream {window} cells avoids it")
+    return out
+
+
 def table(fit: BatchFit) -> list[str]:
     """Markdown lines: every row, measured and fitted t/s over all sequences, its error and its held-out error."""
     held = {(h["label"], h["context"]): h["error"] for h in fit.held_out}

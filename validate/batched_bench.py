@@ -33,7 +33,7 @@ from typing import Any
 
 from backends.files import parse_json, read_bytes, shown, whole
 from sim.errors import InputError
-from sim.workload import ALL_LAYERS, MAX_CONTEXT
+from sim.workload import ALL_LAYERS, MAX_CONTEXT, pad_rows
 from validate.token_fit import TokenRun
 
 WHAT = "--from-batched-bench"
@@ -206,4 +206,23 @@ def token_runs(bench: BatchedFile, arm: str, unified: bool, pinned: bool = True)
     for r in bench.rows:
         label = f"{'unified' if unified else 'split'} -npp {r.prompt_tokens} -ntg {r.gen_tokens} -npl {r.sequences}"
         out.append(TokenRun(r.context, r.seconds_per_step, arm, label, pinned, ALL_LAYERS, r.sequences, unified))
+    return out
+
+
+def span_ratios(bench: BatchedFile, unified: bool) -> list[tuple[BatchedRow, int, int, float]]:
+    """Rows of a split-cache file (not -kvu) whose stream is longer than the window their last step reads, with that
+    stream, that window (rows) and how many times kvpipe's copy upstream llama.cpp moves. Upstream copies each attention
+    layer's K (and V) view of ``ns`` streams as one extent whose stride is the whole stream, ``(ns - 1) x stream + window``
+    rows, where kvpipe (and the fork) moves ``ns x window`` (docs/validation.md, "Run 9's largest miss"). A stream is
+    ``n_kv_max / n_seq_max`` cells padded to 256, ``n_seq_max`` the file's largest -npl (llama-batched-bench's); a
+    file without ``n_kv_max`` gives nothing. Pure."""
+    n_kv_max = bench.setting("n_kv_max")
+    if unified or n_kv_max <= 0 or not bench.rows:
+        return []
+    stream = pad_rows(-(-n_kv_max // max(r.sequences for r in bench.rows)))
+    out = []
+    for r in bench.rows:
+        window = min(pad_rows(r.prompt_tokens + r.gen_tokens), stream)
+        if stream > window and r.sequences > 1:
+            out.append((r, stream, window, ((r.sequences - 1) * stream + window) / (r.sequences * window)))
     return out

@@ -191,6 +191,8 @@ def run_from_batched_bench(args: argparse.Namespace) -> int:
           + (f"; the staging rate {fit.staging:.3f} times --hardware's"
              + (" (from the one-sequence rows)" if fit.staging_from == "one" else "") if fit.link_key else ""))
     print("\n".join(batch_fit.table(fit)))
+    for line in batch_fit.span_notes(files, unified * len(files) if len(unified) == 1 else unified):
+        print(line)
     return 0
 
 

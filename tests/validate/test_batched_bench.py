@@ -218,3 +218,34 @@ def test_the_one_sequence_rule_takes_the_staging_from_the_one_sequence_rows_alon
     again = json.loads(out.read_text())
     assert again["batch"]["staging_factor"] == pytest.approx(0.9, rel=0.005)
     assert again["devices"][0]["compute"]["layer_seq_us"] > 37.0 * 1.05  # the slower rows went into the term
+
+
+RUN9 = Path(__file__).resolve().parents[2] / "validate" / "results" / "h200-llamacpp" / "run9"
+
+
+def test_upstreams_span_of_a_split_cache_is_named_where_a_stream_outgrows_the_window() -> None:
+    # run 9's -npp 1216 split calls: n_kv_max 12288 over 8 sequences = streams of 1,536 cells, a 1,280-row window
+    split = batched_bench.load(next(RUN9.glob("call*/r9-batched-split-pp1216-r1.jsonl")))
+    got = [(r.sequences, stream, window, round(ratio, 4)) for r, stream, window, ratio in batched_bench.span_ratios(split, False)]
+    assert got == [(2, 1536, 1280, 1.1), (4, 1536, 1280, 1.15), (8, 1536, 1280, 1.175)]
+    assert batched_bench.span_ratios(split, True) == []  # read as -kvu: one stream, nothing between windows
+    # -npp 1280: the streams (1,536) are the window, and a unified call's n_kv_max says nothing of streams
+    for name, uni in (("r9-batched-split-pp1280-r1.jsonl", False), ("r9-batched-unified-pp1216-r1.jsonl", True)):
+        assert batched_bench.span_ratios(batched_bench.load(next(RUN9.glob(f"call*/{name}"))), uni) == []
+
+
+def test_calibrate_prints_one_note_for_a_split_file_whose_streams_outgrow_the_window(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base, _ = read_profile_dict("h200-gen5x16")
+    split, unified, out = tmp_path / "split.jsonl", tmp_path / "unified.jsonl", tmp_path / "fit.json"
+    _write_truth_rows(split, base, 37.0, 0.0, unified=False)
+    _write_truth_rows(unified, base, 37.0, 0.0, unified=True)
+    argv = ["calibrate", "--from-batched-bench", f"{split},{unified}", "--kv-unified", "0,1", "--nkvo", "1",
+            "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b", "--out", str(out)]
+    assert main(argv) == 0 and "note:" not in capsys.readouterr().out  # 8 x (2048 + 32) + 256: streams of 2,304 = window
+    for path in (split, unified):  # a larger -c: streams of 2,560 cells
+        path.write_text(path.read_text().replace('"n_kv_max": 16896', '"n_kv_max": 18944'))
+    assert main(argv) == 0
+    notes = [x for x in capsys.readouterr().out.splitlines() if x.startswith("note:")]
+    assert len(notes) == 1 and str(split) in notes[0] and "-npl 8 " in notes[0] and "2560-cell streams" in notes[0]
+    assert f"{(7 * 2560 + 2304) / (8 * 2304):.3f}x" in notes[0]
