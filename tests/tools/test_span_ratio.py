@@ -15,7 +15,8 @@ import span_ratio  # noqa: E402
 
 
 def _write(folder: Path, name: str, tps: dict[int, float]) -> None:
-    lines = ["log line"] + [json.dumps({"pl": p, "speed_tg": v}) for p, v in tps.items()]
+    lines = ["log line"] + [json.dumps({"pp": 1216, "tg": 64, "pl": p, "n_kv": p * 1280, "t_tg": p * 64 / v, "speed_tg": v})
+                            for p, v in tps.items()]  # llama-batched-bench's JSONL keys (validate.batched_bench reads them)
     (folder / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
 
 

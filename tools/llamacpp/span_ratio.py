@@ -9,11 +9,17 @@ complete rounds (every one of the four calls finished) at -c 10240 and -c 12288,
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from sim.errors import InputError  # noqa: E402
+from validate import batched_bench  # noqa: E402
 
 NAME = re.compile(r"span-(split|unified)-c(\d+)-r(\d+)\.jsonl$")
 
@@ -25,14 +31,10 @@ def calls(folder: Path) -> dict[tuple[str, int, int], dict[int, float]]:
         m = NAME.search(path.name)
         if not m:
             continue
-        rows = {}
-        for line in path.read_text().splitlines():
-            try:
-                r = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(r, dict) and "pl" in r:
-                rows[int(r["pl"])] = float(r["speed_tg"])
+        try:
+            rows = {r.sequences: r.decode_tps for r in batched_bench.load(path).rows}
+        except InputError:
+            continue  # killed before its first row: not a finished call
         if rows:
             out[(m.group(1), int(m.group(2)), int(m.group(3)))] = rows
     return out
