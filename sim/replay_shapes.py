@@ -28,7 +28,7 @@ from sim.graph_parts import layout_of
 from sim.memory import held_before_ring
 from sim.run.point import Point, placed_hardware
 from sim.transport.deliveries import SpanFn
-from sim.workload import Workload, pad_rows
+from sim.workload import Workload
 
 #: A shape's fields: (staged: ((device, slot need, full need, staged splits), ...), GPU devices, host cache bytes,
 #: devices keeping the --kv-gpu-layers prefix, its bytes) -- ``sim.replay._Shape``'s.
@@ -126,10 +126,9 @@ def steps_of(wl: Workload) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 def _steps(wl: Workload) -> tuple[tuple[int, ...], tuple[int, ...]]:
     contexts = wl.contexts
-    if len(contexts) == 1:  # one sequence writes row context + k at step k (``Workload.writes``), its window padded
-        first, per_stream = contexts[0], wl.cells_per_stream  # (``Workload.window_rows``, its bound read once)
-        rows = tuple(range(first, first + wl.tokens))
-        return tuple(min(pad_rows(r + 1), per_stream) for r in rows), rows
+    if len(contexts) == 1:  # one sequence writes row context + k at step k (``Workload.writes``)
+        rows = tuple(range(contexts[0], contexts[0] + wl.tokens))
+        return tuple(map(wl.window_rows, rows)), rows
     writes = [wl.writes(k) for k in range(wl.tokens)]
     return tuple(wl.window_rows(max(r for _, r in w)) for w in writes), tuple(w[0][1] for w in writes)
 
