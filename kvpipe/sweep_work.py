@@ -38,7 +38,7 @@ def key_of_point(p: Point) -> Key:
               "contexts": list(wl.contexts), "parallel": wl.n_parallel, "unified": wl.unified, "split_mode": wl.split_mode,
               "depth": p.transport.depth, "budget_mib": p.transport.budget_mib, "tokens": wl.tokens, "arm": p.transport.arm,
               "cache_type_v": wl.cache_v.name, "kv_gpu_layers": KEY_DEFAULTS["kv_gpu_layers"],
-              "n_gpu_layers": KEY_DEFAULTS["n_gpu_layers"], **placement_fields(wl)}
+              "n_gpu_layers": KEY_DEFAULTS["n_gpu_layers"], "kv_copy": KEY_DEFAULTS["kv_copy"], **placement_fields(wl)}
     return tuple(_norm(k, fields[k]) for k in KEY_FIELDS)
 
 

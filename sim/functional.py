@@ -51,7 +51,7 @@ from sim.errors import InputError
 from sim.graph import DecodeGraph, decode_graph, layout_of
 from sim.program import PROGRAM_CACHE_TYPES
 from sim.run.point import Point
-from sim.workload import ModelShape, Workload
+from sim.workload import ModelShape, Workload, pad_rows
 
 FUNCTIONAL_ATTN = 6
 MIN_CONTEXT, MAX_CONTEXT = 64, 1024
@@ -81,9 +81,12 @@ def functional_point(point: Point) -> Point:
                          f"{wl.n_gpu_layers} of {wl.model.n_layers} layers")
     contexts = tuple(max(MIN_CONTEXT, min(MAX_CONTEXT, c // 32)) for c in wl.context)
     tokens = max(wl.tokens, MIN_GRAPHS)
+    ctx_size = 0  # a split cache's streams scaled with the contexts (no shorter than the scaled window)
+    if wl.ctx_size and not wl.unified:
+        ctx_size = wl.n_streams * max(pad_rows(max(contexts) + tokens), wl.cells_per_stream // 32)
     fwl = Workload(functional_model(wl.model), wl.cache_k, wl.cache_v, contexts, tokens=tokens, pinned=wl.pinned,
                    n_parallel=wl.n_parallel, unified=wl.unified, flat_prefix=wl.flat_prefix,
-                   kv_gpu_layers=min(wl.kv_gpu_layers, FUNCTIONAL_ATTN))
+                   kv_gpu_layers=min(wl.kv_gpu_layers, FUNCTIONAL_ATTN), ctx_size=ctx_size, copy_span=wl.copy_span)
     return replace(point, workload=fwl)
 
 

@@ -141,7 +141,8 @@ class _Build:
         return d if d < len(self.computes) else 0
 
     def window_pair(self, win: tuple[Window, Window]) -> tuple[StagedInput, StagedInput]:
-        return staged(win[0], self.prefix, self.checked), staged(win[1], self.prefix, self.checked)
+        span = self.layout.span_copy
+        return staged(win[0], self.prefix, self.checked, span), staged(win[1], self.prefix, self.checked, span)
 
     def window_bytes(self, j: int) -> int:
         return self.windows[j][0][4] + self.windows[j][1][4]

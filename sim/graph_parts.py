@@ -96,12 +96,22 @@ class StagedInput:
     ``layout_id`` names the pieces' layout: every field of every piece but its prefix. The graph builder gives
     equal layouts the same id (within a process; -1: none given), so what is derived from the layout alone (the
     ordered path's copy, the kernels' bindings) is worked out once per window size, not once per token.
+    ``extent``: the window is copied as one extent from its first piece's start to its last piece's end, the gaps
+    between the pieces included, and the pieces lie at their cache offsets within it (upstream llama.cpp's ordered
+    copy of a split cache, ``Workload.copy_span``; contiguous pieces in ascending order).
     """
 
     name: str
     layer: int
     pieces: tuple[WindowPiece, ...]
     layout_id: int = field(default=-1, compare=False)
+    extent: bool = False
+
+    @property
+    def extent_bytes(self) -> int:
+        """Bytes from the first piece's start to the last piece's end (the copy of an ``extent`` window)."""
+        first, last = self.pieces[0], self.pieces[-1]
+        return last.src_offset + last.nbytes - first.src_offset
 
     @property
     def nbytes(self) -> int:
@@ -240,6 +250,7 @@ class CacheLayout:
     n_streams: int
     k_row_bytes: int
     v_row_bytes: int
+    span_copy: bool = False  # the ordered path copies a window of several streams as one extent (Workload.copy_span)
 
     @property
     def cells(self) -> int:
@@ -259,7 +270,8 @@ class CacheLayout:
 
 
 def layout_of(wl: Workload) -> CacheLayout:
-    return CacheLayout(wl.model.n_attn, wl.cells_per_stream, wl.n_streams, wl.k_row_bytes, wl.v_row_bytes)
+    return CacheLayout(wl.model.n_attn, wl.cells_per_stream, wl.n_streams, wl.k_row_bytes, wl.v_row_bytes,
+                       wl.copy_span and wl.n_streams > 1)
 
 
 def head_ranges(n_head_kv: int, proportions: tuple[float, ...], n_devices: int) -> list[tuple[int, int]]:

@@ -104,9 +104,10 @@ def prefix_rows(wl: Workload, layout: CacheLayout, rows: int, writes: tuple[tupl
 _new_piece = functools.partial(tuple.__new__, WindowPiece)  # WindowPiece(*fields) without its checks (see staged)
 
 
-def staged(win: Window, prefix_rows: list[int], checked: bool) -> StagedInput:
+def staged(win: Window, prefix_rows: list[int], checked: bool, extent: bool = False) -> StagedInput:
     """The staged input of one window with each stream's prefix (``checked``: build the pieces through
-    ``WindowPiece``'s checks; needed only where a prefix is negative or the window has no rows)."""
+    ``WindowPiece``'s checks; needed only where a prefix is negative or the window has no rows; ``extent``: copied as
+    one extent, ``CacheLayout.span_copy``)."""
     name, layer, lid, bases, _ = win
     if checked:
         pieces = tuple(WindowPiece(o, n, pr * cell, r, pitch, reserve, cell)
@@ -117,4 +118,4 @@ def staged(win: Window, prefix_rows: list[int], checked: bool) -> StagedInput:
     else:
         pieces = tuple([_new_piece((o, n, pr * cell, r, pitch, reserve, cell))
                         for (o, n, r, pitch, reserve, cell), pr in zip(bases, prefix_rows, strict=True)])
-    return new_staged_input(name=name, layer=layer, pieces=pieces, layout_id=lid)
+    return new_staged_input(name=name, layer=layer, pieces=pieces, layout_id=lid, extent=extent)

@@ -47,6 +47,7 @@ class GridSpec:
     tensor_split: tuple[float, ...] = ()
     pack_streams: bool = True
     flat_prefix: bool = False
+    copy_span: bool = False  # --kv-copy span: upstream llama.cpp's ordered copy of a split cache (Workload.copy_span)
     mutations: frozenset[str] = frozenset()
     kv_gpu_layers: tuple[int, ...] = (0,)  # the fork's --kv-gpu-layers: the first N attention layers' KV on the device
     n_gpu_layers: tuple[int, ...] = (ALL_LAYERS,)  # llama.cpp -ngl: the last N layers on the GPU
@@ -99,6 +100,9 @@ def points(spec: GridSpec) -> list[Point]:
     :data:`MAX_POINTS` points (counted before any is built). Does not block."""
     if spec.tokens < 1:
         raise InputError(f"--tokens {spec.tokens} out of range; allowed: >= 1")
+    if spec.copy_span and not spec.unified and max(spec.parallels) > 1 and max(spec.depths) > 0 and any(spec.kv_offload):
+        raise InputError(f"--kv-copy span with --depth {max(spec.depths)}: upstream llama.cpp's span copy has no pipelined "
+                         "path; allowed: --depth 0 (or --kv-copy streams, the fork's copy)")
     n = size(spec)
     if n > MAX_POINTS:
         raise InputError(f"the grid has {n:,} points ({len(spec.contexts):,} contexts x {len(spec.depths):,} depths x "
@@ -161,7 +165,7 @@ def points(spec: GridSpec) -> list[Point]:
                     if got is None:  # one Workload and profile for the depths and budgets of a workload (frozen, shared)
                         got = made[key] = (Workload(m, c, cv or c, ctx, tokens=spec.tokens, pinned=spec.pinned, n_parallel=npar,
                                                     unified=spec.unified, ctx_size=spec.ctx_size, split_mode=spec.split_mode,
-                                                    tensor_split=spec.tensor_split, flat_prefix=spec.flat_prefix,
+                                                    tensor_split=spec.tensor_split, flat_prefix=spec.flat_prefix, copy_span=spec.copy_span,
                                                     kv_gpu_layers=kv, n_gpu_layers=gpu_layers),
                                            for_workload(h, m.name, c.name, (cv or c).name))  # a calibrated file's entry
                     mine[kv, ngl] = got

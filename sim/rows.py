@@ -26,10 +26,10 @@ from sim.workload import Workload, ngl_of
 
 #: Row fields that identify a point (its grid coordinates).
 KEY_FIELDS = ("model", "hardware", "cache_type", "context", "contexts", "parallel", "unified", "split_mode", "depth",
-              "budget_mib", "tokens", "arm", "cache_type_v", "kv_gpu_layers", "n_gpu_layers")
+              "budget_mib", "tokens", "arm", "cache_type_v", "kv_gpu_layers", "n_gpu_layers", "kv_copy")
 #: Key fields rows written before they existed lack, and the value those rows meant (rows of the default placement
-#: still lack the last two: ``placement_fields``).
-KEY_DEFAULTS = {"arm": "transport", "kv_gpu_layers": 0, "n_gpu_layers": "all"}
+#: still lack the last three: ``placement_fields``).
+KEY_DEFAULTS = {"arm": "transport", "kv_gpu_layers": 0, "n_gpu_layers": "all", "kv_copy": "streams"}
 #: The coordinates a gain's baseline may differ in.
 BASELINE_FREE = ("depth", "budget_mib", "arm")
 
@@ -184,9 +184,12 @@ def row(result: RunResult, model: str = "", hardware: str = "", cache_type: str 
 def placement_fields(wl: Workload, compute: ComputeModel | None = None) -> dict[str, Any]:
     """``kv_gpu_layers`` where some attention layers keep their KV on the device; ``n_gpu_layers`` (the layers on the
     GPU) where some layers run on the CPU, with ``cpu_layers_cost`` given ``compute`` (``profile`` or ``estimate``:
-    how the CPU layers were priced, ``sim.placement``). Absent: 0, and every layer on the GPU (rows of the default
-    placement keep the fields they always had). Pure."""
+    how the CPU layers were priced, ``sim.placement``); ``kv_copy`` ``span`` where the ordered path copies a split
+    cache's window as upstream llama.cpp does (``Workload.copy_span``). Absent: 0, every layer on the GPU, and the
+    fork's copy (rows of the default placement keep the fields they always had). Pure."""
     out: dict[str, Any] = {}
+    if wl.copy_span:
+        out["kv_copy"] = "span"
     if wl.kv_gpu_layers:
         out["kv_gpu_layers"] = wl.kv_gpu_layers
     if wl.gpu_layer_start:

@@ -96,6 +96,12 @@ class Workload:
     fork's ``--kv-gpu-layers`` (GenerelSchwerz/llama.cpp): the first
     ``kv_gpu_layers`` attention layers keep their K and V on the device under
     ``-nkvo``; the rest are delivered from host memory.
+
+    ``copy_span`` is upstream llama.cpp's ordered copy of a split cache (up to at least 0c1e570; the fork
+    GenerelSchwerz/llama.cpp fixed it, kv-transport.md "Parallel sequences"): each attention layer's K and V view
+    of the streams is copied as one extent whose stride is the whole stream, ``(n_streams - 1) x cells_per_stream
+    + window`` rows, gaps included; otherwise (the default, the fork's) each stream's window is copied. It has no
+    pipelined form (upstream has no pipeline): only the ordered path (depth 0) and the resident arm run it.
     """
 
     model: ModelShape
@@ -112,6 +118,7 @@ class Workload:
     flat_prefix: bool = False
     n_gpu_layers: int = ALL_LAYERS
     kv_gpu_layers: int = 0
+    copy_span: bool = False
 
     def __post_init__(self) -> None:
         if not self.context:
@@ -148,6 +155,12 @@ class Workload:
         if self.kv_gpu_layers and self.gpu_layer_start:
             raise ValueError(f"kv-gpu-layers {self.kv_gpu_layers} with n-gpu-layers {self.n_gpu_layers} < "
                              f"{self.model.n_layers} layers is not modelled; allowed: one of the two")
+        if self.copy_span and self.split_mode == "tensor":
+            raise ValueError("kv-copy span under split-mode tensor is not modelled (upstream's copy of a head slice); "
+                             "allowed: kv-copy streams, or split-mode none/layer")
+        if self.copy_span and self.kv_gpu_layers:
+            raise ValueError(f"kv-copy span with kv-gpu-layers {self.kv_gpu_layers}: the span copy is upstream llama.cpp's, "
+                             "--kv-gpu-layers the fork's; allowed: one of the two")
         if self.ctx_size and self.ctx_size < self._cells_needed():
             raise ValueError(f"ctx-size {self.ctx_size} cannot hold context {max(self.context)} + {self.tokens} tokens "
                              f"for {self.n_parallel} sequence(s)")

@@ -295,16 +295,17 @@ def apply(profile: dict[str, Any], fit: BatchFit, model: ModelShape, cache_k: Ca
 
 def fit_files(paths: Sequence[str], unified: Sequence[bool], arm: str, pinned: bool, base: dict[str, Any], base_where: str,
               model: ModelShape, cache_k: CacheType, cache_v: CacheType, term: str = "layer",
-              command: str = "", staging: str = "") -> tuple[dict[str, Any], BatchFit]:
-    """The per-sequence ``term`` of ``base`` fitted to llama-batched-bench files (``unified[i]``: file i ran -kvu), and
-    the profile dict with it (:func:`apply`). Raises InputError (a bad file, too few sequence counts). Blocks."""
+              command: str = "", staging: str = "", copy_span: bool = False) -> tuple[dict[str, Any], BatchFit]:
+    """The per-sequence ``term`` of ``base`` fitted to llama-batched-bench files (``unified[i]``: file i ran -kvu;
+    ``copy_span``: the build copied split caches as upstream llama.cpp does), and the profile dict with it
+    (:func:`apply`). Raises InputError (a bad file, too few sequence counts). Blocks."""
     from validate import batched_bench
 
     runs: list[TokenRun] = []
     for path, uni in zip(paths, unified, strict=True):
         bench = batched_bench.load(path)
         batched_bench.check_layers(bench, model.n_layers)
-        runs += batched_bench.token_runs(bench, arm, uni, pinned)
+        runs += batched_bench.token_runs(bench, arm, uni, pinned, copy_span)
     fit = fit_per_sequence(base, model, cache_k, cache_v, runs, term, staging)
     source = f"llama-batched-bench {', '.join(paths)}" + (f" ({command})" if command else "")
     out = apply(base, fit, model, cache_k, cache_v, source)
@@ -324,8 +325,9 @@ def span_notes(paths: Sequence[str], unified: Sequence[bool]) -> list[str]:
             r, stream, window, ratio = max(spans, key=lambda s: s[3])
             out.append(f"note: {path}: -npp {r.prompt_tokens} -npl {r.sequences} over a split cache of {stream}-cell streams: "
                        f"upstream llama.cpp copies (ns - 1) x {stream} + {window} rows of each layer's K and V, {ratio:.3f}x "
-                       f"the ns x {window} kvpipe models, so the fit reads these rows as slower sequences (docs/validation.md, "
-                       f"\"Run 9's largest miss\"); a -c that makes each stream {window} cells avoids it")
+                       f"the ns x {window} kvpipe models by default, so the fit reads these rows as slower sequences "
+                       f"(docs/validation.md, \"Run 9's largest miss\"): give --kv-copy span if the file comes from upstream "
+                       f"llama.cpp (the fork copies each stream's window), or a -c that makes each stream {window} cells")
     return out
 
 

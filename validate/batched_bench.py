@@ -198,15 +198,28 @@ def check_layers(bench: BatchedFile, n_layers: int) -> None:
                          "allowed: runs with every layer on the GPU (-ngl 99)")
 
 
-def token_runs(bench: BatchedFile, arm: str, unified: bool, pinned: bool = True) -> list[TokenRun]:
+def token_runs(bench: BatchedFile, arm: str, unified: bool, pinned: bool = True, copy_span: bool = False) -> list[TokenRun]:
     """The file's rows as fit points: one step of ``sequences`` sequences behind ``context`` cached tokens each, on
     ``arm`` (``ordered``: the run had -nkvo; ``resident``: not), over a unified cache (-kvu) or one stream a sequence,
-    every layer on the GPU (:func:`check_layers`). Pure."""
+    every layer on the GPU (:func:`check_layers`). ``copy_span``: the build copied a split cache as upstream llama.cpp
+    does (``Workload.copy_span``), over streams of :func:`stream_cells` (a file without ``n_kv_max``: just enough).
+    Pure."""
+    stream = stream_cells(bench) if copy_span and not unified else 0
     out = []
     for r in bench.rows:
         label = f"{'unified' if unified else 'split'} -npp {r.prompt_tokens} -ntg {r.gen_tokens} -npl {r.sequences}"
-        out.append(TokenRun(r.context, r.seconds_per_step, arm, label, pinned, ALL_LAYERS, r.sequences, unified))
+        out.append(TokenRun(r.context, r.seconds_per_step, arm, label, pinned, ALL_LAYERS, r.sequences, unified, stream,
+                            copy_span and not unified))
     return out
+
+
+def stream_cells(bench: BatchedFile) -> int:
+    """Cells of one stream of a split cache in the file's runs: ``n_kv_max`` over llama-batched-bench's ``n_seq_max``
+    (its largest -npl), padded to 256; 0 without ``n_kv_max``. Pure."""
+    n_kv_max = bench.setting("n_kv_max")
+    if n_kv_max <= 0 or not bench.rows:
+        return 0
+    return pad_rows(-(-n_kv_max // max(r.sequences for r in bench.rows)))
 
 
 def span_ratios(bench: BatchedFile, unified: bool) -> list[tuple[BatchedRow, int, int, float]]:
@@ -216,10 +229,9 @@ def span_ratios(bench: BatchedFile, unified: bool) -> list[tuple[BatchedRow, int
     rows, where kvpipe (and the fork) moves ``ns x window`` (docs/validation.md, "Run 9's largest miss"). A stream is
     ``n_kv_max / n_seq_max`` cells padded to 256, ``n_seq_max`` the file's largest -npl (llama-batched-bench's); a
     file without ``n_kv_max`` gives nothing. Pure."""
-    n_kv_max = bench.setting("n_kv_max")
-    if unified or n_kv_max <= 0 or not bench.rows:
+    stream = stream_cells(bench)
+    if unified or not stream:
         return []
-    stream = pad_rows(-(-n_kv_max // max(r.sequences for r in bench.rows)))
     out = []
     for r in bench.rows:
         window = min(pad_rows(r.prompt_tokens + r.gen_tokens), stream)

@@ -30,7 +30,7 @@ from sim.graph import decode_graph
 from sim.run.point import Point
 from sim.run.run import run_point
 from sim.transport.config import TransportConfig
-from sim.workload import ALL_LAYERS, CacheType, ModelShape, Workload
+from sim.workload import ALL_LAYERS, CacheType, ModelShape, Workload, pad_rows
 
 #: Decode tokens simulated per fitted point (the window grows in 256-row blocks, so two tokens are steady).
 FIT_TOKENS = 2
@@ -48,6 +48,8 @@ class TokenRun:
     n_gpu_layers: int = ALL_LAYERS  # Workload.n_gpu_layers: the last n repeating layers on the GPU, the rest on the CPU
     sequences: int = 1  # sequences decoding together, ``context`` cached each (seconds_per_token: one step of all of them)
     unified: bool = True  # several sequences: one cache stream (llama.cpp -kvu) or one stream each
+    cells_per_stream: int = 0  # a split cache's streams (llama.cpp's -c over its n_seq_max, padded); 0: just enough
+    copy_span: bool = False  # the ordered copy was upstream llama.cpp's span of the streams (Workload.copy_span)
 
     def __post_init__(self) -> None:
         if self.sequences < 1:
@@ -59,16 +61,22 @@ class TokenRun:
 
 
 def workload_at(model: ModelShape, cache_k: CacheType, cache_v: CacheType, context: int, tokens: int = FIT_TOKENS,
-                pinned: bool = True, n_gpu_layers: int = ALL_LAYERS, sequences: int = 1, unified: bool = True) -> Workload:
+                pinned: bool = True, n_gpu_layers: int = ALL_LAYERS, sequences: int = 1, unified: bool = True,
+                cells_per_stream: int = 0, copy_span: bool = False) -> Workload:
     """``sequences`` sequences of ``model`` decoding ``tokens`` tokens behind ``context`` cached ones each (the last
-    ``n_gpu_layers`` layers on the GPU)."""
+    ``n_gpu_layers`` layers on the GPU); a split cache's streams ``cells_per_stream`` cells long (0, or shorter than
+    the sequences need: just enough) and copied as upstream's span where ``copy_span``."""
+    ctx_size = 0
+    if cells_per_stream and not unified:
+        ctx_size = sequences * max(cells_per_stream, pad_rows(context + tokens))
     return Workload(model, cache_k, cache_v, (context,), tokens=tokens, pinned=pinned, n_gpu_layers=n_gpu_layers,
-                    n_parallel=sequences, unified=unified)
+                    n_parallel=sequences, unified=unified, ctx_size=ctx_size, copy_span=copy_span)
 
 
 def workload_of(model: ModelShape, cache_k: CacheType, cache_v: CacheType, run: TokenRun, tokens: int = FIT_TOKENS) -> Workload:
     """The workload a measured run decoded."""
-    return workload_at(model, cache_k, cache_v, run.context, tokens, run.pinned, run.n_gpu_layers, run.sequences, run.unified)
+    return workload_at(model, cache_k, cache_v, run.context, tokens, run.pinned, run.n_gpu_layers, run.sequences, run.unified,
+                       run.cells_per_stream, run.copy_span)
 
 
 def window_bytes(wl: Workload) -> int:

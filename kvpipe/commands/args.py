@@ -97,6 +97,10 @@ def add_grid_args(p: argparse.ArgumentParser, exact: bool = True) -> None:
                    help="reserve each stream's whole stride in a ring slot (the unpacked layout, for comparison)")
     p.add_argument("--flat-prefix", action="store_true",
                    help="one stable prefix over a multi-stream window (the old behaviour, for comparison)")
+    p.add_argument("--kv-copy", dest="kv_copy", choices=("streams", "span"), default="streams",
+                   help="how the ordered path copies a split cache's window: streams (each stream's window: the fork "
+                        "GenerelSchwerz/llama.cpp; default) or span (one extent over the streams, gaps included: upstream "
+                        "llama.cpp; depth 0 only)")
     p.add_argument("--kv-gpu-layers", dest="kv_gpu_layers", default="0",
                    help="the first N attention layers' K/V kept on the device under -nkvo (the fork's --kv-gpu-layers; "
                         "no CPU split, nothing delivered for them), comma list or START..STOP/STEP")
@@ -168,6 +172,7 @@ def spec_from_args(args: argparse.Namespace) -> GridSpec:
         tensor_split=tuple(parse_list(splits, float, "--tensor-split", "non-negative proportions")) if splits else (),
         pack_streams=getattr(args, "pack", True),
         flat_prefix=getattr(args, "flat_prefix", False),
+        copy_span=getattr(args, "kv_copy", "streams") == "span",
         mutations=frozenset(m for m in str(getattr(args, "mutate", "") or "").split(",") if m),
         kv_gpu_layers=tuple(parse_list(text["kv_gpu_layers"], _int, "--kv-gpu-layers", "integers 0..the model's attention layers")),
         n_gpu_layers=tuple(parse_list(text["n_gpu_layers"], _int, "--n-gpu-layers", f"integers >= 1 ({ALL_LAYERS}: every layer)")),

@@ -61,6 +61,10 @@ def register(sub: Any) -> None:
                    help="with --from-batched-bench --nkvo 1: refit the host->device rate (a factor on --hardware's curve): "
                         "all (the default when given bare) beside the per-sequence term, from files at two -npp values or "
                         "more; one: from the one-sequence rows alone, kept, then the term")
+    p.add_argument("--kv-copy", dest="kv_copy", choices=("streams", "span"), default="streams",
+                   help="with --from-batched-bench --nkvo 1: how the build copied a split cache: streams (each stream's "
+                        "window: the fork GenerelSchwerz/llama.cpp; default) or span (one extent over the streams of "
+                        "n_kv_max / the largest -npl cells: upstream llama.cpp)")
     p.add_argument("--nkvo-attention", choices=("device", "host"), default="device",
                    help="with --from-llama-bench: where the build runs attention under -nkvo: device (the fork's delivered "
                         "windows, default) or host (upstream llama.cpp: on the CPU)")
@@ -184,14 +188,15 @@ def run_from_batched_bench(args: argparse.Namespace) -> int:
     command = "kvpipe " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
     profile, fit = batch_fit.fit_files(files, unified * len(files) if len(unified) == 1 else unified,
                                        "ordered" if args.nkvo == "1" else "resident", not args.pageable, base, where, m,
-                                       ctype, ctype, args.per_sequence, command, args.fit_staging)
+                                       ctype, ctype, args.per_sequence, command, args.fit_staging,
+                                       args.kv_copy == "span" and args.nkvo == "1")
     write_output(args.out, json.dumps(profile, indent=1) + "\n")
     print(f"wrote {args.out}: {m.name} {ctype.name}, per sequence past the first {fit.term} {fit.value_us:.3f} us"
           + (" (the rows grow slower than the profile without it: 0)" if fit.clamped else "")
           + (f"; the staging rate {fit.staging:.3f} times --hardware's"
              + (" (from the one-sequence rows)" if fit.staging_from == "one" else "") if fit.link_key else ""))
     print("\n".join(batch_fit.table(fit)))
-    for line in batch_fit.span_notes(files, unified * len(files) if len(unified) == 1 else unified):
+    for line in batch_fit.span_notes(files, unified * len(files) if len(unified) == 1 else unified) if args.kv_copy != "span" else ():
         print(line)
     return 0
 

@@ -31,6 +31,8 @@ def in_envelope(point: Point) -> str | None:
         (cfg.schedule.active, lambda: f"schedule {cfg.schedule.name} (the evaluator models the reference schedule)"),
         (len(hw.devices) != 1 or wl.split_mode != "none", lambda: f"{len(hw.devices)} devices, split mode {wl.split_mode}"),
         (not wl.pinned and cfg.arm != "resident", lambda: "pageable host cache"),  # resident: only its warm-up reads the cache
+        (wl.copy_span and wl.n_streams > 1 and cfg.arm != "resident",
+         lambda: "kv-copy span (upstream llama.cpp's ordered copy of a split cache: the simulator's)"),
         (not 2 <= cfg.margin_slots <= 32, lambda: f"ring margin {cfg.margin_slots} (the evaluator needs 2..32)"),
     )
     for bad, why in checks:

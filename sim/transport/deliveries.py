@@ -120,6 +120,8 @@ def slot_span(inp: StagedInput, span: SpanFn) -> int:
     """Bytes ``inp`` takes in a slot: its pieces' spans. A function of its layout, kept by ``inp.layout_id``. Pure."""
 
     def make() -> int:
+        if inp.extent:  # the pieces at their cache stride, gaps included
+            return span(inp.extent_bytes, inp.extent_bytes)
         return sum(span(p.nbytes, p.reserve_bytes) for p in inp.pieces)
 
     return make() if inp.layout_id < 0 else _kept(_SPANS, (inp.layout_id, span), make)  # type: ignore[no-any-return]
@@ -135,6 +137,9 @@ def _full_span(inp: StagedInput, graph: DecodeGraph, span: SpanFn) -> int:
 
     def make() -> int:
         scale = graph.full_window_rows / max(1, graph.window_rows)
+        if inp.extent:
+            extent = inp.pieces[-1].src_offset - inp.pieces[0].src_offset + int(inp.pieces[-1].nbytes * scale)
+            return span(extent, extent)
         return sum(span(int(p.nbytes * scale), p.reserve_bytes) for p in inp.pieces)
 
     key = (inp.layout_id, span, graph.full_window_rows, graph.window_rows)
@@ -169,6 +174,10 @@ def window_parts(inp: StagedInput, start: int, span: SpanFn) -> tuple[tuple[Wind
 def _window_parts(inp: StagedInput, start: int, span: SpanFn) -> tuple[tuple[WindowEntry, ...], tuple[WindowEntry, ...]]:
     if len(inp.pieces) == 1:
         return ((window(inp.name), start, inp.nbytes),), ()
+    if inp.extent:  # each stream's part at its offset in the cache, from the first piece's
+        first = inp.pieces[0].src_offset
+        return (((window(inp.name), start, inp.extent_bytes),),
+                tuple((window(inp.name, i), start + p.src_offset - first, p.nbytes) for i, p in enumerate(inp.pieces)))
     out, off, end = [], start, start
     for i, p in enumerate(inp.pieces):
         out.append((window(inp.name, i), off, p.nbytes))
@@ -179,9 +188,13 @@ def _window_parts(inp: StagedInput, start: int, span: SpanFn) -> tuple[tuple[Win
 
 def ordered_copy(inp: StagedInput, start: int, span: SpanFn) -> tuple[tuple[CopyRange, ...], int]:
     """(the ranges, bytes spanned) of ``inp`` copied whole to ``start`` (the ordered path): one range per piece, each
-    at its span. A function of the pieces' layout, kept by ``inp.layout_id``. Pure."""
+    at its span; an ``extent`` window in one range from its first piece's start to its last piece's end. A function of
+    the pieces' layout, kept by ``inp.layout_id``. Pure."""
 
     def make() -> tuple[tuple[CopyRange, ...], int]:
+        if inp.extent:
+            nbytes = inp.extent_bytes
+            return KeptRanges([CopyRange(inp.pieces[0].src_offset, start, nbytes)]), span(nbytes, nbytes)
         off, ranges = start, []
         for p in inp.pieces:
             ranges.append(piece_range(p, off, 0, p.nbytes))
@@ -249,6 +262,9 @@ def plan_deliveries(order: Sequence[Split], entries: dict[int, list[tuple[Staged
     ``first_slot``: delivery o goes to slot ``(first_slot + o) mod n_slots``
     (``Schedule.across_tokens``: the slots go on round from the last graph's).
     """
+    if any(inp.extent for split in order for inp, _ in entries[split.index]):
+        raise ValueError("a window copied as one extent (kv-copy span: upstream llama.cpp's ordered copy of a split cache) "
+                         "has no pipelined delivery; allowed: depth 0, or kv-copy streams")
     out = []
     for o, split in enumerate(order):
         slot = (first_slot + o) % n_slots

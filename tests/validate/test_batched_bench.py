@@ -249,3 +249,33 @@ def test_calibrate_prints_one_note_for_a_split_file_whose_streams_outgrow_the_wi
     notes = [x for x in capsys.readouterr().out.splitlines() if x.startswith("note:")]
     assert len(notes) == 1 and str(split) in notes[0] and "-npl 8 " in notes[0] and "2560-cell streams" in notes[0]
     assert f"{(7 * 2560 + 2304) / (8 * 2304):.3f}x" in notes[0]
+
+
+def test_kv_copy_span_fits_upstreams_rows_where_the_fork_s_model_reads_slower_sequences(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # rows upstream's span copy makes: -npp 960 at -c 16384, streams of 2,048 cells against a 1,024-row window
+    base, _ = read_profile_dict("h200-gen5x16")
+    m, q = load_model("llama-3.1-8b"), cache_type("q8_0")
+    truth = with_term(base, "layer_seq_us", 37.0)
+    files = []
+    for uni in (False, True):
+        lines = []
+        for b in (1, 2, 4, 8):
+            s = simulated_s(truth, workload_at(m, q, q, 960 + 16, sequences=b, unified=uni, cells_per_stream=2048,
+                                               copy_span=True), "ordered")
+            lines.append(json.dumps({"n_kv_max": 16384, "n_batch": 2048, "n_ubatch": 512, "flash_attn": 1, "is_pp_shared": 0,
+                                     "n_gpu_layers": 99, "pp": 960, "tg": 32, "pl": b, "n_kv": b * 992, "t_pp": 0.5,
+                                     "speed_pp": b * 960 / 0.5, "t_tg": 32 * s, "speed_tg": b / s, "t": 0.5 + 32 * s, "speed": 1.0}))
+        files.append(tmp_path / f"{'unified' if uni else 'split'}.jsonl")
+        files[-1].write_text("\n".join(lines) + "\n")
+    fitted = {}
+    for copy in ("span", "streams"):
+        out = tmp_path / f"fit-{copy}.json"
+        argv = ["calibrate", "--from-batched-bench", ",".join(map(str, files)), "--kv-unified", "0,1", "--nkvo", "1",
+                "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b", "--kv-copy", copy, "--out", str(out)]
+        assert main(argv) == 0
+        text = capsys.readouterr().out
+        assert ("give --kv-copy span" in text) == (copy == "streams")  # the note only where the span is not modelled
+        fitted[copy] = json.loads(out.read_text())["devices"][0]["compute"]["layer_seq_us"]
+    assert fitted["span"] == pytest.approx(37.0, rel=0.01)
+    assert fitted["streams"] > 37.0 * 1.2  # the span's extra bytes read as slower sequences

@@ -37,15 +37,21 @@ if str(ROOT) not in sys.path:
 
 from kvpipe.cli import main as kvpipe  # noqa: E402
 from sim.errors import InputError  # noqa: E402
+from sim.workload import pad_rows  # noqa: E402
 from validate import batched_bench  # noqa: E402
 
 NAME = re.compile(r"batched-(split|unified)-pp(\d+)(?:-r(\d+))?\.jsonl$")
 
 
-def simulate_tps(profile: str, gguf: str, pp: int, tg: int, pl: int, unified: bool) -> tuple[float, str]:
-    """Predicted t/s over all sequences, and the ``kvpipe simulate`` command that gave it. Blocks (one simulation)."""
+def simulate_tps(profile: str, gguf: str, pp: int, tg: int, pl: int, unified: bool, ctx_size: int = 0,
+                 kv_copy: str = "streams") -> tuple[float, str]:
+    """Predicted t/s over all sequences, and the ``kvpipe simulate`` command that gave it (``ctx_size``: its
+    ``--ctx-size``, 0: none given; ``kv_copy``: its ``--kv-copy``). Blocks (one simulation)."""
     argv = ["simulate", "--hardware", profile, "-m", gguf, "--context", str(pp), "--tokens", str(tg), "--parallel", str(pl),
-            "--depth", "0", "--pageable", "--kv-unified" if unified else "--no-kv-unified", "--json"]
+            "--depth", "0", "--pageable", "--kv-unified" if unified else "--no-kv-unified"]
+    argv += ["--ctx-size", str(ctx_size)] if ctx_size else []
+    argv += ["--kv-copy", kv_copy] if kv_copy != "streams" else []
+    argv += ["--json"]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = kvpipe(argv)
@@ -59,19 +65,29 @@ def predict(args: argparse.Namespace) -> int:
     entry = next(iter(profile.get("workloads", {}).values()), {})
     fit = entry.get("batch") or profile.get("batch") or {}
     rows = []
+    npls = [int(x) for x in args.npl.split(",")]
+    ctx = {int(k): int(v) for k, v in (kv.split("=") for kv in args.ctx.split(",") if kv)}
     for pp in (int(x) for x in args.pp.split(",")):
+        c = ctx.get(pp, 8 * (pp + args.tg) + 256)  # llama-batched-bench's -c (h200_bench.sh's default)
         for layout in ("split", "unified"):
-            for pl in (int(x) for x in args.npl.split(",")):
-                tps, cmd = simulate_tps(args.profile, args.gguf, pp, args.tg, pl, layout == "unified")
-                rows.append({"layout": layout, "pp": pp, "tg": args.tg, "pl": pl, "predicted_tps": round(tps, 4), "command": cmd})
+            for pl in npls:
+                size = 0  # with the span copy, kvpipe's streams are upstream's: -c over the largest -npl, padded
+                if args.kv_copy == "span" and layout == "split":
+                    size = pad_rows(-(-c // max(npls))) * pl
+                tps, cmd = simulate_tps(args.profile, args.gguf, pp, args.tg, pl, layout == "unified", size, args.kv_copy)
+                rows.append({"layout": layout, "pp": pp, "tg": args.tg, "pl": pl, "c": c, "predicted_tps": round(tps, 4),
+                             "command": cmd})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     data = {"command": "python tools/llamacpp/predict_batched.py " + " ".join(sys.argv[1:]), "profile": args.profile,
             "fit_from": fit.get("from", ""), "term": fit.get("term"), "value_us": fit.get("value_us"),
-            "clamped": fit.get("clamped"), "calibration": fit.get("residuals", []), "held_out": rows}
+            "clamped": fit.get("clamped"), "calibration": fit.get("residuals", []), "kv_copy": args.kv_copy, "held_out": rows}
     (out / "prediction.json").write_text(json.dumps(data, indent=1) + "\n")
+    ctxs = ", ".join(f"{pp}: {c}" for pp, c in sorted({(r["pp"], r["c"]) for r in rows}))
     lines = [f"Predicted before the held-out runs were read: `{data['command']}`", "",
              f"Per-sequence term: {data['term']} = {data['value_us']} us" + (" (clamped at 0)" if data["clamped"] else ""), "",
+             *([f"A split cache's ordered copy: `--kv-copy {args.kv_copy}` (upstream llama.cpp's span; -c per -npp: "
+                f"{ctxs})", ""] if args.kv_copy == "span" else []),
              "| layout | -npp | -npl | predicted t/s |", "|---|---:|---:|---:|"]
     lines += [f"| {r['layout']} | {r['pp']} | {r['pl']} | {r['predicted_tps']:.2f} |" for r in rows]
     (out / "prediction.md").write_text("\n".join(lines) + "\n")
@@ -189,6 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pp", default="1024,4096", help="held-out -npp values (default 1024,4096)")
     p.add_argument("--npl", default="1,2,4,8", help="-npl values (default 1,2,4,8)")
     p.add_argument("--tg", type=int, default=32, help="-ntg (default 32)")
+    p.add_argument("--ctx", default="", help="PP=C,...: the -c of those -npp (default 8 x (npp + ntg) + 256)")
+    p.add_argument("--kv-copy", dest="kv_copy", choices=("streams", "span"), default="streams",
+                   help="the model of a split cache's ordered copy (kvpipe --kv-copy; span: upstream llama.cpp's, its "
+                        "streams -c over the largest -npl, padded to 256)")
     p.add_argument("--out", required=True, help="folder for prediction.json and prediction.md")
     p.set_defaults(func=predict)
     c = sub.add_parser("compare", help="hold the committed prediction to the held-out files")
