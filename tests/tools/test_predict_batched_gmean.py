@@ -86,3 +86,24 @@ def test_gmean_refuses_files_without_a_round_and_two_finished_calls_of_one_round
     files = [_write_call(p / "r9-batched-split-pp832-r1.jsonl", 832, {1: 1.0, 2: 2.0}) for p in (d, d / "a")]
     res = _compare(out, files, "--statistic", "gmean")
     assert res.returncode != 0 and "two finished calls of split -npp 832 round 1" in res.stderr
+
+
+def test_two_machines_rounds_of_one_number_stay_two_rounds_with_machines(tmp_path: Path) -> None:
+    # run 10: machine A (call1) ran rounds 1-2, machine B (call2, call3) began again at round 1 and ran 1-3
+    out = _setup(tmp_path)
+    files = []
+    for call, ks, t in (("call1", (1, 2), 160.0), ("call2", (1, 2), 90.0), ("call3", (3,), 90.0)):
+        (tmp_path / call).mkdir()
+        for k in ks:
+            for lay in ("split", "unified"):
+                files.append(_write_call(tmp_path / call / f"r10-batched-{lay}-pp832-r{k}.jsonl", 832, {1: t, 2: 2 * t}))
+    res = _compare(out, files, "--statistic", "gmean")
+    assert res.returncode == 1 and "two finished calls of split -npp 832 round 1" in res.stderr
+    res = _compare(out, files, "--statistic", "gmean", "--machines", "call1=A,call2=B,call3=B")
+    assert res.returncode == 0, res.stderr
+    data = json.loads((out / "comparison.json").read_text())
+    assert data["complete_rounds"] == ["A1", "A2", "B1", "B2", "B3"]
+    want = math.exp((2 * math.log(160.0) + 3 * math.log(90.0)) / 5)
+    assert all(math.isclose(r["measured_tps"], want * r["pl"]) and len(r["calls_tps"]) == 5 for r in data["rows"])
+    res = _compare(out, files, "--statistic", "gmean", "--machines", "call1=A,call2=B")
+    assert res.returncode == 1 and "folder 'call3', which --machines does not name" in res.stderr

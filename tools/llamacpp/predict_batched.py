@@ -30,6 +30,7 @@ import re
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -100,7 +101,8 @@ def compare(args: argparse.Namespace) -> int:
     pred = json.loads((out / "prediction.json").read_text())
     want = {(r["layout"], r["pp"], r["tg"], r["pl"]): r for r in pred["held_out"]}
     if args.statistic == "gmean":
-        measured, rounds = _complete_rounds(args.measured, want)
+        machines = dict(kv.split("=", 1) for kv in args.machines.split(",") if kv) if args.machines else None
+        measured, rounds = _complete_rounds(args.measured, want, machines)
     else:
         measured, rounds = _all_calls(args.measured, want), None
     stat = _gmean if args.statistic == "gmean" else statistics.median
@@ -160,12 +162,15 @@ def _all_calls(paths: list[str], want: dict) -> dict[tuple[str, int, int, int], 
     return measured
 
 
-def _complete_rounds(paths: list[str], want: dict) -> tuple[dict[tuple[str, int, int, int], list[tuple[float, str]]], list[int]]:
+def _complete_rounds(paths: list[str], want: dict, machines: dict[str, str] | None = None,
+                     ) -> tuple[dict[tuple[str, int, int, int], list[tuple[float, str]]], list[int] | list[str]]:
     """The held-out rows of the complete rounds only, and those rounds (ascending). A call is finished when its file
     has a row for every predicted -npl; a round is complete when every configuration (layout, -npp) among the files
-    has a finished call in it. Two finished calls of one configuration and round: an error. Reads the files only."""
+    has a finished call in it. Two finished calls of one configuration and round: an error. ``machines`` (a file's
+    folder name -> a machine's label): a round is (machine, K), so rounds that two machines each numbered K stay two
+    (run 10), and they are named label + K. Reads the files only."""
     npl = {k[3] for k in want}
-    calls: dict[tuple[str, int, int], tuple[str, list]] = {}
+    calls: dict[tuple[str, int, Any], tuple[str, list]] = {}
     for path in paths:
         m = _name(path)
         if m.group(3) is None:
@@ -176,7 +181,14 @@ def _complete_rounds(paths: list[str], want: dict) -> tuple[dict[tuple[str, int,
             continue  # killed before its first row: not finished
         if not npl <= {r.sequences for r in rows}:
             continue  # not finished (killed or cut short): no part of any round
-        key = (m.group(1), int(m.group(2)), int(m.group(3)))
+        k: Any = int(m.group(3))
+        if machines:
+            folder = Path(path).parent.name
+            if folder not in machines:
+                sys.exit(f"predict_batched: {path!r} is in folder {folder!r}, which --machines does not name; allowed: "
+                         f"{', '.join(sorted(machines))}")
+            k = (machines[folder], k)
+        key = (m.group(1), int(m.group(2)), k)
         if key in calls:
             sys.exit(f"predict_batched: two finished calls of {key[0]} -npp {key[1]} round {key[2]}: "
                      f"{calls[key][0]!r} and {path!r}")
@@ -193,7 +205,7 @@ def _complete_rounds(paths: list[str], want: dict) -> tuple[dict[tuple[str, int,
                 measured.setdefault(key, []).append((r.decode_tps, path))
     if not rounds:
         sys.exit("predict_batched: no complete round among the files given")
-    return measured, rounds
+    return measured, [f"{a}{b}" for a, b in rounds] if machines else rounds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--statistic", choices=("median", "gmean"), default="median",
                    help="a configuration's measurement over its calls: median (runs 6-8, default) or gmean (run 9: the "
                         "geometric mean over the rounds every configuration given finished)")
+    c.add_argument("--machines", default="", metavar="DIR=LABEL,...",
+                   help="with gmean: the machine each folder's calls ran on (run 10: call1=A,call2=B,...): a round is "
+                        "(machine, K), named LABEL+K")
     c.add_argument("measured", nargs="+", help="held-out llama-batched-bench JSONL files (with gmean, the calibration "
                                                "files may be given too: they count only for the complete rounds)")
     c.set_defaults(func=compare)
