@@ -122,6 +122,9 @@ class PackedPoints:
 
     def __init__(self, pts: Any) -> None:
         self.parts: list[tuple[list[Any], np.ndarray]] = []
+        if hasattr(pts, "parts"):  # a ``sim.points.PointGrid``: its objects and indices as they are
+            self.parts = [(objs, np.asarray(idx).astype(np.int32)) for objs, idx in pts.parts]
+            return
         for name in ("workload", "hardware", "transport"):
             ids = np.fromiter(map(id, map(operator.attrgetter(name), pts)), dtype=np.int64, count=len(pts))
             _, first, inv = np.unique(ids, return_index=True, return_inverse=True)

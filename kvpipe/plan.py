@@ -46,6 +46,7 @@ import numpy as np
 from kvpipe.plan_peak import ClosedForm, apply_peak, closed_form, copy_s, gpu_compute_s, peak_ring_bytes, peak_rows
 from kvpipe.plan_report import render
 from kvpipe.plan_run import CHECK_N, DEFAULT_BUDGET_MIB, Figures, PlanRequest, Runner, points
+from kvpipe.plan_run import grid as grid_points
 from sim.errors import InputError
 from sim.transport.config import MIB
 
@@ -136,7 +137,7 @@ def plan(req: PlanRequest, runner: Runner | None = None, then: Callable[[list[Co
     runner = runner or Runner(req)
     depths = list(range(req.max_depth + 1))
     budgets = [0.0, *(b for b in req.budgets_mib if b)]  # uncapped first; the asked budgets in the same run
-    pts = points(req, list(req.contexts), depths, budgets)
+    pts = grid_points(req, list(req.contexts), depths, budgets)  # arrays: a Point made only where one is read
     f = runner.run(pts, grid=True)
 
     def grid(a: np.ndarray) -> np.ndarray:  # (budget, context, depth), from the grid's (context, depth, budget)

@@ -179,3 +179,40 @@ def test_packed_points_come_back_equal_and_shared_through_pickle() -> None:
         assert piece == pts[lo:hi] and _sharing(piece) == _sharing(pts[lo:hi])
     got, want = summarize_packed(PackedPoints(pts)), summarize(pts)
     assert all(np.array_equal(getattr(got, f), getattr(want, f)) for f in want.__dataclass_fields__)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_a_point_grid_makes_the_plain_walks_points_when_asked(spec: GridSpec) -> None:
+    """``sim.points.point_grid`` holds the walk's points as arrays: each one asked for is the walk's (equal, sharing its
+    objects as the walk does), made once (asked again, the same object), by index, negative index or slice; a subset
+    (``take``), a field per object (``field``), its packing for a worker and its workloads replaced
+    (``with_workloads``) are those of the walk's list."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from kvpipe.executors import PackedPoints
+
+    want = _plain(spec)
+    g = sp.point_grid(spec)
+    assert len(g) == len(want) and not g.made()
+    got = [g[i] for i in range(len(g))]
+    assert got == want and _sharing(got) == _sharing(want)
+    assert all(g[i] is p for i, p in enumerate(got)) and g[-1] is got[-1] and g[1:4] == got[1:4] and g.points()[0] is got[0]
+    with pytest.raises(IndexError):
+        g[len(g)]
+    idx = np.array([len(g) - 1, 0, len(g) // 2, 0])
+    sub = g.take(idx)
+    assert sub.points() == [want[i] for i in idx] and _sharing(sub.points()) == _sharing([want[i] for i in idx])
+    assert all(sub[k] is g[int(i)] for k, i in enumerate(idx)) and sub.take(np.array([2, 1]))[0] is g[int(idx[2])]
+    fresh = sp.point_grid(spec)
+    view = fresh.take(idx)
+    assert view.made() == {} and (view[0] is fresh[int(idx[0])]) and set(view.made()) == {0}
+    assert g.field(2, lambda c: c.arm, object).tolist() == [p.transport.arm for p in want]
+    assert g.field(0, lambda w: max(w.context)).tolist() == [p.context for p in want]
+    back = PackedPoints(g).points()
+    assert back == want and _sharing(back) == _sharing(want)
+    assert PackedPoints(g).take(1, 3).points() == want[1:3]
+    changed = g.with_workloads(lambda w: replace(w, pinned=not w.pinned))
+    flipped = [replace(p, workload=replace(p.workload, pinned=not p.workload.pinned)) for p in want]
+    assert changed.points() == flipped and _sharing(changed.points()) == _sharing(want)

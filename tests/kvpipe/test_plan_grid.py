@@ -1,0 +1,61 @@
+"""A plan's grid answered as arrays (``sim.points.PointGrid``: no ``Point`` made up front) is answered as the same
+points in a list are: the same figures, the same boundaries, the same sample drawn and checked."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from typing import Any
+
+import pytest
+
+from kvpipe import plan_run, sweep_work
+from kvpipe.plan_run import PlanRequest, Runner, grid, points
+from sim.points import PointGrid
+
+_CHECK_ROWS = sweep_work.check_rows
+
+
+def _answers(req: PlanRequest, pts: Any, monkeypatch: pytest.MonkeyPatch, marked: int | None) -> dict[str, Any]:
+    """What a runner says of ``pts`` run as a grid, then a list of other points, with point ``marked`` of the grid (if
+    any) and one of the list marked."""
+    seen: list[Any] = []
+
+    def spy(sample: list, rows: list, *rest: Any) -> Any:  # type: ignore[type-arg]
+        seen.append([(p.context, p.transport.depth, p.transport.budget_mib, p.transport.arm, p.workload.pinned, r)
+                     for p, r in zip(sample, rows, strict=True)])
+        return _CHECK_ROWS(sample, rows, *rest)
+
+    monkeypatch.setattr(sweep_work, "check_rows", spy)
+    with Runner(req) as runner:
+        f = runner.run(pts, grid=True)
+        extra = points(req, [6000, 12000], [0, 2], [0.0])
+        extra = [*extra, *(replace(p, transport=replace(p.transport, arm="resident", depth=0)) for p in extra[:2])]
+        g = runner.run(extra)
+        runner.mark([extra[1], *([] if marked is None else [pts[marked]])])
+        total, worst = runner.check(6)
+    return {"figures": [getattr(f, x.name).tolist() for x in fields(f)], "extra": [getattr(g, x.name).tolist() for x in fields(g)],
+            "check": (total, worst, runner.checked, runner.checked_exact), "sample": seen, "bounds": runner._bounds}
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+@pytest.mark.parametrize("pageable", [False, True])
+def test_a_grid_is_answered_as_its_points(jobs: int, pageable: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Runner.run`` and ``Runner.check`` of a ``PointGrid`` (``kvpipe.plan_run.grid``) and of its points as a list:
+    every figure, the grid's boundaries, the check's sample (drawn, boundaries, marked points) and its rows equal,
+    one process or two workers in pieces; ``pageable``: one context's host cache pageable, outside the evaluator's
+    envelope (simulated), so the grid's evaluated points are a subset taken as arrays."""
+    monkeypatch.setattr(plan_run, "PARALLEL_LINES", 1)  # pieces however few the lines
+    req = PlanRequest(contexts=(2048, 5000, 9000, 17000, 30000), tokens=2, max_depth=3, jobs=jobs)
+    g = grid(req, list(req.contexts), [0, 1, 2, 3], [0.0, 32.0, 64.0])
+    if pageable:
+        g = g.with_workloads(lambda w: replace(w, pinned=False) if w.context == (9000,) else w)
+    assert isinstance(g, PointGrid) and not g.made()
+    unmarked = {x[:3] for x in _answers(req, g.points(), monkeypatch, None)["sample"][0]}
+    mark = next(i for i, p in enumerate(g.points()) if (p.context, p.transport.depth, p.transport.budget_mib) not in unmarked)
+    as_grid = _answers(req, g, monkeypatch, mark)
+    as_list = _answers(req, g.points(), monkeypatch, mark)
+    assert as_grid == as_list
+    assert (g[mark].context, g[mark].transport.depth, g[mark].transport.budget_mib) in {x[:3] for x in as_grid["sample"][0]}
+    assert as_grid["sample"] and as_grid["check"][1] <= 1e-9
+    assert sum(not e for e in as_grid["figures"][-1]) == (12 if pageable else 0)  # the pageable context's, simulated
+    assert len(g.made()) < len(g)  # the grid's points made only where read
