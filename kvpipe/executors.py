@@ -145,10 +145,12 @@ class PackedPoints:
 
 
 def summarize_packed(packed: PackedPoints) -> Any:
-    """``sim.evaluator.summarize`` of the packed points (what a worker runs). Blocks (CPU)."""
+    """``sim.evaluator.summarize`` of the packed points (what a worker runs), as a ``sim.points.PointGrid``: a point is
+    made only where the evaluator reads one (a line's first). Blocks (CPU)."""
     from sim.evaluator import summarize
+    from sim.points import PointGrid
 
-    return summarize(packed.points())
+    return summarize(PointGrid(packed.parts))
 
 
 @contextmanager

@@ -293,6 +293,23 @@ def new_point(wl: Workload, hw: HardwareProfile, tc: TransportConfig, _new: Any 
     return obj  # type: ignore[no-any-return]
 
 
+_FIELDS = ("workload", "hardware", "transport")
+
+
+def objects_of(pts: Sequence[Point], k: int) -> tuple[list[Any], np.ndarray]:
+    """The points' distinct workload (``k`` 0), machine (1) or config (2) objects and each point's index among them: a
+    :class:`PointGrid`'s read off its arrays (no point made), else found from object ids (``pts`` keeps the objects
+    alive). Pure."""
+    if isinstance(pts, PointGrid):
+        objs, at = pts.parts[k]
+        used, inv = np.unique(at, return_inverse=True)
+        return [objs[j] for j in used.tolist()], inv.reshape(-1)
+    get = operator.attrgetter(_FIELDS[k])
+    _, first, inv = np.unique(np.fromiter(map(id, map(get, pts)), dtype=np.int64, count=len(pts)), return_index=True,
+                              return_inverse=True)
+    return [get(pts[i]) for i in first.tolist()], inv.reshape(-1)
+
+
 def line_arrays(pts: Any, parts: Any = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each point's line (a number: equal numbers, the same model, machine, cache types, sequences, tokens, arm and
     placement), context, depth and budget (MiB), as arrays: each config object read once, each (workload, machine,
@@ -300,11 +317,7 @@ def line_arrays(pts: Any, parts: Any = None) -> tuple[np.ndarray, np.ndarray, np
     machine and config objects and each point's index of each (``kvpipe.executors.PackedPoints.parts``). Pure."""
     n = len(pts)
     if parts is None:
-        parts = []
-        for f in ("workload", "hardware", "transport"):
-            _, first, inv = np.unique(np.fromiter(map(id, map(operator.attrgetter(f), pts)), dtype=np.int64, count=n),
-                                      return_index=True, return_inverse=True)
-            parts.append(([getattr(pts[i], f) for i in first.tolist()], inv.reshape(-1)))
+        parts = [objects_of(pts, k) for k in range(3)]
     cfgs, cfg = parts[2]
     arms: dict[str, int] = {}
     arm = np.array([arms.setdefault(c.arm, len(arms)) for c in cfgs], dtype=np.int64)[cfg.reshape(-1)]

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.points import objects_of
 from sim.replay_shapes import _STEPS, ShapeArrays, placed_devices, steps_of
 from sim.replay_shapes import TEMPLATES as _TEMPLATES
 from sim.replay_shapes import learn as _learn
@@ -238,22 +239,19 @@ def object_groups(points: Sequence[Point]) -> tuple[np.ndarray, list[int]]:
     if not n:
         return np.zeros(0, dtype=np.intp), []
     code = np.zeros(n, dtype=np.int64)
-    for get in (_workload, _hardware, _transport):
-        ids, first, inv = np.unique(np.fromiter(map(id, map(get, points)), dtype=np.int64, count=n), return_index=True,
-                                    return_inverse=True)
-        if get is _transport:  # a config's class, not the object: equal fields but depth and budget, one code
-            classes = np.array([config_class(points[i].transport) for i in first.tolist()], dtype=np.int64)
-            ids, inv = np.unique(classes[inv], return_inverse=True)
-        _, code = np.unique(code * len(ids) + inv.reshape(-1), return_inverse=True)  # < n: no overflow
+    for k in range(3):
+        objs, inv = objects_of(points, k)  # a grid's (``sim.points.PointGrid``) off its arrays, else by object id
+        count = len(objs)
+        if k == 2:  # a config's class, not the object: equal fields but depth and budget, one code
+            classes, inv = np.unique(np.array([config_class(c) for c in objs], dtype=np.int64)[inv], return_inverse=True)
+            count = len(classes)
+        _, code = np.unique(code * count + inv.reshape(-1), return_inverse=True)  # < n: no overflow
         code = code.reshape(-1)
     _, first, inv = np.unique(code, return_index=True, return_inverse=True)
     order = np.argsort(first, kind="stable")  # groups by first appearance
     number = np.empty(len(first), dtype=np.intp)
     number[order] = np.arange(len(first))
     return number[inv.reshape(-1)], first[order].tolist()
-
-
-_workload, _hardware, _transport = (operator.attrgetter(f) for f in ("workload", "hardware", "transport"))
 
 
 def _lines(points: Sequence[Point]) -> tuple[np.ndarray, list[Point]]:
@@ -335,10 +333,9 @@ def plan_points(points: Sequence[Point], each_line: Callable[[Point], Any] | Non
     align = per_line(fill(lambda x: x.align))
     align[align == 0] = 1
     io = np.array([x.io_bytes for x in info], dtype=np.int64)[line_of]
-    _, cfg_first, cfg_of = np.unique(np.fromiter(map(id, map(_transport, points)), dtype=np.int64, count=n),
-                                     return_index=True, return_inverse=True)
-    pol = planning.Policy.of([points[i].transport for i in cfg_first.tolist()])  # each config object once
-    pol = planning.Policy(*(getattr(pol, f)[cfg_of.reshape(-1)] for f in planning.Policy.__dataclass_fields__))
+    cfgs, cfg_of = objects_of(points, 2)
+    pol = planning.Policy.of(cfgs)  # each config object once
+    pol = planning.Policy(*(getattr(pol, f)[cfg_of] for f in planning.Policy.__dataclass_fields__))
     tokens = np.array([x.point.workload.tokens for x in info], dtype=np.int64)[line_of]
     rings = {d: planning.RingState.empty(n) for d in range(n_dev)}
     made_at = {d: np.full(n, 1 << 30, dtype=np.int64) for d in range(n_dev)}

@@ -216,3 +216,37 @@ def test_a_point_grid_makes_the_plain_walks_points_when_asked(spec: GridSpec) ->
     changed = g.with_workloads(lambda w: replace(w, pinned=not w.pinned))
     flipped = [replace(p, workload=replace(p.workload, pinned=not p.workload.pinned)) for p in want]
     assert changed.points() == flipped and _sharing(changed.points()) == _sharing(want)
+
+
+@pytest.mark.parametrize("resident", [False, True])
+def test_a_point_grid_is_evaluated_as_its_points(resident: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sim.evaluator.summarize`` of a ``PointGrid`` (its objects numbered off its arrays, batches as grids, no point
+    made but a line's first) equals that of its points as a list, bit for bit -- in small batches, for a shuffled view
+    with repeats, two machines, ``--kv-gpu-layers``, two sequences and (``resident``) the resident arm; the groups read
+    off the grid are the id walk's, its line arrays the same but for the lines' numbers (the same partition)."""
+    import sys
+
+    import numpy as np
+
+    from kvpipe.executors import PackedPoints, summarize_packed
+    from sim import replay
+    from sim.evaluator import summarize
+
+    monkeypatch.setattr(sys.modules["sim.evaluator.evaluate"], "BATCH_POINTS", 7)
+    spec = GridSpec(contexts=((4096,), (8192,), (20000,)), depths=(0, 1, 3), budgets_mib=(0, 64), kv_gpu_layers=(0, 2),
+                    hardware=("rtx4070-gen4x16", "rtx3060-gen3x4"), parallels=(1, 2), tokens=3, kv_offload=(True, False)
+                    if resident else (True,))
+    g = sp.point_grid(spec)
+    view = g.take(np.random.default_rng(5).permutation(np.r_[np.arange(len(g)), np.arange(0, len(g), 4)]))
+    for grid in (g, view):
+        pts = grid.points()
+        got, want = summarize(grid), summarize(pts)
+        assert all(np.array_equal(getattr(got, f), getattr(want, f)) for f in want.__dataclass_fields__)
+        assert resident or grid is view or len(g.made()) < len(g) // 2  # a batch's lines' first points (a resident batch's all)
+        packed = summarize_packed(PackedPoints(grid))
+        assert all(np.array_equal(getattr(packed, f), getattr(want, f)) for f in want.__dataclass_fields__)
+        a, b = replay.object_groups(grid), replay.object_groups(pts)
+        assert a[0].tolist() == b[0].tolist() and a[1] == b[1]
+        (line, *rest), (want_line, *want_rest) = sp.line_arrays(grid), sp.line_arrays(pts)
+        assert all(np.array_equal(x, y) for x, y in zip(rest, want_rest, strict=True))
+        assert len(set(zip(line.tolist(), want_line.tolist()))) == len(set(line.tolist())) == len(set(want_line.tolist()))
