@@ -249,4 +249,4 @@ def test_a_point_grid_is_evaluated_as_its_points(resident: bool, monkeypatch: py
         assert a[0].tolist() == b[0].tolist() and a[1] == b[1]
         (line, *rest), (want_line, *want_rest) = sp.line_arrays(grid), sp.line_arrays(pts)
         assert all(np.array_equal(x, y) for x, y in zip(rest, want_rest, strict=True))
-        assert len(set(zip(line.tolist(), want_line.tolist()))) == len(set(line.tolist())) == len(set(want_line.tolist()))
+        assert len(set(zip(line.tolist(), want_line.tolist(), strict=True))) == len(set(line.tolist())) == len(set(want_line.tolist()))
