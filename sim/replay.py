@@ -15,16 +15,16 @@ Units: bytes.
 from __future__ import annotations
 
 import functools
-import itertools
 import operator
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 
 from sim.points import objects_of
+from sim.replay_keys import clear_numbers, compute_number, context_free, free_number, interned, number
 from sim.replay_shapes import _STEPS, ShapeArrays, placed_devices, steps_of
 from sim.replay_shapes import TEMPLATES as _TEMPLATES
 from sim.replay_shapes import learn as _learn
@@ -104,40 +104,14 @@ def clear_shapes() -> None:
     _TEMPLATES.clear()
     _STEPS.clear()
     context_free.cache_clear()
+    clear_numbers()
     window_rows_at.cache_clear()
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def context_free(wl: Workload, cells: bool) -> Any:
-    """What a one-sequence workload's graph at a given window depends on, whatever its context: the workload at a
-    context of 1, one token, and (``cells``) a cache of its own size. The graphs of two such workloads with equal keys
-    differ only in the row each step writes (its window's stable prefix): the point planner's shapes and the
-    evaluator's numbers of a window are kept under this key (several sequences: the workload itself). Pure."""
-    if wl.n_parallel != 1:
-        return wl
-    return replace(wl, context=(1,), tokens=1, ctx_size=wl.cells if cells else 0)
-
-
-def interned(key: Any) -> int:
-    """A number for ``key`` (equal keys, equal numbers; a number is never given to another key, even after the table
-    is emptied): what a cache keyed by it hashes instead of a workload, once per line rather than once per token."""
-    got = _INTERNED.get(key)
-    if got is None:
-        if len(_INTERNED) > 1 << 16:
-            _INTERNED.clear()
-        got = _INTERNED[key] = next(_NUMBERS)
-    return got
-
-
-_INTERNED: dict[Any, int] = {}
-_NUMBERS = itertools.count()
 
 
 def _family(point: Point) -> int:
     """What a step's shape depends on but its window and slot layout (``context_free`` with the cache's size), as a
     number."""
-    return interned((context_free(point.workload, cells=True), tuple(d.compute for d in point.hardware.devices),
-                     point.transport.arm))
+    return interned((free_number(point.workload, True), compute_number(point.hardware), point.transport.arm))
 
 
 def _shape(point: Point, step: int, rows: int, spans: list[Any], slot_key: Any, family: int | None = None) -> _Shape:
@@ -146,8 +120,7 @@ def _shape(point: Point, step: int, rows: int, spans: list[Any], slot_key: Any, 
     key = (_family(point) if family is None else family, rows, slot_key)
     shape = _SHAPES.get(key)
     if shape is None:
-        tkey = (interned((context_free(point.workload, cells=False), tuple(d.compute for d in point.hardware.devices),
-                          point.transport.arm)), slot_key)
+        tkey = (interned((free_number(point.workload, False), compute_number(point.hardware), point.transport.arm)), slot_key)
         kept = _TEMPLATES.get(tkey)
         if kept is not None and kept[1] and rows >= 1:  # a confirmed template: no graph
             shape = _Shape(*kept[0].fields(point.workload, rows, spans[kept[0].device]))
@@ -263,7 +236,8 @@ def _lines(points: Sequence[Point]) -> tuple[np.ndarray, list[Point]]:
     line_of_group = np.empty(len(firsts_of), dtype=np.intp)
     for g, i in enumerate(firsts_of):
         p = points[i]
-        li = line_of_group[g] = lines.setdefault(line_key(p), len(lines))
+        key = (number(p.workload), number(p.hardware), config_class(p.transport))  # line_key's, as numbers (equal iff equal)
+        li = line_of_group[g] = lines.setdefault(key, len(lines))
         if li == len(firsts):
             firsts.append(p)
     return line_of_group[group], firsts
