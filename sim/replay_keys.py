@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import fields, is_dataclass, replace
 from typing import Any
 
 from sim.workload import Workload
@@ -63,8 +64,18 @@ def number(obj: Any) -> int:
 
 
 def free_number(wl: Workload, cells: bool) -> int:
-    """:func:`interned` of :func:`context_free` of ``wl``, kept per workload object."""
-    return derived(wl, "free+cells" if cells else "free", _CONTEXT_FREE[cells])
+    """A number for :func:`context_free` of ``wl`` (equal numbers iff equal), kept per workload object: read off the
+    workload's fields but context, tokens and the cache's size (their objects as numbers) and the size
+    :func:`context_free` gives the cache, without making the context-free workload."""
+    return derived(wl, "free+cells" if cells else "free", _FREE_KEY[cells])
+
+
+def _free_key(wl: Workload, cells: bool) -> tuple[Any, ...]:
+    """What :func:`context_free` of ``wl`` is equal by: a workload of several sequences is its own; else every field but
+    those it sets (``Workload.__post_init__`` only validates: no field is derived from another), and the size it sets."""
+    if wl.n_parallel != 1:
+        return ("self", number(wl))
+    return ("free", wl.cells if cells else 0, *(number(v) if is_dataclass(v) else v for v in _rest_of(wl)))
 
 
 def compute_number(hw: Any) -> int:
@@ -85,5 +96,6 @@ def _compute(hw: Any) -> tuple[Any, ...]:
     return tuple(d.compute for d in hw.devices)
 
 
-_CONTEXT_FREE = {c: functools.partial(context_free, cells=c) for c in (False, True)}
+_FREE_KEY = {c: functools.partial(_free_key, cells=c) for c in (False, True)}
+_rest_of = operator.attrgetter(*(f.name for f in fields(Workload) if f.name not in ("context", "tokens", "ctx_size")))
 _DERIVED: dict[tuple[int, str], tuple[Any, int]] = {}

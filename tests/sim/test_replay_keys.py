@@ -61,3 +61,29 @@ def test_an_evaluation_keyed_by_numbers_answers_each_point_as_alone() -> None:
         alone = summarize([mixed[i]])
         for f in together.__dataclass_fields__:
             assert getattr(alone, f)[0] == getattr(together, f)[i], (i, f)
+
+
+def test_a_workloads_context_free_number_is_its_context_free_workloads() -> None:
+    """``free_number`` (read off the fields, no workload made) tells workloads apart exactly as ``context_free`` of them
+    does, with and without the cache's size: over contexts, tokens, cache sizes, sequences, caches, pinning, resident
+    layers, -ngl and models."""
+    import itertools
+
+    from sim.workload import Workload, cache_type, load_model
+
+    models = [load_model("qwen3.8-27b"), load_model("llama-3.1-8b")]
+    caches = [cache_type("q8_0"), cache_type("f16")]
+    wls = []
+    for m, ck, ctx, tok, npar, pinned, kv, ngl, size in itertools.product(models, caches, (1000, 4096), (1, 3), (1, 2),
+                                                                           (True, False), (0, 2), (999, 20), (0, 20000)):
+        if kv and ngl != 999:
+            continue
+        wls.append(Workload(m, ck, ck, (ctx,), tokens=tok, n_parallel=npar, pinned=pinned, kv_gpu_layers=kv,
+                            n_gpu_layers=ngl, ctx_size=size))
+    wls += [replace(w) for w in wls[::7]]
+    for cells in (False, True):
+        want: dict[object, int] = {}
+        truth = [want.setdefault(rk.context_free(w, cells), len(want)) for w in wls]
+        got: dict[int, int] = {}
+        mine = [got.setdefault(rk.free_number(w, cells), len(got)) for w in wls]
+        assert mine == truth and len(want) < len(wls)
