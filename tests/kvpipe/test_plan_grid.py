@@ -59,3 +59,27 @@ def test_a_grid_is_answered_as_its_points(jobs: int, pageable: bool, monkeypatch
     assert as_grid["sample"] and as_grid["check"][1] <= 1e-9
     assert sum(not e for e in as_grid["figures"][-1]) == (12 if pageable else 0)  # the pageable context's, simulated
     assert len(g.made()) < len(g)  # the grid's points made only where read
+
+
+def test_the_gpu_compute_kept_per_window_is_the_one_made_afresh() -> None:
+    """``kvpipe.plan_peak.gpu_compute_s`` keeps its answers by model, caches, pinning, machine, packing and window: asked
+    in a mixed order over all of them, each answer equals the one made with nothing kept, bit for bit."""
+    import itertools
+
+    from kvpipe import plan_peak
+    from sim.evaluator import clear_caches
+
+    combos = []
+    for hw, cache, pinned, pack, rows in itertools.product(("rtx4070-gen4x16", "rtx3060-gen3x4"), ("q8_0", "f16"), (True, False),
+                                                           (True, False), (2048, 9000, 33000)):
+        req = PlanRequest(hardware=hw, cache_type=cache, pinned=pinned, contexts=(4096,))
+        p = points(req, [4096], [0], 0.0)[0]
+        combos.append((replace(p, transport=replace(p.transport, pack_streams=pack)), rows))
+    plan_peak._COMPUTE_S.clear()
+    kept = [plan_peak.gpu_compute_s(p, rows) for p, rows in combos + combos[::-1]]
+    fresh = []
+    for p, rows in combos + combos[::-1]:
+        plan_peak._COMPUTE_S.clear()
+        clear_caches()
+        fresh.append(plan_peak.gpu_compute_s(p, rows))
+    assert kept == fresh and len(set(kept)) == 12  # two machines x two caches x three windows
