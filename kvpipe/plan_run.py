@@ -218,13 +218,16 @@ class Runner:
         return lambda: record(done if done is not None else collect())
 
     def _inside_of(self, pts: Sequence[Point], packed: Any) -> np.ndarray:
-        """Whether the evaluator answers each point (``_in_envelope``, asked once per workload, machine and config but
-        depth and budget: ``packed``, the ``kvpipe.executors.PackedPoints`` of ``pts``, numbers their objects)."""
+        """Whether the evaluator answers each point (``_in_envelope``, asked once per workload at any context, machine
+        and config but depth and budget -- all ``sim.evaluator.in_envelope`` reads: ``packed``, the
+        ``kvpipe.executors.PackedPoints`` of ``pts``, numbers their objects)."""
         from sim.replay import config_class
+        from sim.replay_keys import free_number
 
-        (_, w), (hs, h), (cs, c) = packed.parts
+        (ws, w), (hs, h), (cs, c) = packed.parts
         cls = np.array([config_class(x) for x in cs], dtype=np.int64)[c]
-        _, first, group = np.unique((w.astype(np.int64) * len(hs) + h) * (int(cls.max(initial=0)) + 1) + cls,
+        free = np.array([free_number(x, False) for x in ws], dtype=np.int64)[w]  # (several sequences: the workload's own)
+        _, first, group = np.unique((free * len(hs) + h) * (int(cls.max(initial=0)) + 1) + cls,
                                     return_index=True, return_inverse=True)
         return np.array([self._in_envelope(pts[i]) for i in first.tolist()], dtype=bool)[group.reshape(-1)]
 

@@ -83,3 +83,25 @@ def test_the_gpu_compute_kept_per_window_is_the_one_made_afresh() -> None:
         clear_caches()
         fresh.append(plan_peak.gpu_compute_s(p, rows))
     assert kept == fresh and len(set(kept)) == 12  # two machines x two caches x three windows
+
+
+def test_the_envelope_asked_once_per_workload_at_any_context_is_each_points() -> None:
+    """``Runner._inside_of`` asks ``sim.evaluator.in_envelope`` once per workload at any context, machine and config
+    but depth and budget: over contexts, pinned and pageable caches, --kv-gpu-layers, two sequences, two machines (one
+    of two devices), the resident arm and a mutation, each point's answer is its own ``in_envelope``'s."""
+    from kvpipe.executors import PackedPoints
+    from sim.evaluator import in_envelope
+    from sim.points import GridSpec
+    from sim.points import points as grid_points
+
+    base = grid_points(GridSpec(contexts=((2048,), (9000,)), depths=(0, 2), budgets_mib=(0, 64), kv_gpu_layers=(0, 3),
+                                parallels=(1, 2), kv_offload=(True, False), hardware=("rtx4070-gen4x16", "rtx3060-gen3x4")))
+    pageable = [replace(p, workload=replace(p.workload, pinned=False)) for p in base[::3]]  # the same machine objects
+    mutated = [replace(p, transport=replace(p.transport, mutations=frozenset({"no-boundary-wait"})))
+               for p in base[1::4] if p.transport.arm == "transport"]
+    two = grid_points(GridSpec(contexts=((2048,),), depths=(1,), hardware=("rtx4070-gen4x16+rtx3060-gen3x4",)))
+    pts = [p for group in zip(base, [*pageable, *mutated, *two, *base][: len(base)], strict=True) for p in group]
+    want = [in_envelope(p) is None for p in pts]
+    runner = Runner(PlanRequest())
+    assert runner._inside_of(pts, PackedPoints(pts)).tolist() == want
+    assert 0 < sum(want) < len(want)
