@@ -190,10 +190,13 @@ class Runner:
         parallel = (self.req.jobs or os.cpu_count() or 1) > 1 and (len(cuts) > 1 or bool(others))
         source = packed if not others else PackedPoints(mine) if isinstance(mine, PointGrid) else None
         with self._workers() if parallel else contextlib.nullcontext(_Serial()) as ex:
+            held = self._ahead.hold() if self._ahead is not None and parallel and mine else []  # this run before them
             sims = self._submit(ex, others)
             futures = [ex.submit(summarize_packed, source.take(a, b)) if isinstance(mine, PointGrid) and source is not None
                        else ex.submit(summarize, mine[a:b]) if isinstance(ex, _Serial)
                        else ex.submit(summarize_packed, packed.take(a, b) if not others else PackedPoints(mine[a:b])) for a, b in cuts]
+            if held:
+                self._ahead.resume(ex, held)
 
             def collect() -> list[tuple[np.ndarray, Figures]]:
                 parts = []

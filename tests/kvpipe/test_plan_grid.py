@@ -105,3 +105,25 @@ def test_the_envelope_asked_once_per_workload_at_any_context_is_each_points() ->
     runner = Runner(PlanRequest())
     assert runner._inside_of(pts, PackedPoints(pts)).tolist() == want
     assert 0 < sum(want) < len(want)
+
+
+def test_a_run_goes_before_the_checks_simulations_and_the_check_is_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the runner's pool, a run submitted while the check's boundary simulations wait (``Ahead``) cancels those not
+    started and submits them again after its own pieces: the simulations held are resumed, and every figure, the
+    sample and its rows, and the check are those of one process (no pool, nothing held)."""
+    monkeypatch.setattr(plan_run, "PARALLEL_LINES", 1)
+    held: list[int] = []
+    real_hold = sweep_work.Ahead.hold
+
+    def hold(self: sweep_work.Ahead) -> list[tuple[int, int]]:
+        got = real_hold(self)
+        held.append(len(got))
+        return got
+
+    monkeypatch.setattr(sweep_work.Ahead, "hold", hold)
+    answers = {}
+    for jobs in (1, 2):
+        req = PlanRequest(contexts=tuple(range(2048, 2048 * 25, 2048)), tokens=2, max_depth=3, jobs=jobs)
+        answers[jobs] = _answers(req, grid(req, list(req.contexts), [0, 1, 2, 3], [0.0, 32.0, 64.0]), monkeypatch, None)
+    assert answers[1] == answers[2]
+    assert held and held[0] > 0  # some simulations were held and resumed
