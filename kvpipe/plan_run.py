@@ -39,6 +39,7 @@ CHECK_N = 32  # the evaluator's points the plan re-simulates at its end, at leas
 PARALLEL_POINTS = 20_000  # the fewest points per worker worth evaluating in a process of its own (pickling them: ~6 us each)
 PARALLEL_LINES = 1_000  # or the fewest lines (each builds its own graphs and numbers: ~1-3 ms a line)
 PIECES_PER_WORKER = 4  # contiguous pieces per worker, taken in turn (the dear lines -- small contexts -- bunch together)
+AHEAD_PIECES = 3  # the check's boundary simulations: about 2 x this many pieces per worker (a pool holds 3 started)
 
 
 @dataclass(frozen=True)
@@ -190,13 +191,13 @@ class Runner:
         parallel = (self.req.jobs or os.cpu_count() or 1) > 1 and (len(cuts) > 1 or bool(others))
         source = packed if not others else PackedPoints(mine) if isinstance(mine, PointGrid) else None
         with self._workers() if parallel else contextlib.nullcontext(_Serial()) as ex:
-            held = self._ahead.hold() if self._ahead is not None and parallel and mine else []  # this run before them
+            held = self._hold() if parallel and mine else []  # this run before the check's work not started
             sims = self._submit(ex, others)
             futures = [ex.submit(summarize_packed, source.take(a, b)) if isinstance(mine, PointGrid) and source is not None
                        else ex.submit(summarize, mine[a:b]) if isinstance(ex, _Serial)
                        else ex.submit(summarize_packed, packed.take(a, b) if not others else PackedPoints(mine[a:b])) for a, b in cuts]
             if held:
-                self._ahead.resume(ex, held)
+                self._resume(ex, held)
 
             def collect() -> list[tuple[np.ndarray, Figures]]:
                 parts = []
@@ -268,8 +269,23 @@ class Runner:
         self._ahead = self._ahead or Ahead()
         mine = [pts[i] for i in sorted(self._bounds[k]) if figs.fits[i]]
         with self._workers() as ex:
-            self._ahead.submit(ex, mine, workers)
+            self._ahead.submit(ex, mine, AHEAD_PIECES * workers)  # small pieces: a later run may go before most of them
             self._rows_ahead.append((mine, ex.submit(_evaluated_rows, mine)))
+
+    def _hold(self) -> list[Any]:
+        """Cancel the check's work submitted ahead (:meth:`_check_ahead`) that has not started; what to resume."""
+        if self._ahead is None:
+            return []
+        rows = [k for k, (_, f) in enumerate(self._rows_ahead) if f.cancel()]
+        return [self._ahead.hold(), rows]
+
+    def _resume(self, ex: Any, held: list[Any]) -> None:
+        """Submit again what :meth:`_hold` cancelled, in its order."""
+        sims, rows = held
+        self._ahead.resume(ex, sims)
+        for k in rows:
+            mine = self._rows_ahead[k][0]
+            self._rows_ahead[k] = (mine, ex.submit(_evaluated_rows, mine))
 
     def _evaluated_rows(self, pts: list[Point]) -> list[dict[str, Any] | None]:
         """:func:`_evaluated_rows` of ``pts``: those made ahead (:meth:`_check_ahead`) taken, the rest made here. Blocks."""
