@@ -25,6 +25,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kvpipe.capacity_fit import (  # noqa: F401  (kvpipe.capacity's names, as they were)
+    Limits,
+    Placed,
+    candidates,
+    fits_host_cache,
+    fits_resident,
+    host_need_bytes,
+    max_resident_layers,
+    ngl_that_fits,
+    placed,
+    scheduler_need_bytes,
+)
 from sim.errors import InputError
 from sim.memory import (
     GIB,
@@ -32,30 +44,16 @@ from sim.memory import (
     DeviceMemory,
     compute_buffer_bytes,
     device_memory,
-    gpu_attention_layers,
-    host_kv_bytes,
-    host_weight_bytes,
-    kv_layer_bytes,
     weights_on_devices,
 )
 from sim.rows import interval_fields, placement_fields
-from sim.run.point import GRAPH_BASE_BYTES, Point, io_bytes_for
+from sim.run.point import Point
 from sim.transport.config import TransportConfig
 from sim.workload import Workload, ngl_of
 
 BUILDS = ("fork", "upstream")
 FORK = "GenerelSchwerz/llama.cpp (pull requests #39, #66, #92)"
 UPSTREAM = "upstream llama.cpp (ggml-org)"
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What the plan must fit: device bytes (``--vram`` or the card), host bytes (``--host-mem``) and where they came from."""
-
-    vram_bytes: int
-    host_bytes: int
-    vram_from: str
-    host_from: str
 
 
 @dataclass
@@ -93,33 +91,6 @@ class ContextFit:
     reason: str = ""
 
 
-def scheduler_need_bytes(wl: Workload) -> int:
-    """The scheduler's own device buffers on the ordered path: the graph's base, the io buffer, one attention layer's
-    K and V window at full context (what the ordered path stages). Bytes."""
-    return GRAPH_BASE_BYTES + io_bytes_for(wl) + kv_layer_bytes(wl)
-
-
-def host_need_bytes(wl: Workload, kv_offload: bool) -> int:
-    """Host bytes: the host cache of every attention layer not on the device, and the CPU layers' weights."""
-    return host_kv_bytes(wl, kv_offload) + host_weight_bytes(wl)
-
-
-def ngl_that_fits(wl: Workload, limits: Limits, reserved: int, resident: bool = False) -> int:
-    """The largest ``-ngl`` whose weights, compute buffer and the scheduler's ordered buffers fit ``limits.vram``
-    (``resident``: with the GPU layers' KV on the device too, llama.cpp without -nkvo); 0: not even one layer."""
-    for ngl in range(min(wl.n_gpu_layers, wl.model.n_layers), -1, -1):
-        w = replace(wl, n_gpu_layers=ngl, kv_gpu_layers=0)
-        if (fits_resident if resident else fits_host_cache)(w, replace(limits, host_bytes=1 << 62), reserved):
-            return ngl
-    return 0
-
-
-def max_resident_layers(wl: Workload, free_bytes: int) -> int:
-    """Attention layers whose KV fits ``free_bytes`` (not all: all of them is the cache on the device)."""
-    per = kv_layer_bytes(wl)
-    return max(0, min(gpu_attention_layers(wl) - 1, free_bytes // per)) if per else 0
-
-
 def largest_context(fits: Callable[[int], bool], hi: int) -> int:
     """The largest context in 1..hi for which ``fits`` holds (monotone: fits at c implies fits below c); 0: none."""
     if not fits(1):
@@ -132,54 +103,6 @@ def largest_context(fits: Callable[[int], bool], hi: int) -> int:
         else:
             hi = mid - 1
     return lo
-
-
-def fits_host_cache(wl: Workload, limits: Limits, reserved: int) -> bool:
-    """The ordered host-cache run fits: the device holds weights, buffers and one staged window; the host its cache."""
-    mem = device_memory(wl, limits.vram_bytes, reserved, kv_offload=False, ring_bytes=scheduler_need_bytes(wl))
-    return mem.fits and host_need_bytes(wl, False) <= limits.host_bytes
-
-
-def fits_resident(wl: Workload, limits: Limits, reserved: int) -> bool:
-    """The whole cache fits on the device (llama.cpp without -nkvo) next to the scheduler's buffers."""
-    mem = device_memory(wl, limits.vram_bytes, reserved, kv_offload=True, ring_bytes=GRAPH_BASE_BYTES + io_bytes_for(wl))
-    return mem.fits and host_weight_bytes(wl) <= limits.host_bytes
-
-
-def candidates(point: Point, limits: Limits, max_depth: int, rings_mib: dict[int, float], build: str,
-               auto_ngl: bool = False) -> list[Point]:
-    """The points to simulate for one context: the resident arm where the cache fits; the host cache at each depth
-    with the most resident attention layers that fit beside that depth's ring (the upstream build: depth 0, none, in
-    pageable memory: upstream cannot pin its host cache). ``auto_ngl``: each arm at the largest -ngl that fits it."""
-    wl, dev = point.workload, point.hardware.devices[0]
-    reserved = dev.memory_reserved_bytes
-    out = []
-    res_wl = replace(wl, n_gpu_layers=ngl_that_fits(wl, limits, reserved, resident=True)) if auto_ngl else wl
-    if res_wl.n_gpu_layers and fits_resident(res_wl, limits, reserved):
-        out.append(replace(point, workload=res_wl, transport=replace(point.transport, arm="resident", depth=0, budget_mib=0.0)))
-    if auto_ngl:
-        wl = replace(wl, n_gpu_layers=ngl_that_fits(wl, limits, reserved))
-    if build == "upstream":
-        wl = replace(wl, pinned=False)
-    if not fits_host_cache(wl, limits, reserved):
-        return out
-    headroom = int(TransportConfig().headroom_mib * MIB)
-    # the device's free bytes before the ring (integers: less the ring, the same as with it in the account)
-    free0 = device_memory(wl, limits.vram_bytes, reserved, kv_offload=False, ring_bytes=scheduler_need_bytes(wl)).free_bytes
-    placed: dict[int, Workload] = {}  # the candidates with the same resident layers share their workload
-    for depth in range(0, (max_depth if build == "fork" else 0) + 1):
-        ring = int(math.ceil(rings_mib.get(depth, 0.0)) * MIB) if depth else 0
-        free = free0 - ring - (headroom if depth else 0)
-        if depth and free < 0:
-            continue
-        # the fork's resident layers with every layer on the GPU (kvpipe does not model them beside CPU layers)
-        n = max_resident_layers(wl, free) if build == "fork" and not wl.gpu_layer_start else 0
-        budget = float(math.ceil(rings_mib.get(depth, 0.0))) if depth else 0.0
-        wl_n = placed.get(n)
-        if wl_n is None:
-            wl_n = placed[n] = replace(wl, kv_gpu_layers=n)
-        out.append(replace(point, workload=wl_n, transport=replace(point.transport, arm="transport", depth=depth, budget_mib=budget)))
-    return out
 
 
 def choice_of(pt: Point, figs: Any, i: int, limits: Limits) -> Choice:
@@ -291,15 +214,19 @@ def best_choices(req: Any, base: Point, contexts: list[int], limits: Limits, rin
 
 def choices_started(req: Any, base: Point, contexts: list[int], limits: Limits, rings: dict[int, dict[int, float]],
                     start: Callable[[list[Point]], Callable[[], Any]], auto_ngl: bool = False,
-                    mark: Callable[[list[Point]], None] | None = None) -> Callable[[], list[ContextFit]]:
+                    mark: Callable[[list[Point]], None] | None = None, known: dict[int, Placed] | None = None
+                    ) -> Callable[[], list[ContextFit]]:
     """:func:`best_choices` begun: the candidates made and their run started now (``start``: a function giving their
-    figures, ``kvpipe.plan_run.Runner.start``), the choices made when the function returned is called (blocks)."""
+    figures, ``kvpipe.plan_run.Runner.start``), the choices made when the function returned is called (blocks).
+    ``known``: per context, ``kvpipe.capacity_fit.placed`` of it, made already (taken out of ``known``: a context asked
+    twice makes its second from scratch, as it did)."""
     per: list[list[Point]] = []
     for c in contexts:
-        pt = _with_context(base, c)
+        got = known.pop(c, None) if known is not None else None
+        pt = got.point if got is not None else _with_context(base, c)
         per.append(candidates(pt, limits, req.max_depth, rings.get(c) or {d: ring_estimate_mib(pt.workload, d)
                                                                          for d in range(req.max_depth + 1)}, req.build,
-                              auto_ngl))
+                              auto_ngl, got))
     pending = start([p for ps in per for p in ps]) if any(per) else None
     return lambda: _choices(contexts, per, pending() if pending is not None else None, base, limits, mark)
 
@@ -372,13 +299,22 @@ def _plan_fit(req: Any, runner: Any) -> FitPlan:
     verdict, ngl = weights_verdict(base.workload, limits, reserved)
     base = replace(base, workload=replace(base.workload, n_gpu_layers=ngl))
     started: list[Callable[[], list[ContextFit]]] = []  # the memory plan's run, begun beside the gain analysis's budgets
+    known: dict[int, Placed] = {}  # each context's candidates but the rings', made while the grid runs on the workers
+
+    def place() -> None:
+        for c in req.contexts:
+            if c not in known:
+                known[c] = placed(_with_context(base, c), limits, req.build, bool(verdict))
 
     def start_fits(ps: list[Any]) -> None:
         rings = {p.context: {0: 0.0, **p.ring_mib_by_depth} for p in ps}
-        started.append(choices_started(req, base, list(req.contexts), limits, rings, runner.start, bool(verdict), runner.mark))
+        started.append(choices_started(req, base, list(req.contexts), limits, rings, runner.start, bool(verdict), runner.mark,
+                                       known))
 
-    plans = gain_plan.plan(req, runner, then=start_fits) if not verdict and ngl >= base.workload.model.n_layers else []
-    fits = (started or [choices_started(req, base, list(req.contexts), limits, {}, runner.start, bool(verdict), runner.mark)])[0]()
+    plans = (gain_plan.plan(req, runner, then=start_fits, meanwhile=place) if not verdict and ngl >= base.workload.model.n_layers
+             else [])
+    fits = (started or [choices_started(req, base, list(req.contexts), limits, {}, runner.start, bool(verdict), runner.mark,
+                                        known)])[0]()
     out = FitPlan(req.model, req.hardware, limits, ngl, fits, plans, verdict, min_tps=req.min_tps, build=req.build,
                   pinned=req.pinned, n_layers=base.workload.model.n_layers, check_n=req.check_n)
     wl = base.workload

@@ -122,6 +122,9 @@ class PackedPoints:
 
     def __init__(self, pts: Any) -> None:
         self.parts: list[tuple[list[Any], np.ndarray]] = []
+        if hasattr(pts, "parts"):  # a ``sim.points.PointGrid``: its objects and indices as they are
+            self.parts = [(objs, np.asarray(idx).astype(np.int32)) for objs, idx in pts.parts]
+            return
         for name in ("workload", "hardware", "transport"):
             ids = np.fromiter(map(id, map(operator.attrgetter(name), pts)), dtype=np.int64, count=len(pts))
             _, first, inv = np.unique(ids, return_index=True, return_inverse=True)
@@ -142,10 +145,12 @@ class PackedPoints:
 
 
 def summarize_packed(packed: PackedPoints) -> Any:
-    """``sim.evaluator.summarize`` of the packed points (what a worker runs). Blocks (CPU)."""
+    """``sim.evaluator.summarize`` of the packed points (what a worker runs), as a ``sim.points.PointGrid``: a point is
+    made only where the evaluator reads one (a line's first). Blocks (CPU)."""
     from sim.evaluator import summarize
+    from sim.points import PointGrid
 
-    return summarize(packed.points())
+    return summarize(PointGrid(packed.parts))
 
 
 @contextmanager

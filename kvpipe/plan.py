@@ -46,6 +46,7 @@ import numpy as np
 from kvpipe.plan_peak import ClosedForm, apply_peak, closed_form, copy_s, gpu_compute_s, peak_ring_bytes, peak_rows
 from kvpipe.plan_report import render
 from kvpipe.plan_run import CHECK_N, DEFAULT_BUDGET_MIB, Figures, PlanRequest, Runner, points
+from kvpipe.plan_run import grid as grid_points
 from sim.errors import InputError
 from sim.transport.config import MIB
 
@@ -126,18 +127,22 @@ def _gains(tps: np.ndarray, declined: np.ndarray, ordered: np.ndarray) -> np.nda
 # ------------------------------------------------------------------- plan
 
 
-def plan(req: PlanRequest, runner: Runner | None = None, then: Callable[[list[ContextPlan]], None] | None = None
-         ) -> list[ContextPlan]:
+def plan(req: PlanRequest, runner: Runner | None = None, then: Callable[[list[ContextPlan]], None] | None = None,
+         meanwhile: Callable[[], None] | None = None) -> list[ContextPlan]:
     """Plan every context of ``req`` whose graph fits the device (``runner``: the plan's, whose evaluated points are
     checked at its end); a context that does not fit even on the ordered path has no plan (the memory plan,
     ``kvpipe.capacity``, says why). ``then``: given the plans as soon as their uncapped figures (each depth's gain and
-    ring) are known, before the budgets' runs (the memory plan starts there). Blocks for the evaluation and any
+    ring) are known, before the budgets' runs (the memory plan starts there); ``meanwhile``: called while the grid is
+    answered (on the workers: the memory plan's work that needs no figure). Blocks for the evaluation and any
     simulations (about a second for a few contexts on two cores)."""
     runner = runner or Runner(req)
     depths = list(range(req.max_depth + 1))
     budgets = [0.0, *(b for b in req.budgets_mib if b)]  # uncapped first; the asked budgets in the same run
-    pts = points(req, list(req.contexts), depths, budgets)
-    f = runner.run(pts, grid=True)
+    pts = grid_points(req, list(req.contexts), depths, budgets)  # arrays: a Point made only where one is read
+    collect = runner.start(pts, grid=True)
+    if meanwhile is not None:
+        meanwhile()
+    f = collect()
 
     def grid(a: np.ndarray) -> np.ndarray:  # (budget, context, depth), from the grid's (context, depth, budget)
         return a.reshape(len(req.contexts), len(depths), len(budgets)).transpose(2, 0, 1)

@@ -42,14 +42,27 @@ class ClosedForm:
 def gpu_compute_s(point: Point, window_rows: int) -> float:
     """GPU compute of one decode token of ``point``'s model whose window is ``window_rows`` (its GPU splits), seconds.
     Read off the evaluator's numbers of that window (``sim.evaluator.costs``: built from its graph once per window, and
-    shared by every context whose window it is)."""
+    shared by every context whose window it is); kept per model, caches, pinning, machine, packing and window (all it
+    reads: the contexts of a plan that share a window ask it once)."""
     from sim.evaluator.costs import point_costs
+    from sim.replay_keys import number
 
     wl = point.workload
-    big = Workload(wl.model, wl.cache_k, wl.cache_v, (max(1, window_rows - 1),), tokens=1, pinned=wl.pinned)
-    one = Point(big, point.hardware, TransportConfig(depth=0, pack_streams=point.transport.pack_streams))
-    costs = point_costs(one)[0]
-    return sum(float(costs.values[c.compute]) for c in costs.layout.splits if c.kind == "gpu")
+    key = (number(wl.model), number(wl.cache_k), number(wl.cache_v), wl.pinned, number(point.hardware),
+           point.transport.pack_streams, window_rows)
+    got = _COMPUTE_S.get(key)
+    if got is None:
+        big = Workload(wl.model, wl.cache_k, wl.cache_v, (max(1, window_rows - 1),), tokens=1, pinned=wl.pinned)
+        one = Point(big, point.hardware, TransportConfig(depth=0, pack_streams=point.transport.pack_streams))
+        costs = point_costs(one)[0]
+        got = sum(float(costs.values[c.compute]) for c in costs.layout.splits if c.kind == "gpu")
+        if len(_COMPUTE_S) > 1 << 16:
+            _COMPUTE_S.clear()
+        _COMPUTE_S[key] = got
+    return got
+
+
+_COMPUTE_S: dict[tuple[Any, ...], float] = {}  # gpu_compute_s's answers
 
 
 def copy_s(point: Point, window_rows: int) -> float:

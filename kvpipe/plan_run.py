@@ -16,19 +16,20 @@ Units: the figures' own (t/s, MiB, ms, rows).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from kvpipe.plan_figures import Figures, boundaries, same_as_rows
 from sim.errors import InputError
 from sim.model_files import with_weights_type
-from sim.points import MAX_POINTS, GridSpec
-from sim.points import points as grid_points
+from sim.points import MAX_POINTS, GridSpec, PointGrid, point_grid
 from sim.run.point import Point
 from sim.transport.config import MAX_BUDGET_MIB, MAX_DEPTH, TransportConfig
 from sim.workload import ALL_LAYERS, layers_of_ngl
@@ -38,6 +39,7 @@ CHECK_N = 32  # the evaluator's points the plan re-simulates at its end, at leas
 PARALLEL_POINTS = 20_000  # the fewest points per worker worth evaluating in a process of its own (pickling them: ~6 us each)
 PARALLEL_LINES = 1_000  # or the fewest lines (each builds its own graphs and numbers: ~1-3 ms a line)
 PIECES_PER_WORKER = 4  # contiguous pieces per worker, taken in turn (the dear lines -- small contexts -- bunch together)
+AHEAD_PIECES = 3  # the check's boundary simulations: about 2 x this many pieces per worker (a pool holds 3 started)
 
 
 @dataclass(frozen=True)
@@ -93,11 +95,18 @@ def points(req: PlanRequest, contexts: Sequence[int], depths: Sequence[int], bud
            tokens: int | None = None) -> list[Point]:
     """The plan's points, through the library's grid (same validation, same messages), in the grid's order: contexts x
     depths x budgets (the points of a context share their workload object). Raises InputError."""
+    return grid(req, contexts, depths, budgets_mib, tokens).points()
+
+
+def grid(req: PlanRequest, contexts: Sequence[int], depths: Sequence[int], budgets_mib: float | Sequence[float],
+         tokens: int | None = None) -> PointGrid:
+    """:func:`points` as a ``sim.points.PointGrid`` (their objects and indices as arrays: no ``Point`` made until one
+    is asked for). Raises InputError."""
     budgets = tuple(budgets_mib) if isinstance(budgets_mib, Sequence) else (budgets_mib,)
     spec = GridSpec(models=(req.model,), hardware=(req.hardware,), cache_types=(req.cache_type,),
                     contexts=tuple((c,) for c in contexts), depths=tuple(depths), budgets_mib=budgets,
                     tokens=tokens or req.tokens, pinned=req.pinned)
-    pts = grid_points(spec)
+    pts = point_grid(spec)
     if req.weights_type or req.n_gpu_layers != ALL_LAYERS:
         try:
             model = with_weights_type(pts[0].workload.model, req.weights_type) if req.weights_type else pts[0].workload.model
@@ -107,50 +116,8 @@ def points(req: PlanRequest, contexts: Sequence[int], depths: Sequence[int], bud
             gpu_layers = layers_of_ngl(req.n_gpu_layers, model.n_layers) if req.n_gpu_layers != ALL_LAYERS else ALL_LAYERS
         except ValueError as exc:
             raise InputError(str(exc)) from None
-        placed: dict[int, Any] = {}
-        pts = [replace(p, workload=placed.setdefault(id(p.workload), replace(p.workload, model=model, n_gpu_layers=gpu_layers)))
-               for p in pts]
+        pts = pts.with_workloads(lambda wl: replace(wl, model=model, n_gpu_layers=gpu_layers))
     return pts
-
-
-@dataclass(frozen=True)
-class Figures:
-    """What a plan reads of each point asked, as arrays (one element per point): t/s, declined, the ring it needs and
-    the ring it holds (MiB), the first token's window rows, the late bytes (MiB) and blocking copies (ms) per token,
-    whether it fits, whether the evaluator answered it."""
-
-    tokens_per_s: np.ndarray
-    declined: np.ndarray
-    ring_mib: np.ndarray
-    ring_alloc_mib: np.ndarray
-    window_rows: np.ndarray
-    late_mib: np.ndarray
-    blocked_ms: np.ndarray
-    fits: np.ndarray
-    evaluated: np.ndarray
-
-    @staticmethod
-    def of_rows(rows: Sequence[dict[str, Any] | None]) -> Figures:
-        """The figures of simulated rows (None: the point does not fit, or failed)."""
-        def col(get: Any, dtype: Any = float) -> np.ndarray:
-            return np.array([get(r) if r is not None else 0 for r in rows], dtype=dtype)
-
-        return Figures(col(lambda r: r["tokens_per_s"]), col(lambda r: r["declined"], bool), col(lambda r: r["ring_mib"]),
-                       col(lambda r: r["ring_alloc_mib"]), col(lambda r: r["window_rows"], np.int64),
-                       col(lambda r: r["late_mib"]), col(lambda r: r["breakdown_ms"]["blocked_in_ordered_copies"]),
-                       col(lambda r: r.get("fits", True) and r["tokens_per_s"] > 0, bool), np.zeros(len(rows), dtype=bool))
-
-    @staticmethod
-    def merge(n: int, parts: Sequence[tuple[np.ndarray, Figures]]) -> Figures:
-        """Figures of ``n`` points from parts that each answered the points at its indices."""
-        out = {f.name: np.zeros(n, dtype=getattr(parts[0][1], f.name).dtype if parts else float) for f in fields(Figures)}
-        for idx, part in parts:
-            for name, arr in out.items():
-                arr[idx] = getattr(part, name)
-        return Figures(**out)
-
-    def take(self, idx: np.ndarray | Sequence[int]) -> Figures:
-        return Figures(**{f.name: getattr(self, f.name)[np.asarray(idx, dtype=np.intp)] for f in fields(Figures)})
 
 
 class Runner:
@@ -217,13 +184,20 @@ class Runner:
         packed = PackedPoints(pts)  # each distinct object's index: the envelope's groups, the workers' pieces
         inside = np.zeros(len(pts), dtype=bool) if self.req.exact else self._inside_of(pts, packed)
         idx, rest = np.flatnonzero(inside), np.flatnonzero(~inside)
-        mine, others = [pts[i] for i in idx.tolist()], [pts[i] for i in rest.tolist()]
+        others = [pts[i] for i in rest.tolist()]
+        mine: Sequence[Point] = [pts[i] for i in idx.tolist()] if not isinstance(pts, PointGrid) else pts if not others \
+            else pts.take(idx)  # a grid's points stay arrays: made only where asked for (the check's, a plan's reads)
         cuts = self._pieces(mine)
         parallel = (self.req.jobs or os.cpu_count() or 1) > 1 and (len(cuts) > 1 or bool(others))
+        source = packed if not others else PackedPoints(mine) if isinstance(mine, PointGrid) else None
         with self._workers() if parallel else contextlib.nullcontext(_Serial()) as ex:
+            held = self._hold() if parallel and mine else []  # this run before the check's work not started
             sims = self._submit(ex, others)
-            futures = [ex.submit(summarize, mine[a:b]) if isinstance(ex, _Serial) else
-                       ex.submit(summarize_packed, packed.take(a, b) if not others else PackedPoints(mine[a:b])) for a, b in cuts]
+            futures = [ex.submit(summarize_packed, source.take(a, b)) if isinstance(mine, PointGrid) and source is not None
+                       else ex.submit(summarize, mine[a:b]) if isinstance(ex, _Serial)
+                       else ex.submit(summarize_packed, packed.take(a, b) if not others else PackedPoints(mine[a:b])) for a, b in cuts]
+            if held:
+                self._resume(ex, held)
 
             def collect() -> list[tuple[np.ndarray, Figures]]:
                 parts = []
@@ -239,7 +213,8 @@ class Runner:
                 if mine:
                     if grid:
                         self.grids.append(len(self.evaluated))
-                        self._check_ahead(len(self.evaluated), mine, parts[0][1], None if others else packed.parts)
+                        known = packed.parts if not others else getattr(mine, "parts", None)  # the points' objects numbered
+                        self._check_ahead(len(self.evaluated), mine, parts[0][1], known)
                     self.evaluated.append((mine, parts[0][1]))
                 return Figures.merge(len(pts), parts)
 
@@ -247,22 +222,26 @@ class Runner:
         return lambda: record(done if done is not None else collect())
 
     def _inside_of(self, pts: Sequence[Point], packed: Any) -> np.ndarray:
-        """Whether the evaluator answers each point (``_in_envelope``, asked once per workload, machine and config but
-        depth and budget: ``packed``, the ``kvpipe.executors.PackedPoints`` of ``pts``, numbers their objects)."""
+        """Whether the evaluator answers each point (``_in_envelope``, asked once per workload at any context, machine
+        and config but depth and budget -- all ``sim.evaluator.in_envelope`` reads: ``packed``, the
+        ``kvpipe.executors.PackedPoints`` of ``pts``, numbers their objects)."""
         from sim.replay import config_class
+        from sim.replay_keys import free_number
 
-        (_, w), (hs, h), (cs, c) = packed.parts
+        (ws, w), (hs, h), (cs, c) = packed.parts
         cls = np.array([config_class(x) for x in cs], dtype=np.int64)[c]
-        _, first, group = np.unique((w.astype(np.int64) * len(hs) + h) * (int(cls.max(initial=0)) + 1) + cls,
+        free = np.array([free_number(x, False) for x in ws], dtype=np.int64)[w]  # (several sequences: the workload's own)
+        _, first, group = np.unique((free * len(hs) + h) * (int(cls.max(initial=0)) + 1) + cls,
                                     return_index=True, return_inverse=True)
         return np.array([self._in_envelope(pts[i]) for i in first.tolist()], dtype=bool)[group.reshape(-1)]
 
-    def _pieces(self, pts: list[Point]) -> list[tuple[int, int]]:
+    def _pieces(self, pts: Sequence[Point]) -> list[tuple[int, int]]:
         """``pts`` in contiguous pieces (first and past-last index) when worth more than one ``--jobs`` worker (at least
         ``PARALLEL_POINTS`` points or ``PARALLEL_LINES`` lines a piece): ``PIECES_PER_WORKER`` per worker, taken in turn."""
         if not pts:
             return []
-        worth = max(len(pts) // PARALLEL_POINTS, len({id(p.workload) for p in pts}) // PARALLEL_LINES)
+        lines = len(np.unique(pts.parts[0][1])) if isinstance(pts, PointGrid) else len({id(p.workload) for p in pts})
+        worth = max(len(pts) // PARALLEL_POINTS, lines // PARALLEL_LINES)
         n = min(self.req.jobs or os.cpu_count() or 1, max(1, worth)) * PIECES_PER_WORKER  # the workers', each's pieces
         n = min(n, worth) if n > PIECES_PER_WORKER else 1
         cuts = [len(pts) * k // n for k in range(n + 1)]
@@ -278,7 +257,7 @@ class Runner:
         work = chunks(pts, self.req.jobs or os.cpu_count() or 1, exact=self.req.exact, evaluator=False)
         return [(c, ex.submit(run_chunk, c)) for c in work]
 
-    def _check_ahead(self, k: int, pts: list[Point], figs: Figures, parts: Any) -> None:
+    def _check_ahead(self, k: int, pts: Sequence[Point], figs: Figures, parts: Any) -> None:
         """Grid run ``k``'s boundaries (the check re-simulates them whatever it draws), found now; with the runner's pool
         (entered, ``--jobs`` > 1) their simulations and evaluated rows submitted, made while the plan goes on. Does not block."""
         from kvpipe.sweep_work import Ahead
@@ -290,8 +269,23 @@ class Runner:
         self._ahead = self._ahead or Ahead()
         mine = [pts[i] for i in sorted(self._bounds[k]) if figs.fits[i]]
         with self._workers() as ex:
-            self._ahead.submit(ex, mine, workers)
+            self._ahead.submit(ex, mine, AHEAD_PIECES * workers)  # small pieces: a later run may go before most of them
             self._rows_ahead.append((mine, ex.submit(_evaluated_rows, mine)))
+
+    def _hold(self) -> list[Any]:
+        """Cancel the check's work submitted ahead (:meth:`_check_ahead`) that has not started; what to resume."""
+        if self._ahead is None:
+            return []
+        rows = [k for k, (_, f) in enumerate(self._rows_ahead) if f.cancel()]
+        return [self._ahead.hold(), rows]
+
+    def _resume(self, ex: Any, held: list[Any]) -> None:
+        """Submit again what :meth:`_hold` cancelled, in its order."""
+        sims, rows = held
+        self._ahead.resume(ex, sims)
+        for k in rows:
+            mine = self._rows_ahead[k][0]
+            self._rows_ahead[k] = (mine, ex.submit(_evaluated_rows, mine))
 
     def _evaluated_rows(self, pts: list[Point]) -> list[dict[str, Any] | None]:
         """:func:`_evaluated_rows` of ``pts``: those made ahead (:meth:`_check_ahead`) taken, the rest made here. Blocks."""
@@ -338,25 +332,34 @@ class Runner:
         total = sum(len(p) for p, _ in self.evaluated)
         if not total or not n:
             return total, 0.0
-        pts = [p for ps, _ in self.evaluated for p in ps]
-        figs = Figures.merge(total, [(np.arange(lo, lo + len(ps)), f) for lo, (ps, f) in zip(_starts(self.evaluated),
-                                                                                                self.evaluated, strict=True)])
-        chosen = draw([p.transport.arm for p in pts], n, seed=0)  # and at least ARM_N of each arm the evaluator answered
-        for k, lo in enumerate(_starts(self.evaluated)):
+        starts = _starts(self.evaluated)
+        figs = Figures.merge(total, [(np.arange(lo, lo + len(ps)), f) for lo, (ps, f) in zip(starts, self.evaluated, strict=True)])
+        arms = np.concatenate([ps.field(2, lambda c: c.arm, object) if isinstance(ps, PointGrid)  # a grid's: per config
+                               else np.array([p.transport.arm for p in ps], dtype=object) for ps, _ in self.evaluated])
+        chosen = draw(arms.tolist(), n, seed=0)  # and at least ARM_N of each arm the evaluator answered
+        for k, (lo, (ps, _)) in enumerate(zip(starts, self.evaluated, strict=True)):
             if k in self.grids:
                 bounds = self._bounds.get(k)
                 chosen |= {lo + i for i in (bounds if bounds is not None else boundaries(*self.evaluated[k]))}
-        chosen |= {i for i, p in enumerate(pts) if id(p) in self.marked}
+            if self.marked:  # of a grid, only the points made can be marked
+                chosen |= {lo + i for i, p in (ps.made().items() if isinstance(ps, PointGrid) else enumerate(ps))
+                           if id(p) in self.marked}
         order = sorted(chosen)
-        sample, mine = [pts[i] for i in order], figs.take(order)
+        sample, mine = [self._point(starts, i) for i in order], figs.take(order)
         if self._ahead is not None:  # the rest of the sample's simulations start, while its rows are evaluated here
             with self._workers() as ex:
                 self._ahead.submit(ex, [p for p, ok in zip(sample, mine.fits.tolist(), strict=True) if ok], self.req.jobs or 2)
         rows = self._evaluated_rows(sample)
-        _same_as_rows(mine, rows)
+        same_as_rows(mine, rows)
         self.checked = sum(r is not None for r in rows)  # a chosen point that does not fit has no row to compare
         worst, self.checked_exact = check_rows(sample, rows, self.req.jobs, self._workers, self._ahead)
         return total, worst
+
+
+    def _point(self, starts: list[int], i: int) -> Point:
+        """The ``i``-th point the runner evaluated (``starts``: each run's first index, :func:`_starts`)."""
+        k = bisect.bisect_right(starts, i) - 1
+        return self.evaluated[k][0][i - starts[k]]
 
 
 def _starts(runs: list[tuple[Sequence[Point], Figures]]) -> list[int]:
@@ -368,32 +371,3 @@ def _evaluated_rows(pts: Sequence[Point]) -> list[dict[str, Any] | None]:
     from sim.evaluator.evaluate import evaluations
 
     return [ev.row(i) if ev.plans.fits[i] else None for _, ev in evaluations(pts) for i in range(len(ev.points))]
-
-
-def _same_as_rows(figs: Figures, rows: Sequence[dict[str, Any] | None]) -> None:
-    """The figures the plan read are its rows' (the same lanes, summed as ``sim.rows.row`` sums them): raises
-    EvaluatorDisagreement where one differs, so that holding the rows to the simulator holds the figures too."""
-    from sim.evaluator import EvaluatorDisagreement
-
-    for i, r in enumerate(rows):
-        if r is None:
-            continue
-        got = (float(figs.tokens_per_s[i]), bool(figs.declined[i]), float(figs.ring_mib[i]), float(figs.ring_alloc_mib[i]),
-               int(figs.window_rows[i]), float(figs.late_mib[i]), float(figs.blocked_ms[i]))
-        want = (r["tokens_per_s"], r["declined"], r["ring_mib"], r["ring_alloc_mib"], r["window_rows"], r["late_mib"],
-                r["breakdown_ms"]["blocked_in_ordered_copies"])
-        if got != want:
-            raise EvaluatorDisagreement(f"the plan's figures of a point differ from its row: {got} != {want}")
-
-
-def boundaries(pts: Sequence[Point], figs: Figures, parts: Any = None) -> set[int]:
-    """Indices of the points where, along the contexts asked of one line (the same model, machine, cache, sequences,
-    tokens, arm and placement: ``sim.points.line_arrays``, given ``parts`` if known), the best depth at a budget or a
-    point's decline changes from one context to the next (``sim.evaluator.check.boundaries``, the sweep's rule). Pure."""
-    from sim.evaluator.check import boundaries as changes
-    from sim.points import line_arrays
-
-    if not len(pts):
-        return set()
-    line, context, depth, budget = line_arrays(pts, parts)
-    return changes(line, context, depth, budget, figs.tokens_per_s, figs.declined)

@@ -181,6 +181,19 @@ class Ahead:
             self._batch_of.update((id(p), (p, len(self.batches))) for p in pts)
             self.batches.append((pts, _submit_sample(ex, pts, False, workers)))
 
+    def hold(self) -> list[tuple[int, int]]:
+        """Cancel the simulations submitted that have not started (what is submitted next goes first: the check needs
+        these only at its end); (batch, piece) of each, for :meth:`resume`. Does not block."""
+        return [(k, j) for k, (_, submitted) in enumerate(self.batches) if k not in self._collected
+                for j, (_, f) in enumerate(submitted) if f.cancel()]
+
+    def resume(self, ex: Executor, held: list[tuple[int, int]]) -> None:
+        """Submit again, in their order, the simulations :meth:`hold` cancelled (the same pieces). Does not block."""
+        for k, j in held:
+            pts, submitted = self.batches[k]
+            piece = submitted[j][0]
+            submitted[j] = (piece, ex.submit(_sample_rows, [pts[i] for i in piece], False))
+
     def rows_of(self, points: Sequence[Point]) -> list[dict[str, Any] | None]:
         """The rows of ``points`` simulated ahead (None for the others). Blocks for the batches that hold them."""
         out: list[dict[str, Any] | None] = []

@@ -15,15 +15,16 @@ Units: bytes.
 from __future__ import annotations
 
 import functools
-import itertools
 import operator
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 
+from sim.points import objects_of
+from sim.replay_keys import clear_numbers, compute_number, context_free, free_number, interned, number
 from sim.replay_shapes import _STEPS, ShapeArrays, placed_devices, steps_of
 from sim.replay_shapes import TEMPLATES as _TEMPLATES
 from sim.replay_shapes import learn as _learn
@@ -103,40 +104,14 @@ def clear_shapes() -> None:
     _TEMPLATES.clear()
     _STEPS.clear()
     context_free.cache_clear()
+    clear_numbers()
     window_rows_at.cache_clear()
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def context_free(wl: Workload, cells: bool) -> Any:
-    """What a one-sequence workload's graph at a given window depends on, whatever its context: the workload at a
-    context of 1, one token, and (``cells``) a cache of its own size. The graphs of two such workloads with equal keys
-    differ only in the row each step writes (its window's stable prefix): the point planner's shapes and the
-    evaluator's numbers of a window are kept under this key (several sequences: the workload itself). Pure."""
-    if wl.n_parallel != 1:
-        return wl
-    return replace(wl, context=(1,), tokens=1, ctx_size=wl.cells if cells else 0)
-
-
-def interned(key: Any) -> int:
-    """A number for ``key`` (equal keys, equal numbers; a number is never given to another key, even after the table
-    is emptied): what a cache keyed by it hashes instead of a workload, once per line rather than once per token."""
-    got = _INTERNED.get(key)
-    if got is None:
-        if len(_INTERNED) > 1 << 16:
-            _INTERNED.clear()
-        got = _INTERNED[key] = next(_NUMBERS)
-    return got
-
-
-_INTERNED: dict[Any, int] = {}
-_NUMBERS = itertools.count()
 
 
 def _family(point: Point) -> int:
     """What a step's shape depends on but its window and slot layout (``context_free`` with the cache's size), as a
     number."""
-    return interned((context_free(point.workload, cells=True), tuple(d.compute for d in point.hardware.devices),
-                     point.transport.arm))
+    return interned((free_number(point.workload, True), compute_number(point.hardware), point.transport.arm))
 
 
 def _shape(point: Point, step: int, rows: int, spans: list[Any], slot_key: Any, family: int | None = None) -> _Shape:
@@ -145,8 +120,7 @@ def _shape(point: Point, step: int, rows: int, spans: list[Any], slot_key: Any, 
     key = (_family(point) if family is None else family, rows, slot_key)
     shape = _SHAPES.get(key)
     if shape is None:
-        tkey = (interned((context_free(point.workload, cells=False), tuple(d.compute for d in point.hardware.devices),
-                          point.transport.arm)), slot_key)
+        tkey = (interned((free_number(point.workload, False), compute_number(point.hardware), point.transport.arm)), slot_key)
         kept = _TEMPLATES.get(tkey)
         if kept is not None and kept[1] and rows >= 1:  # a confirmed template: no graph
             shape = _Shape(*kept[0].fields(point.workload, rows, spans[kept[0].device]))
@@ -238,22 +212,19 @@ def object_groups(points: Sequence[Point]) -> tuple[np.ndarray, list[int]]:
     if not n:
         return np.zeros(0, dtype=np.intp), []
     code = np.zeros(n, dtype=np.int64)
-    for get in (_workload, _hardware, _transport):
-        ids, first, inv = np.unique(np.fromiter(map(id, map(get, points)), dtype=np.int64, count=n), return_index=True,
-                                    return_inverse=True)
-        if get is _transport:  # a config's class, not the object: equal fields but depth and budget, one code
-            classes = np.array([config_class(points[i].transport) for i in first.tolist()], dtype=np.int64)
-            ids, inv = np.unique(classes[inv], return_inverse=True)
-        _, code = np.unique(code * len(ids) + inv.reshape(-1), return_inverse=True)  # < n: no overflow
+    for k in range(3):
+        objs, inv = objects_of(points, k)  # a grid's (``sim.points.PointGrid``) off its arrays, else by object id
+        count = len(objs)
+        if k == 2:  # a config's class, not the object: equal fields but depth and budget, one code
+            classes, inv = np.unique(np.array([config_class(c) for c in objs], dtype=np.int64)[inv], return_inverse=True)
+            count = len(classes)
+        _, code = np.unique(code * count + inv.reshape(-1), return_inverse=True)  # < n: no overflow
         code = code.reshape(-1)
     _, first, inv = np.unique(code, return_index=True, return_inverse=True)
     order = np.argsort(first, kind="stable")  # groups by first appearance
     number = np.empty(len(first), dtype=np.intp)
     number[order] = np.arange(len(first))
     return number[inv.reshape(-1)], first[order].tolist()
-
-
-_workload, _hardware, _transport = (operator.attrgetter(f) for f in ("workload", "hardware", "transport"))
 
 
 def _lines(points: Sequence[Point]) -> tuple[np.ndarray, list[Point]]:
@@ -265,7 +236,8 @@ def _lines(points: Sequence[Point]) -> tuple[np.ndarray, list[Point]]:
     line_of_group = np.empty(len(firsts_of), dtype=np.intp)
     for g, i in enumerate(firsts_of):
         p = points[i]
-        li = line_of_group[g] = lines.setdefault(line_key(p), len(lines))
+        key = (number(p.workload), number(p.hardware), config_class(p.transport))  # line_key's, as numbers (equal iff equal)
+        li = line_of_group[g] = lines.setdefault(key, len(lines))
         if li == len(firsts):
             firsts.append(p)
     return line_of_group[group], firsts
@@ -335,10 +307,9 @@ def plan_points(points: Sequence[Point], each_line: Callable[[Point], Any] | Non
     align = per_line(fill(lambda x: x.align))
     align[align == 0] = 1
     io = np.array([x.io_bytes for x in info], dtype=np.int64)[line_of]
-    _, cfg_first, cfg_of = np.unique(np.fromiter(map(id, map(_transport, points)), dtype=np.int64, count=n),
-                                     return_index=True, return_inverse=True)
-    pol = planning.Policy.of([points[i].transport for i in cfg_first.tolist()])  # each config object once
-    pol = planning.Policy(*(getattr(pol, f)[cfg_of.reshape(-1)] for f in planning.Policy.__dataclass_fields__))
+    cfgs, cfg_of = objects_of(points, 2)
+    pol = planning.Policy.of(cfgs)  # each config object once
+    pol = planning.Policy(*(getattr(pol, f)[cfg_of] for f in planning.Policy.__dataclass_fields__))
     tokens = np.array([x.point.workload.tokens for x in info], dtype=np.int64)[line_of]
     rings = {d: planning.RingState.empty(n) for d in range(n_dev)}
     made_at = {d: np.full(n, 1 << 30, dtype=np.int64) for d in range(n_dev)}

@@ -171,12 +171,21 @@ class ShapeArrays:
         staged, need, full, n_splits, rank = z.astype(bool), z.copy(), z.copy(), z.copy(), z.copy()
         gpu, kv = z.astype(bool), z.astype(bool)
         kv_bytes, host_cache = np.zeros(len(distinct) + 1, dtype=np.int64), np.zeros(len(distinct) + 1, dtype=np.int64)
+        cells: list[tuple[int, int, int, int, int, int]] = []  # (shape, device, need, full, splits, rank): filled at once
+        on_gpu: list[tuple[int, int]] = []
+        on_kv: list[tuple[int, int]] = []
         for j, sh in enumerate(distinct):
-            for r, (d, nd, fl, ns) in enumerate(sh.staged):
-                staged[j, d], need[j, d], full[j, d], n_splits[j, d], rank[j, d] = True, nd, fl, ns, r
-            gpu[j, list(sh.gpu_devices)] = True
-            kv[j, list(sh.device_kv)] = True
-            kv_bytes[j], host_cache[j] = sh.device_kv_bytes, sh.host_cache_bytes
+            cells += [(j, d, nd, fl, ns, r) for r, (d, nd, fl, ns) in enumerate(sh.staged)]
+            on_gpu += [(j, d) for d in sh.gpu_devices]
+            on_kv += [(j, d) for d in sh.device_kv]
+        if cells:
+            j, d, nd, fl, ns, r = np.array(cells, dtype=np.int64).T
+            staged[j, d], need[j, d], full[j, d], n_splits[j, d], rank[j, d] = True, nd, fl, ns, r
+        for flag, at in ((gpu, on_gpu), (kv, on_kv)):
+            if at:
+                flag[tuple(np.array(at, dtype=np.intp).T)] = True
+        kv_bytes[: len(distinct)] = [sh.device_kv_bytes for sh in distinct]
+        host_cache[: len(distinct)] = [sh.host_cache_bytes for sh in distinct]
         at = sid[line_of]
         self.staged, self.need, self.full, self.n_splits, self.rank = (a[at] for a in (staged, need, full, n_splits, rank))
         self.gpu, self.kv, self.kv_bytes, self.host_cache = gpu[at], kv[at], kv_bytes[at], host_cache[at]

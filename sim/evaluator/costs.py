@@ -27,7 +27,7 @@ from backends.base import copy_calls
 from backends.profile import LinkCurve
 from sim.evaluator.window_costs import ONE_CALL_SECONDS, Template, engine_seconds, one_call_seconds, template_of
 from sim.graph import DecodeGraph
-from sim.replay import context_free, interned
+from sim.replay_keys import free_number, interned, number
 from sim.replay_shapes import steps_of
 from sim.run.point import Point, graph_at
 from sim.transport import planning
@@ -235,8 +235,8 @@ def point_costs(point: Point) -> list[TokenCosts]:
     resident arm's numbers have no delivery: a later step of a window is its first step's."""
     cfg, hw, wl = point.transport, point.hardware, point.workload
     resident = cfg.arm == "resident"
-    base = (wl, hw.devices[0], cfg.pack_streams, cfg.min_alignment_bytes, resident)
-    family = interned((context_free(wl, cells=False), *base[1:]))  # a window's numbers do not depend on the context otherwise
+    base = (number(wl), number(hw.devices[0]), cfg.pack_streams, cfg.min_alignment_bytes, resident)  # (values as numbers)
+    family = interned((free_number(wl, False), *base[1:]))  # a window's numbers do not depend on the context otherwise
     kept = _KEPT.get(base)
     if kept is None:
         kept = {}

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from sim.graph import DecodeGraph
-from sim.replay import context_free
+from sim.replay_keys import compute_number, free_number
 from sim.run.point import Point, graph_at
 
 
@@ -55,7 +55,7 @@ def clear_reasons() -> None:
 def _graph_reason(point: Point) -> str | None:
     """Why the point's decode graph is not the shape the evaluator's program runs (None: it is). Kept for the points
     whose graphs share their shape (``sim.replay.context_free``: the same workload at any context)."""
-    key = (context_free(point.workload, cells=False), tuple(d.compute for d in point.hardware.devices), point.transport.arm)
+    key = (free_number(point.workload, False), compute_number(point.hardware), point.transport.arm)
     if key not in _REASONS:
         if len(_REASONS) > 4096:
             _REASONS.clear()

@@ -31,6 +31,7 @@ from backends.base import OutOfDeviceMemory
 from sim.evaluator.costs import TokenCosts, point_costs
 from sim.evaluator.envelope import in_envelope
 from sim.evaluator.token import Setup, run_token
+from sim.points import PointGrid
 from sim.replay import PLAN_FIELDS as _PLAN
 from sim.replay import Plans, plan_points
 from sim.rows import row
@@ -129,10 +130,16 @@ class Evaluation:
                        sums["blocked_ordered_s"] / np.maximum(tokens, 1) * 1e3, plans.rows[0].copy(), fits)
 
 
-def _as_run(points: Sequence[Point]) -> tuple[list[Point], np.ndarray]:
+def _as_run(points: Sequence[Point]) -> tuple[Sequence[Point], np.ndarray]:
     """The points as ``sim.run.run.run_point`` runs them, and each one's warm-up tokens: the resident arm's with one
-    graph more, first (the cache's load), the others as they are. Points that share a workload share its runs'."""
-    warm = np.fromiter((p.transport.arm == "resident" for p in points), dtype=np.int64, count=len(points))
+    graph more, first (the cache's load), the others as they are. Points that share a workload share its runs'. A
+    ``sim.points.PointGrid`` without the resident arm is given back as it is (no point made)."""
+    if isinstance(points, PointGrid):
+        warm = points.field(2, lambda c: c.arm == "resident", np.int64)
+        if not warm.any():
+            return points, warm
+    else:
+        warm = np.fromiter((p.transport.arm == "resident" for p in points), dtype=np.int64, count=len(points))
     if not warm.any():
         return list(points), warm
     longer: dict[int, Any] = {}
@@ -160,7 +167,7 @@ def evaluate_batch(points: Sequence[Point], first: int = 0) -> Evaluation:
         costs.append(point_costs(p))
 
     plans = plan_points(runs, line)
-    n, n_tok = len(points), max(p.workload.tokens for p in runs)
+    n, n_tok = len(points), int(plans.tokens.max())  # (each point's tokens: its line's workload's)
     depth, n_slots, tokens = plans.policy.depth, plans.policy.n_slots, plans.tokens
     # each (point, token)'s lane key: its line and token, and its ring decision as one number
     keys = np.full((n, n_tok), -1, dtype=np.int64)
@@ -240,7 +247,13 @@ def evaluations(points: Sequence[Point]) -> Iterator[tuple[int, Evaluation]]:
     """``points`` evaluated in batches of ``BATCH_POINTS``, one batch at a time (a batch's plans are dropped once the
     caller moves on): (the batch's first index, its Evaluation). Blocks (CPU)."""
     for lo in range(0, len(points), BATCH_POINTS):
-        yield lo, evaluate_batch(points[lo : lo + BATCH_POINTS], lo)
+        yield lo, evaluate_batch(_batch(points, lo), lo)
+
+
+def _batch(points: Sequence[Point], lo: int) -> Sequence[Point]:
+    """``points[lo : lo + BATCH_POINTS]``; of a ``sim.points.PointGrid``, a grid (no point made)."""
+    hi = min(lo + BATCH_POINTS, len(points))
+    return points.take(np.arange(lo, hi)) if isinstance(points, PointGrid) else points[lo:hi]
 
 
 def evaluate_stats(points: Sequence[Point]) -> list[list[GraphStats]]:

@@ -21,6 +21,7 @@ Units: seconds and bytes.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,10 +73,24 @@ class Template:
                     secs += c.head_s
                 done[key] = secs
             vals[col] = secs
-        for s_col, b_col, per_row in (*self.masks, *self.windows):
+        for per_row, s_cols, b_cols in self._moving:  # the copies alike (bytes per row) at once
             n = rows * per_row
-            vals[s_col], vals[b_col] = one_call_seconds(self.h2d, n), n
+            vals[s_cols], vals[b_cols] = one_call_seconds(self.h2d, n), n
         return vals
+
+    @functools.cached_property
+    def _moving(self) -> tuple[tuple[int, np.ndarray, np.ndarray], ...]:
+        """The masks' and windows' (bytes per row, seconds columns, bytes columns), one entry per bytes per row in order
+        of first appearance; one per input, in order, should a column appear twice (the later one wins, as written)."""
+        each = (*self.masks, *self.windows)
+        if len({c for s_col, b_col, _ in each for c in (s_col, b_col)}) != 2 * len(each):
+            return tuple((per_row, np.array([s_col], dtype=np.intp), np.array([b_col], dtype=np.intp)) for s_col, b_col, per_row in each)
+        by: dict[int, tuple[list[int], list[int]]] = {}
+        for s_col, b_col, per_row in each:
+            cols = by.setdefault(per_row, ([], []))
+            cols[0].append(s_col)
+            cols[1].append(b_col)
+        return tuple((per_row, np.array(sc, dtype=np.intp), np.array(bc, dtype=np.intp)) for per_row, (sc, bc) in by.items())
 
 
 def one_call_seconds(link: LinkCurve, n: int) -> float:

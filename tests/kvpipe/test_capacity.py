@@ -184,3 +184,43 @@ def test_the_memory_plan_runs_beside_the_gain_analysis_with_the_answer_of_one_pr
     assert (one.check, one.checked, one.checked_exact) == (two.check, two.checked, two.checked_exact)
     assert [f.best for f in one.fits] == [f.best for f in two.fits] and [f.candidates for f in one.fits] == [f.candidates for f in two.fits]
     assert [p.to_json() for p in one.plans] == [p.to_json() for p in two.plans]
+
+
+@pytest.mark.parametrize("build", ["fork", "upstream"])
+def test_the_memory_plan_placed_while_the_grid_runs_is_the_one_placed_after(build: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_plan_fit`` makes each context's candidates but the rings' (``kvpipe.capacity_fit.placed``) while the grid is
+    answered (``plan(meanwhile=...)``): every candidate run, every choice, the plans and the check are those made with
+    nothing placed ahead -- over contexts where the cache fits the device and where it does not, a context asked twice,
+    both builds."""
+    from kvpipe import capacity
+    from kvpipe import plan as gain_plan
+    from kvpipe.plan_run import Runner
+
+    req = PlanRequest(model="llama-3.1-8b", contexts=(8192, 65536, 8192, 200_000), tokens=2, max_depth=3, jobs=1, build=build,
+                      host_mem_gib=64)
+    runs: dict[str, list[object]] = {}
+    real_start, real_plan = Runner.start, gain_plan.plan
+
+    def answers(tag: str) -> object:
+        runs[tag] = []
+
+        def start(self: Runner, pts: object, grid: bool = False) -> object:
+            runs[tag].append(list(pts) if not grid else len(pts))  # type: ignore[arg-type]
+            return real_start(self, pts, grid)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(Runner, "start", start)
+        out = plan_fit(req)
+        return ([(f.context, f.best, f.candidates, f.reason) for f in out.fits], [p.to_json() for p in out.plans], out.check,
+                out.checked)
+
+    ahead = answers("ahead")
+    monkeypatch.setattr(gain_plan, "plan", lambda *a, meanwhile=None, **k: real_plan(*a, **k))  # nothing placed ahead
+    after = answers("after")
+    assert ahead == after and runs["ahead"] == runs["after"]
+    assert any(c is not None and c.resident for _, c, _, _ in ahead[0]) or build == "upstream"  # type: ignore[index]
+    placed_ahead: list[int] = []
+    monkeypatch.setattr(gain_plan, "plan", real_plan)
+    real_placed = capacity.placed
+    monkeypatch.setattr(capacity, "placed", lambda *a, **k: placed_ahead.append(1) or real_placed(*a, **k))
+    plan_fit(req)
+    assert len(placed_ahead) == len(set(req.contexts))  # each context placed once, ahead; its twin made as before

@@ -179,3 +179,74 @@ def test_packed_points_come_back_equal_and_shared_through_pickle() -> None:
         assert piece == pts[lo:hi] and _sharing(piece) == _sharing(pts[lo:hi])
     got, want = summarize_packed(PackedPoints(pts)), summarize(pts)
     assert all(np.array_equal(getattr(got, f), getattr(want, f)) for f in want.__dataclass_fields__)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_a_point_grid_makes_the_plain_walks_points_when_asked(spec: GridSpec) -> None:
+    """``sim.points.point_grid`` holds the walk's points as arrays: each one asked for is the walk's (equal, sharing its
+    objects as the walk does), made once (asked again, the same object), by index, negative index or slice; a subset
+    (``take``), a field per object (``field``), its packing for a worker and its workloads replaced
+    (``with_workloads``) are those of the walk's list."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from kvpipe.executors import PackedPoints
+
+    want = _plain(spec)
+    g = sp.point_grid(spec)
+    assert len(g) == len(want) and not g.made()
+    got = [g[i] for i in range(len(g))]
+    assert got == want and _sharing(got) == _sharing(want)
+    assert all(g[i] is p for i, p in enumerate(got)) and g[-1] is got[-1] and g[1:4] == got[1:4] and g.points()[0] is got[0]
+    with pytest.raises(IndexError):
+        g[len(g)]
+    idx = np.array([len(g) - 1, 0, len(g) // 2, 0])
+    sub = g.take(idx)
+    assert sub.points() == [want[i] for i in idx] and _sharing(sub.points()) == _sharing([want[i] for i in idx])
+    assert all(sub[k] is g[int(i)] for k, i in enumerate(idx)) and sub.take(np.array([2, 1]))[0] is g[int(idx[2])]
+    fresh = sp.point_grid(spec)
+    view = fresh.take(idx)
+    assert view.made() == {} and (view[0] is fresh[int(idx[0])]) and set(view.made()) == {0}
+    assert g.field(2, lambda c: c.arm, object).tolist() == [p.transport.arm for p in want]
+    assert g.field(0, lambda w: max(w.context)).tolist() == [p.context for p in want]
+    back = PackedPoints(g).points()
+    assert back == want and _sharing(back) == _sharing(want)
+    assert PackedPoints(g).take(1, 3).points() == want[1:3]
+    changed = g.with_workloads(lambda w: replace(w, pinned=not w.pinned))
+    flipped = [replace(p, workload=replace(p.workload, pinned=not p.workload.pinned)) for p in want]
+    assert changed.points() == flipped and _sharing(changed.points()) == _sharing(want)
+
+
+@pytest.mark.parametrize("resident", [False, True])
+def test_a_point_grid_is_evaluated_as_its_points(resident: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sim.evaluator.summarize`` of a ``PointGrid`` (its objects numbered off its arrays, batches as grids, no point
+    made but a line's first) equals that of its points as a list, bit for bit -- in small batches, for a shuffled view
+    with repeats, two machines, ``--kv-gpu-layers``, two sequences and (``resident``) the resident arm; the groups read
+    off the grid are the id walk's, its line arrays the same but for the lines' numbers (the same partition)."""
+    import sys
+
+    import numpy as np
+
+    from kvpipe.executors import PackedPoints, summarize_packed
+    from sim import replay
+    from sim.evaluator import summarize
+
+    monkeypatch.setattr(sys.modules["sim.evaluator.evaluate"], "BATCH_POINTS", 7)
+    spec = GridSpec(contexts=((4096,), (8192,), (20000,)), depths=(0, 1, 3), budgets_mib=(0, 64), kv_gpu_layers=(0, 2),
+                    hardware=("rtx4070-gen4x16", "rtx3060-gen3x4"), parallels=(1, 2), tokens=3, kv_offload=(True, False)
+                    if resident else (True,))
+    g = sp.point_grid(spec)
+    view = g.take(np.random.default_rng(5).permutation(np.r_[np.arange(len(g)), np.arange(0, len(g), 4)]))
+    for grid in (g, view):
+        pts = grid.points()
+        got, want = summarize(grid), summarize(pts)
+        assert all(np.array_equal(getattr(got, f), getattr(want, f)) for f in want.__dataclass_fields__)
+        assert resident or grid is view or len(g.made()) < len(g) // 2  # a batch's lines' first points (a resident batch's all)
+        packed = summarize_packed(PackedPoints(grid))
+        assert all(np.array_equal(getattr(packed, f), getattr(want, f)) for f in want.__dataclass_fields__)
+        a, b = replay.object_groups(grid), replay.object_groups(pts)
+        assert a[0].tolist() == b[0].tolist() and a[1] == b[1]
+        (line, *rest), (want_line, *want_rest) = sp.line_arrays(grid), sp.line_arrays(pts)
+        assert all(np.array_equal(x, y) for x, y in zip(rest, want_rest, strict=True))
+        assert len(set(zip(line.tolist(), want_line.tolist(), strict=True))) == len(set(line.tolist())) == len(set(want_line.tolist()))
