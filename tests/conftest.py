@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field, replace
@@ -43,6 +44,21 @@ def bench_dry_run(tmp_path: Path, phase: str, env_extra: dict[str, str] | None =
                    capture_output=True, timeout=120)
     commands = (next(lcp.glob(f"out-{phase}-*")) / "commands.txt").read_text()
     return (tmp_path / "out" / f"summary-{phase}.txt").read_text(), commands
+
+
+def alternating_rounds(tag: str, pps: tuple[int, ...], rounds: int = 6) -> list[str]:
+    """The call names of a run of ``rounds`` rounds over ``pps`` (each split then unified), odd rounds in that order and
+    even rounds reversed (runs 9-10's design). Pure."""
+    odd = [f"{kvu}-pp{pp}" for pp in pps for kvu in ("split", "unified")]
+    return [f"{tag}-batched-{c}-r{k}" for k in range(1, rounds + 1) for c in (odd if k % 2 else odd[::-1])]
+
+
+def assert_held_out_hidden(names: list[str], summary: str, held: tuple[int, ...]) -> None:
+    """Held-out calls (their -npp in ``held``) show no figure in the summary, calibration calls do."""
+    for n in names:
+        line = next(x for x in summary.splitlines() if f"] {n}: rc=" in x)
+        is_held = re.search(rf"pp({'|'.join(map(str, held))})-", n) is not None
+        assert ("held out: figures not shown" in line) == is_held and ("t/s" in line) == (not is_held), line
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.conftest import bench_dry_run
+from tests.conftest import alternating_rounds, assert_held_out_hidden, bench_dry_run
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "validate" / "results" / "h200-llamacpp"
@@ -21,13 +21,8 @@ def _dry_run(tmp_path: Path, phase: str, env_extra: dict[str, str] | None = None
 
 def test_six_rounds_odd_ascending_even_reversed_held_out_hidden(tmp_path: Path) -> None:
     names, summary, commands = _dry_run(tmp_path, "run10")
-    odd = [f"{kvu}-pp{pp}" for pp in (512, 704, 960, 1280) for kvu in ("split", "unified")]
-    want = [f"r10-batched-{c}-r{k}" for k in range(1, 7) for c in (odd if k % 2 else odd[::-1])]
-    assert names == want and len(names) == 48
-    for n in names:  # held-out calls show no figure, calibration calls do
-        line = next(x for x in summary.splitlines() if f"] {n}: rc=" in x)
-        held = re.search(r"pp(704|960)-", n) is not None
-        assert ("held out: figures not shown" in line) == held and ("t/s" in line) == (not held)
+    assert names == alternating_rounds("r10", (512, 704, 960, 1280)) and len(names) == 48
+    assert_held_out_hidden(names, summary, (704, 960))
     ctx = {int(pp): int(c) for c, pp in re.findall(r" -c (\d+) .* -npp (\d+) ", commands)}
     assert ctx == {512: 4864, 704: 6400, 960: 16384, 1280: 11008}  # 8 x (npp + 64) + 256, but -npp 960 at -c 16384
     assert commands.count(" -kvu") == 24 and commands.count(" -npl 1,2,4,8 ") == 48 and " -ntg 64 " in commands

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import bench_dry_run
+from tests.conftest import alternating_rounds, assert_held_out_hidden, bench_dry_run
 
 ROOT = Path(__file__).resolve().parents[2]
 LCP = ROOT / "tools" / "llamacpp"
@@ -26,13 +26,8 @@ def _dry_run(tmp_path: Path, phase: str, env_extra: dict[str, str] | None = None
 
 def test_six_rounds_odd_ascending_even_reversed_held_out_hidden(tmp_path: Path) -> None:
     names, summary = _dry_run(tmp_path, "run9")
-    odd = [f"{kvu}-pp{pp}" for pp in (512, 832, 1216, 1280) for kvu in ("split", "unified")]
-    want = [f"r9-batched-{c}-r{k}" for k in range(1, 7) for c in (odd if k % 2 else odd[::-1])]
-    assert names == want and len(names) == 48
-    for n in names:  # held-out calls show no figure, calibration calls do
-        line = next(x for x in summary.splitlines() if f"] {n}: rc=" in x)
-        held = re.search(r"pp(832|1216)-", n) is not None
-        assert ("held out: figures not shown" in line) == held and ("t/s" in line) == (not held)
+    assert names == alternating_rounds("r9", (512, 832, 1216, 1280)) and len(names) == 48
+    assert_held_out_hidden(names, summary, (832, 1216))
     commands = (next((tmp_path / "lcp").glob("out-run9-*")) / "commands.txt").read_text()
     assert " -npp 832 -ntg 64 -npl 1,2,4,8 " in commands and " -c 7424 " in commands  # 8 x (832 + 64) + 256
     assert commands.count(" -kvu") == 24
