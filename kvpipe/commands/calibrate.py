@@ -169,6 +169,9 @@ def run_from_batched_bench(args: argparse.Namespace) -> int:
     if args.nkvo is None:
         raise UsageError(f"{WHAT} needs --nkvo 1 (the runs had -nkvo: the ordered path) or --nkvo 0 (the cache on the "
                          "device): llama-batched-bench does not record it")
+    if args.kv_copy == "span" and args.nkvo != "1":
+        raise UsageError("--kv-copy span with --nkvo 0: the cache on the device copies no window; allowed: --kv-copy "
+                         "span with --nkvo 1, or --kv-copy streams")
     unified = parse_list(args.kv_unified, _bool01, "--kv-unified", "0 or 1, one for all files or one per file")
     if len(unified) not in (1, len(files)):
         raise UsageError(f"--kv-unified {args.kv_unified!r}: {len(unified)} values for {len(files)} files; allowed: one "
@@ -189,7 +192,7 @@ def run_from_batched_bench(args: argparse.Namespace) -> int:
     profile, fit = batch_fit.fit_files(files, unified * len(files) if len(unified) == 1 else unified,
                                        "ordered" if args.nkvo == "1" else "resident", not args.pageable, base, where, m,
                                        ctype, ctype, args.per_sequence, command, args.fit_staging,
-                                       args.kv_copy == "span" and args.nkvo == "1")
+                                       args.kv_copy == "span")
     write_output(args.out, json.dumps(profile, indent=1) + "\n")
     print(f"wrote {args.out}: {m.name} {ctype.name}, per sequence past the first {fit.term} {fit.value_us:.3f} us"
           + (" (the rows grow slower than the profile without it: 0)" if fit.clamped else "")

@@ -143,6 +143,8 @@ BAD_CALLS = {
     "staging-one-npp": (["--nkvo", "1", "--fit-staging", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "two -npp values"),
     "staging-how": (["--nkvo", "1", "--fit-staging", "some", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "'some'"),
     "staging-no-one": (["--nkvo", "1", "--fit-staging", "one", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "one sequence"),
+    "span-resident": (["--nkvo", "0", "--kv-copy", "span", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "span with --nkvo 0"),
+    "copy-how": (["--nkvo", "1", "--kv-copy", "gaps", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "'gaps'"),
 }
 
 
