@@ -59,6 +59,7 @@ from backends.base import Buffer, CopyPlan, CopyRange, Event, HostOp, OutOfDevic
 from backends.machine import Machine
 from backends.profile import HardwareProfile
 from backends.simpy_copy import _Engine, _Lane, calls_seconds, copy_seconds, dram_stretch, next_copy_on
+from backends.simpy_env import FastEnvironment
 
 __all__ = ["SimMachine", "copy_seconds"]
 
@@ -108,7 +109,9 @@ class SimMachine(Machine):
         self.profile = profile
         self.functional = functional
         self.tracing = trace
-        self.env = env if env is not None else simpy.Environment()
+        self.env = env if env is not None else FastEnvironment()
+        # a fixed wait taken in place where nothing else could run first (``backends.simpy_env``); not when tracing
+        self._advance = self.env.advance if isinstance(self.env, FastEnvironment) and not trace else None
         self.spans: list[Span] = []
         self._used = [d.memory_used_bytes for d in profile.devices]
         self._h2d = [_Engine(self.env, d.h2d_engines) for d in profile.devices]
@@ -135,6 +138,8 @@ class SimMachine(Machine):
         Blocks until the simulation reaches the program's end (simulated time, not the host's).
         """
         proc = self.env.process(program)
+        if isinstance(self.env, FastEnvironment):
+            return self.env.run_until(proc)
         self.env.run(until=proc)
         return proc.value
 
@@ -150,9 +155,12 @@ class SimMachine(Machine):
         if self.tracing:
             self.spans.append(Span(track, name, start, self.env.now, args, kind))
 
-    def _busy(self, seconds: float, kind: SpanKind, what: str, name: str = "", **args: Any) -> simpy.Timeout:
-        """The host thread busy for ``seconds`` (> 0): the timeout to yield; its span ``what + name`` (of ``kind``)
+    def _busy(self, seconds: float, kind: SpanKind, what: str, name: str = "", **args: Any) -> simpy.Timeout | None:
+        """The host thread busy for ``seconds`` (> 0): the timeout to yield, or None where the clock was advanced in
+        place (``FastEnvironment.advance``: the same time, nothing else ran); its span ``what + name`` (of ``kind``)
         is recorded when it fires, just before the host resumes (where a span recorded after the yield would go)."""
+        if self._advance is not None and self._advance(seconds):
+            return None
         ev = self._timeout(seconds)
         if self.tracing:
             t = self.env.now
@@ -178,21 +186,24 @@ class SimMachine(Machine):
 
     def _record(self, event: Event, stream: Stream) -> HostOp:
         if self._event_s > 0:
-            yield self._busy(self._event_s, SpanKind.RECORD, "record ", event.name)
+            if (ev := self._busy(self._event_s, SpanKind.RECORD, "record ", event.name)) is not None:
+                yield ev
         gen = self._event()
         event.handle = gen
         self._enqueue(stream, ("record", event.name, gen))
 
     def _wait_event(self, stream: Stream, event: Event) -> HostOp:
         if self._event_s > 0:
-            yield self._busy(self._event_s, SpanKind.WAIT, "wait ", event.name)
+            if (ev := self._busy(self._event_s, SpanKind.WAIT, "wait ", event.name)) is not None:
+                yield ev
         if event.handle is not None:
             self._enqueue(stream, ("wait", event.name, event.handle))
 
     def _copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], plan: CopyPlan, tag: str) -> HostOp:
         """The copy hook: one copy issue of host time, then the plan on ``stream``; blocks the host from pageable memory."""
         if self._issue_s > 0:
-            yield self._busy(self._issue_s, SpanKind.ISSUE, "issue ", tag)
+            if (ev := self._busy(self._issue_s, SpanKind.ISSUE, "issue ", tag)) is not None:
+                yield ev
         to_device = plan.to_device
         host_side, dev_side = (src, dst) if to_device else (dst, src)
         lane = self._lanes[dev_side.device, to_device, host_side.pinned]
@@ -224,7 +235,8 @@ class SimMachine(Machine):
             if busy is not None:  # two staging buffers: chunk i reuses chunk i - 2's once its DMA is done
                 yield from self._wait_done(busy, SpanKind.WAIT, "staging buffer")
             if stage_s > 0:
-                yield self._busy(stage_s, SpanKind.STAGE, "stage ", name)
+                if (ev := self._busy(stage_s, SpanKind.STAGE, "stage ", name)) is not None:
+                    yield ev
             last = i == len(chunks) - 1
             chunk = (dma_s, nbytes)
             done.append(self._enqueue(stream, ("copy", name if last else f"{name}[{i}]",
@@ -233,14 +245,16 @@ class SimMachine(Machine):
     def launch(self, stream: Stream, work: Work) -> HostOp:
         seconds = self._launch_s * work.n_launches
         if seconds > 0:
-            yield self._busy(seconds, SpanKind.LAUNCH, "launch ", work.name, work=work.kind.value)
+            if (ev := self._busy(seconds, SpanKind.LAUNCH, "launch ", work.name, work=work.kind.value)) is not None:
+                yield ev
         self._enqueue(stream, ("kernel", work.name, work))
         if self._split_launch_s > 0 and work.kind is WorkKind.GPU_SPLIT:  # the split's other kernels, launched while the first runs
-            yield self._busy(self._split_launch_s, SpanKind.LAUNCHING, "launching ", work.name)
+            if (ev := self._busy(self._split_launch_s, SpanKind.LAUNCHING, "launching ", work.name)) is not None:
+                yield ev
 
     def run_host(self, work: Work) -> HostOp:
         t = self.env.now
-        if work.duration_s > 0:
+        if work.duration_s > 0 and not (self._advance is not None and self._advance(work.duration_s)):
             yield self._timeout(work.duration_s)
         if self.functional and work.run is not None:
             work.run(_numpy())
@@ -290,7 +304,8 @@ class SimMachine(Machine):
         if ev is not None and ev.callbacks is not None:  # not processed yet
             yield ev
         if self._wait_s > 0:
-            yield self._busy(self._wait_s, SpanKind.WAKE, "wake")
+            if (ev := self._busy(self._wait_s, SpanKind.WAKE, "wake")) is not None:
+                yield ev
         if self.tracing:
             self._span("host", what + name, t, kind)
 
@@ -314,7 +329,7 @@ class SimMachine(Machine):
 
     def _stream_loop(self, stream: Stream) -> Any:
         st: _StreamState = stream.handle
-        queue, waiters, env = st.queue, st.waiters, self.env
+        queue, waiters, env, advance = st.queue, st.waiters, self.env, self._advance
         while True:
             if not queue:
                 st.wake = wake = self._event()
@@ -346,7 +361,8 @@ class SimMachine(Machine):
                         seconds *= lane.slowdown
                     if self._dram[lane.device]:
                         self._copies[lane.device].append((t, t + seconds, nbytes))
-                    yield self._timeout(seconds)
+                    if advance is None or not advance(seconds):
+                        yield self._timeout(seconds)
                     # The bytes move at completion: a write to the source while the copy is in flight shows.
                     if self.functional and dst.array is not None and plan is not None:
                         s_arr, d_arr = src.array, dst.array
@@ -362,7 +378,8 @@ class SimMachine(Machine):
                         engine.release(req)
             elif kind == "kernel":
                 t = env.now
-                yield self._timeout(payload.duration_s)
+                if advance is None or not advance(payload.duration_s):
+                    yield self._timeout(payload.duration_s)
                 if self._dram[stream.device]:
                     yield from dram_stretch(env, self._copies[stream.device], self._dram[stream.device], t)
                 if self.functional and payload.run is not None:
