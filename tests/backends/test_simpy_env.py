@@ -80,8 +80,10 @@ def test_a_wait_is_not_taken_in_place_past_a_tie_or_beside_another_waiter() -> N
     env.process(tied())
     env.process(waiter("a"))
     env.process(waiter("b"))
-    end = env.timeout(3.0)
-    end.callbacks.append(lambda _: gate.succeed())
+    def open_gate(_: simpy.Event) -> None:
+        gate.succeed()
+
+    env.timeout(3.0).callbacks.append(open_gate)  # type: ignore[union-attr]
     env.run_until(env.timeout(10.0))
     assert seen == [("tied", 0.5, False), ("untied", 0.75, True), ("a", 3.0, False), ("b", 3.0, False)]
     assert not env.advance(1.0)  # outside an event being processed: never in place
