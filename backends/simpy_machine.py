@@ -170,7 +170,7 @@ class SimMachine(Machine):
     # --------------------------------------------------------- Protocol
 
     def now_s(self) -> float:
-        return float(self.env.now)
+        return float(self.env._now)  # (the clock itself: ``now`` is a property, read at every host call)
 
     def device_count(self) -> int:
         return len(self.profile.devices)
