@@ -346,11 +346,11 @@ class SimMachine(Machine):
                 if held is not None and held[0] is not engine:
                     held[0].release(held[1])
                     held = None
-                if held is None:
+                if held is not None:
+                    req = held[1]
+                elif advance is None or (req := engine.take()) is None:  # (take: granted in place)
                     req = engine.request()
                     yield req
-                else:
-                    req = held[1]
                 try:
                     t = env.now
                     if chunk is None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
 import simpy
 
+from backends.simpy_copy import _Engine
 from backends.simpy_env import FastEnvironment
 from backends.simpy_machine import SimMachine
 from sim.points import GridSpec, points
@@ -117,10 +119,48 @@ def test_the_machine_on_its_environment_gives_every_token_a_plain_simpy_environm
     assert advanced > 0
 
 
-def test_a_traced_run_takes_no_wait_in_place_and_records_the_plain_timeline() -> None:
+def test_a_traced_run_records_the_plain_timeline() -> None:
     p = _points()[1]
-    env = FastEnvironment()
-    fast = run_point(p, trace=True, checked=False, warmup=0, machine=SimMachine(placed_hardware(p), trace=True, env=env))
+    fast = run_point(p, trace=True, checked=False, warmup=0,
+                     machine=SimMachine(placed_hardware(p), trace=True, env=FastEnvironment()))
     plain = run_point(p, trace=True, checked=False, warmup=0,
                       machine=SimMachine(placed_hardware(p), trace=True, env=simpy.Environment()))
-    assert env.advanced == 0 and fast.spans == plain.spans and fast.graphs == plain.graphs
+    assert fast.spans and fast.spans == plain.spans and fast.graphs == plain.graphs
+
+
+def _engine_world(env: simpy.Environment, capacity: int, seed: int) -> list[tuple[float, int, str]]:
+    """Processes that take or request an engine, hold it and let go at random (often tied) times; on a
+    ``FastEnvironment`` each first tries the engine in place (``_Engine.take``). What each saw when."""
+    rng = random.Random(seed)
+    engine = _Engine(env, capacity)
+    fast = isinstance(env, FastEnvironment)
+    log: list[tuple[float, int, str]] = []
+
+    def user(i: int, plan: list[tuple[float, float]]) -> Any:
+        for wait, hold in plan:
+            if wait:
+                yield env.timeout(wait)
+            req = engine.take() if fast else None
+            if req is None:
+                req = engine.request()
+                yield req
+            log.append((env.now, i, f"gets {len(engine.users)} {len(engine.queue)}"))
+            yield env.timeout(hold)
+            engine.release(req)
+            log.append((env.now, i, "lets go"))
+
+    users = [env.process(user(i, [(rng.choice([0, 0, 1, 2]), rng.choice([0, 1, 1, 3, 0.5])) for _ in range(20)]))
+             for i in range(rng.choice([1, 2, 5, 8]))]
+    done = env.all_of(users)
+    env.run_until(done) if fast else env.run(until=done)  # type: ignore[attr-defined]
+    return log
+
+
+@pytest.mark.parametrize("capacity", [1, 2])
+def test_an_engine_taken_in_place_or_let_go_without_an_event_grants_as_simpy_does(capacity: int) -> None:
+    advanced = 0
+    for seed in range(200):
+        env = FastEnvironment()
+        assert _engine_world(env, capacity, seed) == _engine_world(simpy.Environment(), capacity, seed)
+        advanced += env.advanced
+    assert advanced > 0
