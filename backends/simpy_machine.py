@@ -37,11 +37,10 @@ runs its ``Work.run`` with NumPy when it completes. Same scheduler, real bytes.
 ``run`` runs a host program as a SimPy process; ``describe`` is the profile's
 device as plain data; the array module ``xp`` is NumPy.
 
-Speed: every SimPy event the machine schedules is one the model needs (an
-issue cost, a wake, an engine grant and release, a completion); what is kept
-small is the Python work around them: per-copy constants are looked up once
-per device and direction (a ``_Lane``), link times are memoized per size, and
-span names and byte counts are built only when the timeline is recorded.
+Speed: on its ``FastEnvironment`` (``backends.simpy_env``) a fixed wait, a free engine's grant, a release no one
+waits for and a record no one waits on yet are taken in place where SimPy would process them next (same times, same
+order); per-copy constants are looked up once per device and direction (a ``_Lane``), link times are memoized per
+size, and span names and byte counts are built only when the timeline is recorded.
 
 Units: seconds and bytes.
 """
@@ -386,8 +385,11 @@ class SimMachine(Machine):
                     payload.run(_numpy())
                 if self.tracing:
                     self._span(stream.name, name, t, SpanKind.KERNEL)
-            elif kind == "record":
-                payload.succeed()
+            elif kind == "record":  # no one waits yet and nothing else could run first: processed in place
+                if payload.callbacks or advance is None or not advance(0.0):
+                    payload.succeed()
+                else:
+                    payload._ok, payload._value, payload.callbacks = True, None, None
             elif payload.callbacks is not None:  # a wait on an event not processed yet
                 t = env.now
                 yield payload
