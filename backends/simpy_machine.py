@@ -154,15 +154,13 @@ class SimMachine(Machine):
         if self.tracing:
             self.spans.append(Span(track, name, start, self.env.now, args, kind))
 
-    def _busy(self, seconds: float, kind: SpanKind, what: str, name: str = "", **args: Any) -> simpy.Timeout | None:
-        """The host thread busy for ``seconds`` (> 0): the timeout to yield, or None where the clock was advanced in
-        place (``FastEnvironment.advance``: the same time, nothing else ran); its span ``what + name`` (of ``kind``)
-        is recorded when it fires, just before the host resumes (where a span recorded after the yield would go)."""
-        if self._advance is not None and self._advance(seconds):
-            return None
+    def _busy(self, seconds: float, kind: SpanKind, what: str, name: str = "", **args: Any) -> simpy.Timeout:
+        """The host thread busy for ``seconds`` (> 0): the timeout to yield (callers first try ``self._advance``:
+        the same time, in place); its span ``what + name`` (of ``kind``) is recorded when it fires, just before the
+        host resumes (where a span recorded after the yield would go)."""
         ev = self._timeout(seconds)
         if self.tracing:
-            t = self.env.now
+            t = self.env._now
             ev.callbacks.append(lambda _: self.spans.append(Span("host", what + name, t, self.env.now, args, kind)))
         return ev
 
@@ -185,24 +183,24 @@ class SimMachine(Machine):
 
     def _record(self, event: Event, stream: Stream) -> HostOp:
         if self._event_s > 0:
-            if (ev := self._busy(self._event_s, SpanKind.RECORD, "record ", event.name)) is not None:
-                yield ev
+            if self._advance is None or not self._advance(self._event_s):  # (in place: no timeout)
+                yield self._busy(self._event_s, SpanKind.RECORD, "record ", event.name)
         gen = self._event()
         event.handle = gen
         self._enqueue(stream, ("record", event.name, gen))
 
     def _wait_event(self, stream: Stream, event: Event) -> HostOp:
         if self._event_s > 0:
-            if (ev := self._busy(self._event_s, SpanKind.WAIT, "wait ", event.name)) is not None:
-                yield ev
+            if self._advance is None or not self._advance(self._event_s):
+                yield self._busy(self._event_s, SpanKind.WAIT, "wait ", event.name)
         if event.handle is not None:
             self._enqueue(stream, ("wait", event.name, event.handle))
 
     def _copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], plan: CopyPlan, tag: str) -> HostOp:
         """The copy hook: one copy issue of host time, then the plan on ``stream``; blocks the host from pageable memory."""
         if self._issue_s > 0:
-            if (ev := self._busy(self._issue_s, SpanKind.ISSUE, "issue ", tag)) is not None:
-                yield ev
+            if self._advance is None or not self._advance(self._issue_s):
+                yield self._busy(self._issue_s, SpanKind.ISSUE, "issue ", tag)
         to_device = plan.to_device
         host_side, dev_side = (src, dst) if to_device else (dst, src)
         lane = self._lanes[dev_side.device, to_device, host_side.pinned]
@@ -234,8 +232,8 @@ class SimMachine(Machine):
             if busy is not None:  # two staging buffers: chunk i reuses chunk i - 2's once its DMA is done
                 yield from self._wait_done(busy, SpanKind.WAIT, "staging buffer")
             if stage_s > 0:
-                if (ev := self._busy(stage_s, SpanKind.STAGE, "stage ", name)) is not None:
-                    yield ev
+                if self._advance is None or not self._advance(stage_s):
+                    yield self._busy(stage_s, SpanKind.STAGE, "stage ", name)
             last = i == len(chunks) - 1
             chunk = (dma_s, nbytes)
             done.append(self._enqueue(stream, ("copy", name if last else f"{name}[{i}]",
@@ -244,15 +242,15 @@ class SimMachine(Machine):
     def launch(self, stream: Stream, work: Work) -> HostOp:
         seconds = self._launch_s * work.n_launches
         if seconds > 0:
-            if (ev := self._busy(seconds, SpanKind.LAUNCH, "launch ", work.name, work=work.kind.value)) is not None:
-                yield ev
+            if self._advance is None or not self._advance(seconds):
+                yield self._busy(seconds, SpanKind.LAUNCH, "launch ", work.name, work=work.kind.value)
         self._enqueue(stream, ("kernel", work.name, work))
         if self._split_launch_s > 0 and work.kind is WorkKind.GPU_SPLIT:  # the split's other kernels, launched while the first runs
-            if (ev := self._busy(self._split_launch_s, SpanKind.LAUNCHING, "launching ", work.name)) is not None:
-                yield ev
+            if self._advance is None or not self._advance(self._split_launch_s):
+                yield self._busy(self._split_launch_s, SpanKind.LAUNCHING, "launching ", work.name)
 
     def run_host(self, work: Work) -> HostOp:
-        t = self.env.now
+        t = self.env._now
         if work.duration_s > 0 and not (self._advance is not None and self._advance(work.duration_s)):
             yield self._timeout(work.duration_s)
         if self.functional and work.run is not None:
@@ -299,12 +297,12 @@ class SimMachine(Machine):
 
     def _wait_done(self, ev: simpy.Event | None, kind: SpanKind, what: str, name: str = "") -> HostOp:
         """Block the host until ``ev`` has been processed (None: done already), then pay the wake-up."""
-        t = self.env.now
+        t = self.env._now
         if ev is not None and ev.callbacks is not None:  # not processed yet
             yield ev
         if self._wait_s > 0:
-            if (ev := self._busy(self._wait_s, SpanKind.WAKE, "wake")) is not None:
-                yield ev
+            if self._advance is None or not self._advance(self._wait_s):
+                yield self._busy(self._wait_s, SpanKind.WAKE, "wake")
         if self.tracing:
             self._span("host", what + name, t, kind)
 
@@ -351,7 +349,7 @@ class SimMachine(Machine):
                     req = engine.request()
                     yield req
                 try:
-                    t = env.now
+                    t = env._now
                     if chunk is None:
                         seconds, nbytes = calls_seconds(lane, plan.calls), plan.nbytes
                     else:
@@ -376,7 +374,7 @@ class SimMachine(Machine):
                     else:
                         engine.release(req)
             elif kind == "kernel":
-                t = env.now
+                t = env._now
                 if advance is None or not advance(payload.duration_s):
                     yield self._timeout(payload.duration_s)
                 if self._dram[stream.device]:
@@ -391,7 +389,7 @@ class SimMachine(Machine):
                 else:
                     payload._ok, payload._value, payload.callbacks = True, None, None
             elif payload.callbacks is not None:  # a wait on an event not processed yet
-                t = env.now
+                t = env._now
                 yield payload
                 if self.tracing and env.now > t:
                     self._span(stream.name, "wait " + name, t, SpanKind.STREAM_WAIT)
