@@ -28,6 +28,7 @@ import simpy
 
 from backends.base import CopyCall, CopyRange, copy_calls
 from backends.profile import HardwareProfile, LinkCurve
+from backends.simpy_env import FastEnvironment
 
 
 class _Engine(simpy.Resource):
@@ -45,9 +46,27 @@ class _Engine(simpy.Resource):
         self._grant(None)
         return req
 
-    def release(self, request: simpy.Event) -> simpy.Event:  # type: ignore[override]
+    def take(self) -> simpy.Event | None:
+        """The engine granted in place, on a ``FastEnvironment`` (``backends.simpy_env``), where a request would be
+        granted at once and its grant would be the next event processed, resuming only the caller: the request
+        (a user, never triggered), or None where the caller must :meth:`request` and wait."""
+        env = self._env
+        if self.put_queue or len(self.users) >= self._capacity or not isinstance(env, FastEnvironment) or not env.advance(0.0):
+            return None
+        req = simpy.Event(env)
+        self.users.append(req)  # type: ignore[arg-type]
+        return req
+
+    def release(self, request: simpy.Event) -> simpy.Event | None:  # type: ignore[override]
+        """Release ``request``; the next waiting request is granted when the returned event is processed. One engine
+        with no request waiting, on a ``FastEnvironment``: no event (None; counted as taken in place), since no
+        request can be left waiting when it would be processed (one made meanwhile finds the engine free)."""
         if request in self.users:
             self.users.remove(request)  # type: ignore[arg-type]
+            env = self._env
+            if self._capacity == 1 and not self.put_queue and isinstance(env, FastEnvironment):
+                env.advanced += 1  # the grant's event SimPy would process, which would find no request
+                return None
         done = simpy.Event(self._env)
         done.callbacks.append(self._grant)  # type: ignore[union-attr]
         return done.succeed()

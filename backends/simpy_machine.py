@@ -37,11 +37,10 @@ runs its ``Work.run`` with NumPy when it completes. Same scheduler, real bytes.
 ``run`` runs a host program as a SimPy process; ``describe`` is the profile's
 device as plain data; the array module ``xp`` is NumPy.
 
-Speed: every SimPy event the machine schedules is one the model needs (an
-issue cost, a wake, an engine grant and release, a completion); what is kept
-small is the Python work around them: per-copy constants are looked up once
-per device and direction (a ``_Lane``), link times are memoized per size, and
-span names and byte counts are built only when the timeline is recorded.
+Speed: on its ``FastEnvironment`` (``backends.simpy_env``) a fixed wait, a free engine's grant, a release no one
+waits for and a record no one waits on yet are taken in place where SimPy would process them next (same times, same
+order); per-copy constants are looked up once per device and direction (a ``_Lane``), link times are memoized per
+size, and span names and byte counts are built only when the timeline is recorded.
 
 Units: seconds and bytes.
 """
@@ -59,6 +58,7 @@ from backends.base import Buffer, CopyPlan, CopyRange, Event, HostOp, OutOfDevic
 from backends.machine import Machine
 from backends.profile import HardwareProfile
 from backends.simpy_copy import _Engine, _Lane, calls_seconds, copy_seconds, dram_stretch, next_copy_on
+from backends.simpy_env import FastEnvironment
 
 __all__ = ["SimMachine", "copy_seconds"]
 
@@ -108,7 +108,9 @@ class SimMachine(Machine):
         self.profile = profile
         self.functional = functional
         self.tracing = trace
-        self.env = env if env is not None else simpy.Environment()
+        self.env = env if env is not None else FastEnvironment()
+        # a fixed wait taken in place where nothing else could run first (``backends.simpy_env``); not when tracing
+        self._advance = self.env.advance if isinstance(self.env, FastEnvironment) and not trace else None
         self.spans: list[Span] = []
         self._used = [d.memory_used_bytes for d in profile.devices]
         self._h2d = [_Engine(self.env, d.h2d_engines) for d in profile.devices]
@@ -135,6 +137,8 @@ class SimMachine(Machine):
         Blocks until the simulation reaches the program's end (simulated time, not the host's).
         """
         proc = self.env.process(program)
+        if isinstance(self.env, FastEnvironment):
+            return self.env.run_until(proc)
         self.env.run(until=proc)
         return proc.value
 
@@ -151,18 +155,19 @@ class SimMachine(Machine):
             self.spans.append(Span(track, name, start, self.env.now, args, kind))
 
     def _busy(self, seconds: float, kind: SpanKind, what: str, name: str = "", **args: Any) -> simpy.Timeout:
-        """The host thread busy for ``seconds`` (> 0): the timeout to yield; its span ``what + name`` (of ``kind``)
-        is recorded when it fires, just before the host resumes (where a span recorded after the yield would go)."""
+        """The host thread busy for ``seconds`` (> 0): the timeout to yield (callers first try ``self._advance``:
+        the same time, in place); its span ``what + name`` (of ``kind``) is recorded when it fires, just before the
+        host resumes (where a span recorded after the yield would go)."""
         ev = self._timeout(seconds)
         if self.tracing:
-            t = self.env.now
+            t = self.env._now
             ev.callbacks.append(lambda _: self.spans.append(Span("host", what + name, t, self.env.now, args, kind)))
         return ev
 
     # --------------------------------------------------------- Protocol
 
     def now_s(self) -> float:
-        return float(self.env.now)
+        return float(self.env._now)  # (the clock itself: ``now`` is a property, read at every host call)
 
     def device_count(self) -> int:
         return len(self.profile.devices)
@@ -178,21 +183,24 @@ class SimMachine(Machine):
 
     def _record(self, event: Event, stream: Stream) -> HostOp:
         if self._event_s > 0:
-            yield self._busy(self._event_s, SpanKind.RECORD, "record ", event.name)
+            if self._advance is None or not self._advance(self._event_s):  # (in place: no timeout)
+                yield self._busy(self._event_s, SpanKind.RECORD, "record ", event.name)
         gen = self._event()
         event.handle = gen
         self._enqueue(stream, ("record", event.name, gen))
 
     def _wait_event(self, stream: Stream, event: Event) -> HostOp:
         if self._event_s > 0:
-            yield self._busy(self._event_s, SpanKind.WAIT, "wait ", event.name)
+            if self._advance is None or not self._advance(self._event_s):
+                yield self._busy(self._event_s, SpanKind.WAIT, "wait ", event.name)
         if event.handle is not None:
             self._enqueue(stream, ("wait", event.name, event.handle))
 
     def _copy(self, stream: Stream, dst: Buffer, src: Buffer, ranges: Sequence[CopyRange], plan: CopyPlan, tag: str) -> HostOp:
         """The copy hook: one copy issue of host time, then the plan on ``stream``; blocks the host from pageable memory."""
         if self._issue_s > 0:
-            yield self._busy(self._issue_s, SpanKind.ISSUE, "issue ", tag)
+            if self._advance is None or not self._advance(self._issue_s):
+                yield self._busy(self._issue_s, SpanKind.ISSUE, "issue ", tag)
         to_device = plan.to_device
         host_side, dev_side = (src, dst) if to_device else (dst, src)
         lane = self._lanes[dev_side.device, to_device, host_side.pinned]
@@ -224,7 +232,8 @@ class SimMachine(Machine):
             if busy is not None:  # two staging buffers: chunk i reuses chunk i - 2's once its DMA is done
                 yield from self._wait_done(busy, SpanKind.WAIT, "staging buffer")
             if stage_s > 0:
-                yield self._busy(stage_s, SpanKind.STAGE, "stage ", name)
+                if self._advance is None or not self._advance(stage_s):
+                    yield self._busy(stage_s, SpanKind.STAGE, "stage ", name)
             last = i == len(chunks) - 1
             chunk = (dma_s, nbytes)
             done.append(self._enqueue(stream, ("copy", name if last else f"{name}[{i}]",
@@ -233,14 +242,16 @@ class SimMachine(Machine):
     def launch(self, stream: Stream, work: Work) -> HostOp:
         seconds = self._launch_s * work.n_launches
         if seconds > 0:
-            yield self._busy(seconds, SpanKind.LAUNCH, "launch ", work.name, work=work.kind.value)
+            if self._advance is None or not self._advance(seconds):
+                yield self._busy(seconds, SpanKind.LAUNCH, "launch ", work.name, work=work.kind.value)
         self._enqueue(stream, ("kernel", work.name, work))
         if self._split_launch_s > 0 and work.kind is WorkKind.GPU_SPLIT:  # the split's other kernels, launched while the first runs
-            yield self._busy(self._split_launch_s, SpanKind.LAUNCHING, "launching ", work.name)
+            if self._advance is None or not self._advance(self._split_launch_s):
+                yield self._busy(self._split_launch_s, SpanKind.LAUNCHING, "launching ", work.name)
 
     def run_host(self, work: Work) -> HostOp:
-        t = self.env.now
-        if work.duration_s > 0:
+        t = self.env._now
+        if work.duration_s > 0 and not (self._advance is not None and self._advance(work.duration_s)):
             yield self._timeout(work.duration_s)
         if self.functional and work.run is not None:
             work.run(_numpy())
@@ -286,11 +297,12 @@ class SimMachine(Machine):
 
     def _wait_done(self, ev: simpy.Event | None, kind: SpanKind, what: str, name: str = "") -> HostOp:
         """Block the host until ``ev`` has been processed (None: done already), then pay the wake-up."""
-        t = self.env.now
+        t = self.env._now
         if ev is not None and ev.callbacks is not None:  # not processed yet
             yield ev
         if self._wait_s > 0:
-            yield self._busy(self._wait_s, SpanKind.WAKE, "wake")
+            if self._advance is None or not self._advance(self._wait_s):
+                yield self._busy(self._wait_s, SpanKind.WAKE, "wake")
         if self.tracing:
             self._span("host", what + name, t, kind)
 
@@ -314,7 +326,7 @@ class SimMachine(Machine):
 
     def _stream_loop(self, stream: Stream) -> Any:
         st: _StreamState = stream.handle
-        queue, waiters, env = st.queue, st.waiters, self.env
+        queue, waiters, env, advance = st.queue, st.waiters, self.env, self._advance
         while True:
             if not queue:
                 st.wake = wake = self._event()
@@ -331,13 +343,13 @@ class SimMachine(Machine):
                 if held is not None and held[0] is not engine:
                     held[0].release(held[1])
                     held = None
-                if held is None:
+                if held is not None:
+                    req = held[1]
+                elif advance is None or (req := engine.take()) is None:  # (take: granted in place)
                     req = engine.request()
                     yield req
-                else:
-                    req = held[1]
                 try:
-                    t = env.now
+                    t = env._now
                     if chunk is None:
                         seconds, nbytes = calls_seconds(lane, plan.calls), plan.nbytes
                     else:
@@ -346,7 +358,8 @@ class SimMachine(Machine):
                         seconds *= lane.slowdown
                     if self._dram[lane.device]:
                         self._copies[lane.device].append((t, t + seconds, nbytes))
-                    yield self._timeout(seconds)
+                    if advance is None or not advance(seconds):
+                        yield self._timeout(seconds)
                     # The bytes move at completion: a write to the source while the copy is in flight shows.
                     if self.functional and dst.array is not None and plan is not None:
                         s_arr, d_arr = src.array, dst.array
@@ -361,18 +374,22 @@ class SimMachine(Machine):
                     else:
                         engine.release(req)
             elif kind == "kernel":
-                t = env.now
-                yield self._timeout(payload.duration_s)
+                t = env._now
+                if advance is None or not advance(payload.duration_s):
+                    yield self._timeout(payload.duration_s)
                 if self._dram[stream.device]:
                     yield from dram_stretch(env, self._copies[stream.device], self._dram[stream.device], t)
                 if self.functional and payload.run is not None:
                     payload.run(_numpy())
                 if self.tracing:
                     self._span(stream.name, name, t, SpanKind.KERNEL)
-            elif kind == "record":
-                payload.succeed()
+            elif kind == "record":  # no one waits yet and nothing else could run first: processed in place
+                if payload.callbacks or advance is None or not advance(0.0):
+                    payload.succeed()
+                else:
+                    payload._ok, payload._value, payload.callbacks = True, None, None
             elif payload.callbacks is not None:  # a wait on an event not processed yet
-                t = env.now
+                t = env._now
                 yield payload
                 if self.tracing and env.now > t:
                     self._span(stream.name, "wait " + name, t, SpanKind.STREAM_WAIT)

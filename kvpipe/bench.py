@@ -1,7 +1,8 @@
 """How fast the SimPy machine simulates, against SimPy itself; and how many points per second each engine answers.
 
 Figures: the machine's event rate (SimPy events processed per wall
-second while it simulates the reference preset), the event rate of a bare
+second while it simulates the reference preset, the waits it takes in
+place counted as the timeouts they stand for: ``CountingEnvironment``), the event rate of a bare
 SimPy loop (processes that only yield timeouts) in the same process, their
 ratio, and wall milliseconds per simulated decode token; then points per
 second of both engines on points like the bench point: the simulator's (one
@@ -18,14 +19,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import simpy
-from simpy.core import BoundClass
 
+from backends.simpy_env import FastEnvironment
 from sim.run.point import Point, clear_graph_cache
 from sim.run.run import run_point
 
 
-class CountingEnvironment(simpy.Environment):
-    """A plain ``simpy.Environment`` that can tell how many events it has processed.
+class CountingEnvironment(FastEnvironment):
+    """The machine's environment (``backends.simpy_env.FastEnvironment``) that can tell how many events it has
+    processed: SimPy's, plus the waits the machine took in place (each one a ``Timeout`` a plain SimPy environment
+    processes, at the same time and in the same order), so the count is the model's events either way.
 
     The count costs nothing per event: every scheduled event takes the next event id, and an event
     leaves the queue only when it is processed, so the events processed are the ids handed out less
@@ -35,20 +38,14 @@ class CountingEnvironment(simpy.Environment):
 
     def __init__(self) -> None:
         super().__init__()
-        # SimPy binds its event constructors (timeout, event, process, ...) to the instance for the
-        # attributes of the instance's own class only; without this a subclass pays a descriptor call
-        # (a new bound method) on every env.timeout, which a plain Environment does not.
-        for name, attr in vars(simpy.Environment).items():
-            if type(attr) is BoundClass:
-                setattr(self, name, getattr(self, name))
         self._first_id = next(self._eid)  # shifts every id by one: the order of events is unchanged
         self._reads = 0
 
     @property
     def steps(self) -> int:
-        """Events processed so far (each read takes an id too; they are subtracted)."""
+        """Events processed so far, waits taken in place included (each read takes an id too; they are subtracted)."""
         self._reads += 1
-        return next(self._eid) - self._first_id - self._reads - len(self._queue)
+        return next(self._eid) - self._first_id - self._reads - len(self._queue) + self.advanced
 
 
 @dataclass(frozen=True)
