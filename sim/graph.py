@@ -141,7 +141,7 @@ class _Build:
         return d if d < len(self.computes) else 0
 
     def window_pair(self, win: tuple[Window, Window]) -> tuple[StagedInput, StagedInput]:
-        span = self.layout.span_copy
+        span = self.layout.copy_span
         return staged(win[0], self.prefix, self.checked, span), staged(win[1], self.prefix, self.checked, span)
 
     def window_bytes(self, j: int) -> int:

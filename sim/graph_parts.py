@@ -250,7 +250,7 @@ class CacheLayout:
     n_streams: int
     k_row_bytes: int
     v_row_bytes: int
-    span_copy: bool = False  # the ordered path copies a window of several streams as one extent (Workload.copy_span)
+    copy_span: bool = False  # the ordered path copies a window of several streams as one extent (Workload.copy_span)
 
     @property
     def cells(self) -> int:

@@ -107,7 +107,7 @@ _new_piece = functools.partial(tuple.__new__, WindowPiece)  # WindowPiece(*field
 def staged(win: Window, prefix_rows: list[int], checked: bool, extent: bool = False) -> StagedInput:
     """The staged input of one window with each stream's prefix (``checked``: build the pieces through
     ``WindowPiece``'s checks; needed only where a prefix is negative or the window has no rows; ``extent``: copied as
-    one extent, ``CacheLayout.span_copy``)."""
+    one extent, ``CacheLayout.copy_span``)."""
     name, layer, lid, bases, _ = win
     if checked:
         pieces = tuple(WindowPiece(o, n, pr * cell, r, pitch, reserve, cell)

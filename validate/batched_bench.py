@@ -219,7 +219,13 @@ def stream_cells(bench: BatchedFile) -> int:
     n_kv_max = bench.setting("n_kv_max")
     if n_kv_max <= 0 or not bench.rows:
         return 0
-    return pad_rows(-(-n_kv_max // max(r.sequences for r in bench.rows)))
+    return stream_of(n_kv_max, max(r.sequences for r in bench.rows))
+
+
+def stream_of(n_kv_max: int, n_seq_max: int) -> int:
+    """Cells of one stream of upstream llama.cpp's split cache of ``n_kv_max`` cells (``-c``) over ``n_seq_max``
+    sequences: the share padded to 256 (``n_ctx_seq``). Pure."""
+    return pad_rows(-(-n_kv_max // n_seq_max))
 
 
 def span_ratios(bench: BatchedFile, unified: bool) -> list[tuple[BatchedRow, int, int, float]]:

@@ -32,7 +32,7 @@ def test_each_window_is_one_copy_from_stream_0_over_the_whole_strides(rtx4070, n
     wl = split(n, 2048)
     rec, sched, _, _ = run_recorded(Point(wl, rtx4070, TransportConfig(depth=0)))
     layout, g = layout_of(wl), next(graphs_for(Point(wl, rtx4070, TransportConfig(depth=0))))
-    assert layout.span_copy and g.window_rows == 1024 and layout.cells_per_stream == 2048
+    assert layout.copy_span and g.window_rows == 1024 and layout.cells_per_stream == 2048
     gm = sched.graph_mem[0]
     ranges = [r for c in rec.of("copy") if c.detail[1] is gm for r in c.detail[3] if r.src_offset < layout.nbytes]
     starts = {r.src_offset: r.nbytes for r in ranges}

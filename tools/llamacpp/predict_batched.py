@@ -38,7 +38,6 @@ if str(ROOT) not in sys.path:
 
 from kvpipe.cli import main as kvpipe  # noqa: E402
 from sim.errors import InputError  # noqa: E402
-from sim.workload import pad_rows  # noqa: E402
 from validate import batched_bench  # noqa: E402
 
 NAME = re.compile(r"batched-(split|unified)-pp(\d+)(?:-r(\d+))?\.jsonl$")
@@ -74,7 +73,7 @@ def predict(args: argparse.Namespace) -> int:
             for pl in npls:
                 size = 0  # with the span copy, kvpipe's streams are upstream's: -c over the largest -npl, padded
                 if args.kv_copy == "span" and layout == "split":
-                    size = pad_rows(-(-c // max(npls))) * pl
+                    size = batched_bench.stream_of(c, max(npls)) * pl
                 tps, cmd = simulate_tps(args.profile, args.gguf, pp, args.tg, pl, layout == "unified", size, args.kv_copy)
                 rows.append({"layout": layout, "pp": pp, "tg": args.tg, "pl": pl, "c": c, "predicted_tps": round(tps, 4),
                              "command": cmd})
