@@ -114,3 +114,24 @@ def test_cuda_graphs_over_device_resident_kv_layers_compute_what_the_reference_c
         for x, y in zip(ref.exec.logits(), r.exec.logits(), strict=True):
             assert np.abs(x - y).max() <= 2e-3 * float(np.abs(x).max()) + 1e-5
         assert [ref.tokens(s) for s in range(2)] == [r.tokens(s) for s in range(2)]
+
+
+@pytest.mark.gpu
+def test_cuda_span_copy_of_a_split_cache_computes_what_the_per_stream_copy_does() -> None:
+    """Upstream's span copy (issue 28: one extent over the streams, gaps included) through the CuPy backend: streams
+    of 16,384 cells against windows of 600-900 rows, so the extent carries other streams' cells; the output is the
+    per-stream copy's and the NumPy reference's."""
+    from dataclasses import replace
+
+    be = _gpu()
+    ct = cache_type("q8_0")
+    kw = dict(SHAPES["dense-d128"])
+    n_layers, every = kw.pop("n_layers"), kw.pop("every")
+    wl = Workload(toy_model(n_layers, every=every, **kw), ct, ct, (600, 900, 700), tokens=3, n_parallel=3, unified=False,
+                  ctx_size=3 * 16384)
+    ref = _run(be, wl, "numpy", 0)
+    runs = {s: _run(be, replace(wl, copy_span=s), "cuda", 0) for s in (False, True)}
+    assert runs[True].step_hashes() == runs[False].step_hashes()
+    for x, y in zip(ref.exec.logits(), runs[True].exec.logits(), strict=True):
+        assert np.abs(x - y).max() <= 2e-3 * float(np.abs(x).max()) + 1e-5
+    assert [ref.tokens(s) for s in range(3)] == [runs[True].tokens(s) for s in range(3)]
