@@ -298,7 +298,8 @@ def fit_files(paths: Sequence[str], unified: Sequence[bool], arm: str, pinned: b
               command: str = "", staging: str = "", copy_span: bool = False) -> tuple[dict[str, Any], BatchFit]:
     """The per-sequence ``term`` of ``base`` fitted to llama-batched-bench files (``unified[i]``: file i ran -kvu;
     ``copy_span``: the build copied split caches as upstream llama.cpp does), and the profile dict with it
-    (:func:`apply`). Raises InputError (a bad file, too few sequence counts). Blocks."""
+    (:func:`apply`). Repeated calls of one configuration are fitted as one point at their geometric mean
+    (:func:`validate.batched_bench.pooled`). Raises InputError (a bad file, too few sequence counts). Blocks."""
     from validate import batched_bench
 
     runs: list[TokenRun] = []
@@ -306,6 +307,7 @@ def fit_files(paths: Sequence[str], unified: Sequence[bool], arm: str, pinned: b
         bench = batched_bench.load(path)
         batched_bench.check_layers(bench, model.n_layers)
         runs += batched_bench.token_runs(bench, arm, uni, pinned, copy_span)
+    runs = batched_bench.pooled(runs)  # repeated calls of a configuration: one point at their geometric mean
     fit = fit_per_sequence(base, model, cache_k, cache_v, runs, term, staging)
     source = f"llama-batched-bench {', '.join(paths)}" + (f" ({command})" if command else "")
     out = apply(base, fit, model, cache_k, cache_v, source)

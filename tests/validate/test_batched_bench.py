@@ -281,3 +281,40 @@ def test_kv_copy_span_fits_upstreams_rows_where_the_fork_s_model_reads_slower_se
         fitted[copy] = json.loads(out.read_text())["devices"][0]["compute"]["layer_seq_us"]
     assert fitted["span"] == pytest.approx(37.0, rel=0.01)
     assert fitted["streams"] > 37.0 * 1.2  # the span's extra bytes read as slower sequences
+
+
+def _scaled(src: Path, dst: Path, factor: float) -> Path:
+    """``src`` as a call that ran ``factor`` times slower at every -npl."""
+    recs = [json.loads(x) for x in src.read_text().splitlines() if x.strip()]
+    dst.write_text("\n".join(json.dumps(dict(r, t_tg=r["t_tg"] * factor, speed_tg=r["speed_tg"] / factor)) for r in recs) + "\n")
+    return dst
+
+
+def test_repeated_calls_of_a_configuration_are_fitted_at_their_geometric_mean(tmp_path: Path,
+                                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 28, run 11: calls of one configuration scatter ~9%; fitted call by call, the squared relative error puts
+    the fit ~2 s^2 fast of their geometric mean, the statistic predictions are held to. Pooled first, two calls 25%
+    slower and 25% faster than the truth give the truth's staging and term back, and the rows say so."""
+    base, _ = read_profile_dict("h200-gen5x16")
+    slower = with_staging(base, "h2d_pinned", 0.9)
+    calls, flags = [], []
+    for lay in ("split", "unified"):
+        truth = tmp_path / f"{lay}.jsonl"
+        _write_truth_rows(truth, slower, 37.0, 0.0, unified=lay == "unified")
+        calls += [_scaled(truth, tmp_path / f"{lay}-slow.jsonl", 1.25), _scaled(truth, tmp_path / f"{lay}-fast.jsonl", 1 / 1.25)]
+        flags += ["1" if lay == "unified" else "0"] * 2
+    out = tmp_path / "fit.json"
+    assert main(["calibrate", "--from-batched-bench", ",".join(map(str, calls)), "--kv-unified", ",".join(flags), "--nkvo",
+                 "1", "--fit-staging", "one", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("(geometric mean of 2 calls)") == 8  # 2 layouts x 4 -npl, one row each
+    fitted = json.loads(out.read_text())
+    assert fitted["batch"]["staging_factor"] == pytest.approx(0.9, rel=0.005)
+    assert fitted["devices"][0]["compute"]["layer_seq_us"] == pytest.approx(37.0, rel=0.02)
+    # the same calls one by one: each point's squared relative error is least below their geometric mean
+    m, q = load_model("llama-3.1-8b"), cache_type("q8_0")
+    runs = [r for f, u in zip(calls, flags, strict=True)
+            for r in batched_bench.token_runs(batched_bench.load(f), "ordered", u == "1", pinned=True)]
+    from validate.batch_fit import staging_one
+    assert staging_one(base, m, q, q, runs) > 0.9 * 1.05  # call by call: the link fitted >5% fast
+    assert staging_one(base, m, q, q, batched_bench.pooled(runs)) == pytest.approx(0.9, rel=0.005)
