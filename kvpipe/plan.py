@@ -154,7 +154,9 @@ def plan(req: PlanRequest, runner: Runner | None = None, then: Callable[[list[Co
     first = len(depths) * len(budgets)  # each context's depth-0, budget-0 point
     fits = np.asarray(grid(f.fits).all(axis=(0, 2)))  # a context whose graph does not fit the device even ordered is left out
     asked = [c for c in range(len(req.contexts)) if fits[c]]  # (the memory plan says why it does not fit)
-    out = [_uncapped(req, pts[c * first], gain[0, c], ring[c], window[c], tps[0, c]) for c in asked]
+    best = _best_depths(gain[:, asked, 1:])  # each budget's and context's best depth and its gain, as arrays
+    out = [_uncapped(req, pts[c * first], gain[0, c], ring[c], window[c], tps[0, c], d)
+           for c, d in zip(asked, best[0][0].tolist(), strict=True)]
     if then is not None:
         then(out)
     if not out:
@@ -166,8 +168,8 @@ def plan(req: PlanRequest, runner: Runner | None = None, then: Callable[[list[Co
         _budget_for_gain(req, runner, out)
     for budget in req.budgets_mib:
         b = budgets.index(float(budget)) if budget else 0
-        for c, p in zip(asked, out, strict=True):
-            p.best_by_budget[budget] = _best_depth({d: float(gain[b, c, d]) for d in depths[1:]})
+        for p, d, g in zip(out, best[0][b].tolist(), best[1][b].tolist(), strict=True):
+            p.best_by_budget[budget] = (d, g)
     return out
 
 
@@ -178,12 +180,28 @@ def _best_depth(gains: dict[int, float]) -> tuple[int, float]:
     return (best, gains[best]) if gains[best] > 0 else (0, 0.0)
 
 
-def _uncapped(req: PlanRequest, pt: Any, gain: np.ndarray, ring: np.ndarray, window: np.ndarray, tps: np.ndarray) -> ContextPlan:
-    """One context's plan from its uncapped points (arrays over depth 0..max)."""
+def _best_depths(gains: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_best_depth` along the last axis of ``gains`` (depths 1..max; any leading axes): (best depth, its gain) as
+    arrays, the same numbers (a row with a NaN, which has no maximum, goes through :func:`_best_depth` itself). Pure."""
+    if not gains.size:
+        return np.zeros(gains.shape[:-1], dtype=np.int64), np.zeros(gains.shape[:-1])
+    if np.isnan(gains).any():
+        flat = gains.reshape(-1, gains.shape[-1])
+        got = [_best_depth(dict(zip(range(1, flat.shape[1] + 1), row, strict=True))) for row in flat.tolist()]
+        return (np.array([d for d, _ in got], dtype=np.int64).reshape(gains.shape[:-1]),
+                np.array([g for _, g in got], dtype=np.float64).reshape(gains.shape[:-1]))
+    top = gains.max(axis=-1, keepdims=True)
+    first = np.argmax(gains >= top - TIE_GAIN, axis=-1)  # the shallowest depth within TIE_GAIN of the top
+    g = np.take_along_axis(gains, first[..., None], axis=-1)[..., 0]
+    return np.where(g > 0, first + 1, 0), np.where(g > 0, g, 0.0)
+
+
+def _uncapped(req: PlanRequest, pt: Any, gain: np.ndarray, ring: np.ndarray, window: np.ndarray, tps: np.ndarray,
+              best: int) -> ContextPlan:
+    """One context's plan from its uncapped points (arrays over depth 0..max) and its best depth (:func:`_best_depths`)."""
     context = pt.context
-    gains = {d: float(gain[d]) for d in range(1, len(gain))}
-    rings = {d: float(ring[d]) for d in range(1, len(ring))}
-    best = _best_depth(gains)[0]
+    gains = dict(zip(range(1, len(gain)), gain[1:].tolist(), strict=True))
+    rings = dict(zip(range(1, len(ring)), ring[1:].tolist(), strict=True))
     w = int(window[best])
     last_w = pt.workload.window_rows(context + req.tokens - 1)  # the ring the row reports is the last graph's
     uncapped, ring_best = gains.get(best, 0.0), rings.get(best, 0.0)
