@@ -3,9 +3,15 @@ grid (held to the paths they replace)."""
 
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import fields, replace
+from typing import Any
 
-from kvpipe.plan import TIE_GAIN, _best_depth, _best_depths
+import numpy as np
+import pytest
+
+from kvpipe import plan_run
+from kvpipe.plan import TIE_GAIN, PlanRequest, _best_depth, _best_depths, plan
+from kvpipe.plan_run import Runner
 
 
 def test_best_depths_as_arrays_are_the_best_depth_of_each_row() -> None:
@@ -32,3 +38,42 @@ def test_best_depths_as_arrays_are_the_best_depth_of_each_row() -> None:
     gains[3, 5, 4] = np.nan  # a NaN after the first depth: the dict path's max passes it over
     d, g = _best_depths(gains)
     assert (d.tolist(), g.tolist()) == by_dict(gains)
+
+
+def _planned(req: PlanRequest, monkeypatch: pytest.MonkeyPatch, from_grid: bool) -> dict[str, Any]:
+    """A plan's answers, its runner's record (points and figures of every run) and its check."""
+    from kvpipe import plan as gain_plan
+
+    taken: list[bool] = []
+    pairs = gain_plan._Grid.pairs
+
+    def spy(self: Any, todo: Any) -> Any:
+        got = pairs(self, todo) if from_grid else None
+        taken.append(got is not None)
+        return got
+
+    monkeypatch.setattr(gain_plan._Grid, "pairs", spy)
+    with Runner(req) as runner:
+        out = plan(req, runner)
+        check = runner.check(8)
+    monkeypatch.undo()
+    return {"plans": [p.to_json() for p in out], "check": (check, runner.checked, runner.checked_exact), "taken": taken,
+            "record": [(list(ps), [getattr(f, x.name).tolist() for x in fields(f)]) for ps, f in runner.evaluated]}
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_the_budgets_runs_taken_from_the_grid_answer_as_the_runs_they_replace(jobs: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default budget's and ``--budget-for-gain``'s pairs, where the grid has them (the default budget is one of
+    ``--budget``), are taken from the grid's figures: every context's plan, every run the check draws from (its points,
+    equal to the points the run would have made, and every figure, bit for bit) and the check equal those of the runs
+    made again; a plan whose points the evaluator does not answer (a pageable host cache) runs them."""
+    monkeypatch.setattr(plan_run, "PARALLEL_LINES", 1)  # pieces however few the lines
+    req = PlanRequest(contexts=(2048, 5000, 9000, 17000, 9000, 30000), tokens=2, max_depth=3, jobs=jobs,
+                      budgets_mib=(0.0, 32.0, 128.0), budget_for_gain=1.0)
+    new, old = _planned(req, monkeypatch, True), _planned(req, monkeypatch, False)
+    assert new["taken"][0] and not any(old["taken"])  # the default budget's pairs came from the grid
+    assert new["plans"] == old["plans"] and new["check"] == old["check"] and new["record"] == old["record"]
+    assert len(new["record"]) >= 3 and new["check"][0][1] <= 1e-9
+    off = replace(req, pinned=False, contexts=(2048, 9000), budget_for_gain=None, max_depth=1)
+    new, old = _planned(off, monkeypatch, True), _planned(off, monkeypatch, False)
+    assert new["taken"] == [False] and new["plans"] == old["plans"] and new["record"] == old["record"] == []
