@@ -77,3 +77,47 @@ def test_the_budgets_runs_taken_from_the_grid_answer_as_the_runs_they_replace(jo
     off = replace(req, pinned=False, contexts=(2048, 9000), budget_for_gain=None, max_depth=1)
     new, old = _planned(off, monkeypatch, True), _planned(off, monkeypatch, False)
     assert new["taken"] == [False] and new["plans"] == old["plans"] and new["record"] == old["record"] == []
+
+
+@pytest.mark.parametrize("model", ["qwen3.8-27b", "llama-3.1-70b"])
+def test_a_choice_from_its_unfigured_part_made_ahead_is_the_choice_made_at_once(model: str) -> None:
+    """``choice_of`` given ``unfigured`` of its candidate (made while the workers answer the candidates) equals it made
+    at once, for every candidate of a few contexts -- the resident arm, resident layers, a declined ring (figures
+    made up so that some decline), -ngl below every layer (70B on a 12 GB card) -- with the figures its run gives."""
+    from kvpipe.capacity import (Choice, candidates, choice_of, host_need_bytes, limits_of, placed, ring_estimate_mib,
+                                 unfigured)
+    from sim.memory import GIB, MIB, device_memory
+    from sim.rows import interval_fields, placement_fields
+    from sim.workload import ngl_of
+
+    req = PlanRequest(model=model, contexts=(2048, 30000, 131072), tokens=2, max_depth=3, jobs=1)
+    base = plan_run.points(req, [2048], [0], 0.0)[0]
+    limits = limits_of(None, 64.0, base.hardware.devices[0].memory_total_bytes, req.hardware, 64 * GIB)
+    pts = []
+    for c in req.contexts:
+        pt = replace(base, workload=replace(base.workload, context=(c,), n_gpu_layers=40 if model == "llama-3.1-70b" else 99))
+        got = placed(pt, limits, "fork", model == "llama-3.1-70b")
+        pts += candidates(pt, limits, req.max_depth, {d: ring_estimate_mib(pt.workload, d) for d in range(4)}, "fork",
+                          model == "llama-3.1-70b", got)
+    figs = Runner(req).run(pts)
+    figs = replace(figs, declined=figs.declined | (np.arange(len(pts)) % 3 == 1))
+    made = [choice_of(p, figs, i, limits) for i, p in enumerate(pts)]
+    ahead = [choice_of(p, figs, i, limits, unfigured(p, limits)) for i, p in enumerate(pts)]
+
+    def at_once(p: Any, i: int) -> Choice:  # the choice as it was made, every part from its candidate at once
+        wl, tc, resident = p.workload, p.transport, p.transport.arm == "resident"
+        ring = 0 if figs.declined[i] else int(float(figs.ring_alloc_mib[i]) * MIB)
+        mem = device_memory(wl, limits.vram_bytes, p.hardware.devices[0].memory_reserved_bytes, kv_offload=resident,
+                            ring_bytes=ring)
+        tps = float(figs.tokens_per_s[i])
+        return Choice(resident, ngl_of(wl), wl.kv_gpu_layers, wl.pinned, tc.depth, tc.budget_mib, tps,
+                      interval_fields(p, tps)["tokens_per_s_interval"], mem, host_need_bytes(wl, resident),
+                      bool(figs.declined[i]), str(placement_fields(wl, p.hardware.devices[0].compute).get("cpu_layers_cost", "")))
+
+    assert ahead == made == [at_once(p, i) for i, p in enumerate(pts)]
+    assert any(c.declined for c in made)
+    if model == "llama-3.1-70b":  # CPU layers: priced, and no resident layers beside them
+        assert all(c.cpu_layers_cost and c.n_gpu_layers < 81 for c in made)
+    else:
+        assert {c.resident for c in made} == {True, False} and any(c.kv_gpu_layers for c in made)
+        assert any(c.memory.ring_bytes for c in made)
