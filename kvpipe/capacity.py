@@ -324,8 +324,8 @@ def _plan_fit(req: Any, runner: Any) -> FitPlan:
             if c not in known:
                 known[c] = placed(_with_context(base, c), limits, req.build, bool(verdict))
 
-    def start_fits(ps: list[Any]) -> None:
-        rings = {p.context: {0: 0.0, **p.ring_mib_by_depth} for p in ps}
+    def start_fits(got: dict[int, dict[int, float]]) -> None:
+        rings = {c: {0: 0.0, **r} for c, r in got.items()}
         started.append(choices_started(req, base, list(req.contexts), limits, rings, runner.start, bool(verdict), runner.mark,
                                        known))
 

@@ -130,12 +130,13 @@ def _gains(tps: np.ndarray, declined: np.ndarray, ordered: np.ndarray) -> np.nda
 # ------------------------------------------------------------------- plan
 
 
-def plan(req: PlanRequest, runner: Runner | None = None, then: Callable[[list[ContextPlan]], None] | None = None,
+def plan(req: PlanRequest, runner: Runner | None = None, then: Callable[[dict[int, dict[int, float]]], None] | None = None,
          meanwhile: Callable[[], None] | None = None) -> list[ContextPlan]:
     """Plan every context of ``req`` whose graph fits the device (``runner``: the plan's, whose evaluated points are
     checked at its end); a context that does not fit even on the ordered path has no plan (the memory plan,
-    ``kvpipe.capacity``, says why). ``then``: given the plans as soon as their uncapped figures (each depth's gain and
-    ring) are known, before the budgets' runs (the memory plan starts there); ``meanwhile``: called while the grid is
+    ``kvpipe.capacity``, says why). ``then``: given each planned context's ring (MiB) by depth 1..max (its plan's
+    ``ring_mib_by_depth``) as soon as the grid's figures are known, before the plans are made and the budgets' runs
+    (the memory plan starts there); ``meanwhile``: called while the grid is
     answered (on the workers: the memory plan's work that needs no figure). Blocks for the evaluation and any
     simulations (about a second for a few contexts on two cores)."""
     runner = runner or Runner(req)
@@ -157,11 +158,11 @@ def plan(req: PlanRequest, runner: Runner | None = None, then: Callable[[list[Co
     first = len(depths) * len(budgets)  # each context's depth-0, budget-0 point
     fits = np.asarray(grid(f.fits).all(axis=(0, 2)))  # a context whose graph does not fit the device even ordered is left out
     asked = [c for c in range(len(req.contexts)) if fits[c]]  # (the memory plan says why it does not fit)
+    if then is not None:  # (a context asked twice: its last, equal to its first)
+        then({req.contexts[c]: dict(zip(depths[1:], ring[c, 1:].tolist(), strict=True)) for c in asked})
     best = _best_depths(gain[:, asked, 1:])  # each budget's and context's best depth and its gain, as arrays
     out = [_uncapped(req, pts[c * first], gain[0, c], ring[c], window[c], tps[0, c], d)
            for c, d in zip(asked, best[0][0].tolist(), strict=True)]
-    if then is not None:
-        then(out)
     if not out:
         return out
     known = _Grid(pts, f, list(req.contexts), len(depths), budgets)  # the budgets' runs take what the grid answered

@@ -121,3 +121,14 @@ def test_a_choice_from_its_unfigured_part_made_ahead_is_the_choice_made_at_once(
     else:
         assert {c.resident for c in made} == {True, False} and any(c.kv_gpu_layers for c in made)
         assert any(c.memory.ring_bytes for c in made)
+
+
+def test_the_rings_the_memory_plan_starts_from_are_the_plans_rings() -> None:
+    """``plan(then=...)`` is given, before the plans are made, each planned context's ring by depth read off the grid:
+    equal to the plans' ``ring_mib_by_depth`` (a context asked twice once; one that does not fit the device not at
+    all), and nothing more."""
+    req = PlanRequest(contexts=(4096, 16384, 4096, 464384), tokens=1, max_depth=2, jobs=1, budgets_mib=(0.0, 64.0))
+    seen: list[dict[int, dict[int, float]]] = []
+    out = plan(req, then=seen.append)
+    assert len(seen) == 1 and seen[0] == {p.context: p.ring_mib_by_depth for p in out}
+    assert sorted(seen[0]) == [4096, 16384] and len(out) == 3 and all(len(r) == 2 for r in seen[0].values())
