@@ -25,14 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvpipe.capacity_fit import (  # noqa: F401  (kvpipe.capacity's names, as they were)
+from kvpipe.capacity_fit import (
     Limits,
     Placed,
     candidates,
     fits_host_cache,
     fits_resident,
     host_need_bytes,
-    max_resident_layers,
     ngl_that_fits,
     placed,
     scheduler_need_bytes,

@@ -84,8 +84,8 @@ def test_a_choice_from_its_unfigured_part_made_ahead_is_the_choice_made_at_once(
     """``choice_of`` given ``unfigured`` of its candidate (made while the workers answer the candidates) equals it made
     at once, for every candidate of a few contexts -- the resident arm, resident layers, a declined ring (figures
     made up so that some decline), -ngl below every layer (70B on a 12 GB card) -- with the figures its run gives."""
-    from kvpipe.capacity import (Choice, candidates, choice_of, host_need_bytes, limits_of, placed, ring_estimate_mib,
-                                 unfigured)
+    from kvpipe.capacity import Choice, choice_of, limits_of, ring_estimate_mib, unfigured
+    from kvpipe.capacity_fit import candidates, host_need_bytes, placed
     from sim.memory import GIB, MIB, device_memory
     from sim.rows import interval_fields, placement_fields
     from sim.workload import ngl_of
