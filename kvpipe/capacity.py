@@ -25,14 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvpipe.capacity_fit import (  # noqa: F401  (kvpipe.capacity's names, as they were)
+from kvpipe.capacity_fit import (
     Limits,
     Placed,
     candidates,
     fits_host_cache,
     fits_resident,
     host_need_bytes,
-    max_resident_layers,
     ngl_that_fits,
     placed,
     scheduler_need_bytes,
@@ -105,17 +104,30 @@ def largest_context(fits: Callable[[int], bool], hi: int) -> int:
     return lo
 
 
-def choice_of(pt: Point, figs: Any, i: int, limits: Limits) -> Choice:
+def choice_of(pt: Point, figs: Any, i: int, limits: Limits, known: Unfigured | None = None) -> Choice:
     """Candidate ``i`` of ``figs`` (``kvpipe.plan_run.Figures``) as a Choice, with its memory account and the row's
-    interval and CPU-layers pricing (``sim.rows.interval_fields``, ``placement_fields``)."""
+    interval and CPU-layers pricing (``sim.rows.interval_fields``, ``placement_fields``); ``known``: :func:`unfigured`
+    of ``pt``, made already."""
     wl, tc = pt.workload, pt.transport
-    resident, declined, tps = tc.arm == "resident", bool(figs.declined[i]), float(figs.tokens_per_s[i])
+    declined, tps = bool(figs.declined[i]), float(figs.tokens_per_s[i])
     ring = 0 if declined else int(float(figs.ring_alloc_mib[i]) * MIB)
-    mem = device_memory(wl, limits.vram_bytes, pt.hardware.devices[0].memory_reserved_bytes, kv_offload=resident, ring_bytes=ring)
+    m, host, cost = known if known is not None else unfigured(pt, limits)
+    mem = DeviceMemory(m.device, m.total_bytes, m.reserved_bytes, m.weights_bytes, m.compute_buffer_bytes, m.kv_bytes, ring)
     interval = interval_fields(pt, tps)["tokens_per_s_interval"]
-    cost = placement_fields(wl, pt.hardware.devices[0].compute).get("cpu_layers_cost", "")
-    return Choice(resident, ngl_of(wl), wl.kv_gpu_layers, wl.pinned, tc.depth, tc.budget_mib, tps, interval, mem,
-                  host_need_bytes(wl, resident), declined, str(cost))
+    return Choice(tc.arm == "resident", ngl_of(wl), wl.kv_gpu_layers, wl.pinned, tc.depth, tc.budget_mib, tps, interval, mem,
+                  host, declined, cost)
+
+
+#: What :func:`choice_of` reads of a candidate whatever its figures: its device's account without the ring, the host
+#: bytes and how its CPU layers are priced.
+Unfigured = tuple[DeviceMemory, int, str]
+
+
+def unfigured(pt: Point, limits: Limits) -> Unfigured:
+    """:data:`Unfigured` of candidate ``pt`` (made while the workers answer the candidates). Pure."""
+    wl, resident = pt.workload, pt.transport.arm == "resident"
+    mem = device_memory(wl, limits.vram_bytes, pt.hardware.devices[0].memory_reserved_bytes, kv_offload=resident)
+    return mem, host_need_bytes(wl, resident), str(placement_fields(wl, pt.hardware.devices[0].compute).get("cpu_layers_cost", ""))
 
 
 def flags(c: Choice, context: int, cache_k: str, cache_v: str) -> tuple[str, str]:
@@ -228,15 +240,20 @@ def choices_started(req: Any, base: Point, contexts: list[int], limits: Limits, 
                                                                          for d in range(req.max_depth + 1)}, req.build,
                               auto_ngl, got))
     pending = start([p for ps in per for p in ps]) if any(per) else None
-    return lambda: _choices(contexts, per, pending() if pending is not None else None, base, limits, mark)
+
+    def choose() -> list[ContextFit]:
+        known = [unfigured(p, limits) for ps in per for p in ps]  # while the workers answer them
+        return _choices(contexts, per, pending() if pending is not None else None, base, limits, mark, known)
+
+    return choose
 
 
 def _choices(contexts: list[int], per: list[list[Point]], figs: Any, base: Point, limits: Limits,
-             mark: Callable[[list[Point]], None] | None) -> list[ContextFit]:
+             mark: Callable[[list[Point]], None] | None, known: list[Unfigured]) -> list[ContextFit]:
     out, i = [], 0
     picked: list[Point | None] = []  # each context's best candidate
     for c, ps in zip(contexts, per, strict=True):
-        choices = [(choice_of(p, figs, i + k, limits), p) for k, p in enumerate(ps) if figs.fits[i + k]]
+        choices = [(choice_of(p, figs, i + k, limits, known[i + k]), p) for k, p in enumerate(ps) if figs.fits[i + k]]
         i += len(ps)
         best = max(choices, key=lambda cp: (round(cp[0].tokens_per_s, 9), -cp[0].kv_gpu_layers, -cp[0].depth), default=None)
         picked.append(best[1] if best else None)
@@ -306,8 +323,8 @@ def _plan_fit(req: Any, runner: Any) -> FitPlan:
             if c not in known:
                 known[c] = placed(_with_context(base, c), limits, req.build, bool(verdict))
 
-    def start_fits(ps: list[Any]) -> None:
-        rings = {p.context: {0: 0.0, **p.ring_mib_by_depth} for p in ps}
+    def start_fits(got: dict[int, dict[int, float]]) -> None:
+        rings = {c: {0: 0.0, **r} for c, r in got.items()}
         started.append(choices_started(req, base, list(req.contexts), limits, rings, runner.start, bool(verdict), runner.mark,
                                        known))
 

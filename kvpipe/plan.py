@@ -48,6 +48,8 @@ from kvpipe.plan_report import render
 from kvpipe.plan_run import CHECK_N, DEFAULT_BUDGET_MIB, Figures, PlanRequest, Runner, points
 from kvpipe.plan_run import grid as grid_points
 from sim.errors import InputError
+from sim.points import PointGrid, new_point
+from sim.run.point import Point
 from sim.transport.config import MIB
 
 __all__ = ["CHECK_N", "DEFAULT_BUDGET_MIB", "TIE_GAIN", "ClosedForm", "ContextPlan", "PlanRequest", "Runner", "closed_form",
@@ -108,9 +110,10 @@ def decline_rows(ring_mib: float, window_rows: int, budget_mib: float) -> int | 
     return int(budget_mib * MIB // per_row)
 
 
-def _answered(runner: Runner, pts: list[Any]) -> Figures:
-    """The figures of ``pts``; InputError naming the first that does not fit."""
-    f = runner.run(pts)
+def _answered(runner: Runner, pts: list[Any], known: Figures | None = None) -> Figures:
+    """The figures of ``pts`` (``known``: theirs already, from the plan's grid: ``Runner.known``); InputError naming
+    the first that does not fit."""
+    f = runner.run(pts) if known is None else runner.known(pts, known)
     bad = np.flatnonzero(~f.fits)
     if bad.size:
         p = pts[int(bad[0])]
@@ -127,12 +130,13 @@ def _gains(tps: np.ndarray, declined: np.ndarray, ordered: np.ndarray) -> np.nda
 # ------------------------------------------------------------------- plan
 
 
-def plan(req: PlanRequest, runner: Runner | None = None, then: Callable[[list[ContextPlan]], None] | None = None,
+def plan(req: PlanRequest, runner: Runner | None = None, then: Callable[[dict[int, dict[int, float]]], None] | None = None,
          meanwhile: Callable[[], None] | None = None) -> list[ContextPlan]:
     """Plan every context of ``req`` whose graph fits the device (``runner``: the plan's, whose evaluated points are
     checked at its end); a context that does not fit even on the ordered path has no plan (the memory plan,
-    ``kvpipe.capacity``, says why). ``then``: given the plans as soon as their uncapped figures (each depth's gain and
-    ring) are known, before the budgets' runs (the memory plan starts there); ``meanwhile``: called while the grid is
+    ``kvpipe.capacity``, says why). ``then``: given each planned context's ring (MiB) by depth 1..max (its plan's
+    ``ring_mib_by_depth``) as soon as the grid's figures are known, before the plans are made and the budgets' runs
+    (the memory plan starts there); ``meanwhile``: called while the grid is
     answered (on the workers: the memory plan's work that needs no figure). Blocks for the evaluation and any
     simulations (about a second for a few contexts on two cores)."""
     runner = runner or Runner(req)
@@ -154,20 +158,23 @@ def plan(req: PlanRequest, runner: Runner | None = None, then: Callable[[list[Co
     first = len(depths) * len(budgets)  # each context's depth-0, budget-0 point
     fits = np.asarray(grid(f.fits).all(axis=(0, 2)))  # a context whose graph does not fit the device even ordered is left out
     asked = [c for c in range(len(req.contexts)) if fits[c]]  # (the memory plan says why it does not fit)
-    out = [_uncapped(req, pts[c * first], gain[0, c], ring[c], window[c], tps[0, c]) for c in asked]
-    if then is not None:
-        then(out)
+    if then is not None:  # (a context asked twice: its last, equal to its first)
+        then({req.contexts[c]: dict(zip(depths[1:], ring[c, 1:].tolist(), strict=True)) for c in asked})
+    best = _best_depths(gain[:, asked, 1:])  # each budget's and context's best depth and its gain, as arrays
+    out = [_uncapped(req, pts[c * first], gain[0, c], ring[c], window[c], tps[0, c], d)
+           for c, d in zip(asked, best[0][0].tolist(), strict=True)]
     if not out:
         return out
-    _at_budget(req, runner, out)
+    known = _Grid(pts, f, list(req.contexts), len(depths), budgets)  # the budgets' runs take what the grid answered
+    _at_budget(req, runner, out, known)
     peak_depth = Counter(p.best_depth for p in out if p.best_depth).most_common(1)
     apply_peak(req, runner, out, peak_depth[0][0] if peak_depth else 1)
     if req.budget_for_gain is not None:
-        _budget_for_gain(req, runner, out)
+        _budget_for_gain(req, runner, out, known)
     for budget in req.budgets_mib:
         b = budgets.index(float(budget)) if budget else 0
-        for c, p in zip(asked, out, strict=True):
-            p.best_by_budget[budget] = _best_depth({d: float(gain[b, c, d]) for d in depths[1:]})
+        for p, d, g in zip(out, best[0][b].tolist(), best[1][b].tolist(), strict=True):
+            p.best_by_budget[budget] = (d, g)
     return out
 
 
@@ -178,12 +185,28 @@ def _best_depth(gains: dict[int, float]) -> tuple[int, float]:
     return (best, gains[best]) if gains[best] > 0 else (0, 0.0)
 
 
-def _uncapped(req: PlanRequest, pt: Any, gain: np.ndarray, ring: np.ndarray, window: np.ndarray, tps: np.ndarray) -> ContextPlan:
-    """One context's plan from its uncapped points (arrays over depth 0..max)."""
+def _best_depths(gains: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_best_depth` along the last axis of ``gains`` (depths 1..max; any leading axes): (best depth, its gain) as
+    arrays, the same numbers (a row with a NaN, which has no maximum, goes through :func:`_best_depth` itself). Pure."""
+    if not gains.size:
+        return np.zeros(gains.shape[:-1], dtype=np.int64), np.zeros(gains.shape[:-1])
+    if np.isnan(gains).any():
+        flat = gains.reshape(-1, gains.shape[-1])
+        got = [_best_depth(dict(zip(range(1, flat.shape[1] + 1), row, strict=True))) for row in flat.tolist()]
+        return (np.array([d for d, _ in got], dtype=np.int64).reshape(gains.shape[:-1]),
+                np.array([g for _, g in got], dtype=np.float64).reshape(gains.shape[:-1]))
+    top = gains.max(axis=-1, keepdims=True)
+    first = np.argmax(gains >= top - TIE_GAIN, axis=-1)  # the shallowest depth within TIE_GAIN of the top
+    g = np.take_along_axis(gains, first[..., None], axis=-1)[..., 0]
+    return np.where(g > 0, first + 1, 0), np.where(g > 0, g, 0.0)
+
+
+def _uncapped(req: PlanRequest, pt: Any, gain: np.ndarray, ring: np.ndarray, window: np.ndarray, tps: np.ndarray,
+              best: int) -> ContextPlan:
+    """One context's plan from its uncapped points (arrays over depth 0..max) and its best depth (:func:`_best_depths`)."""
     context = pt.context
-    gains = {d: float(gain[d]) for d in range(1, len(gain))}
-    rings = {d: float(ring[d]) for d in range(1, len(ring))}
-    best = _best_depth(gains)[0]
+    gains = dict(zip(range(1, len(gain)), gain[1:].tolist(), strict=True))
+    rings = dict(zip(range(1, len(ring)), ring[1:].tolist(), strict=True))
     w = int(window[best])
     last_w = pt.workload.window_rows(context + req.tokens - 1)  # the ring the row reports is the last graph's
     uncapped, ring_best = gains.get(best, 0.0), rings.get(best, 0.0)
@@ -199,29 +222,64 @@ def _uncapped(req: PlanRequest, pt: Any, gain: np.ndarray, ring: np.ndarray, win
     )
 
 
-def _pairs(req: PlanRequest, runner: Runner, todo: list[tuple[int, int, float]]) -> list[tuple[float, bool]]:
-    """(gain, declined) of (context, depth, budget) each, against the ordered path at that budget."""
-    pts = []
-    for p, (_, d, b) in zip(points(req, [c for c, _, _ in todo], [0], 0.0) if todo else [], todo, strict=True):
-        ordered = replace(p, transport=replace(p.transport, budget_mib=b))
-        pts += [ordered, replace(ordered, transport=replace(ordered.transport, depth=d))]
+@dataclass(frozen=True)
+class _Grid:
+    """The plan's grid (contexts x depths x budgets) and its figures, which a later run of some of its points takes
+    instead of running them again: the evaluator answers a point the same whatever else its batch holds."""
+
+    pts: PointGrid
+    figs: Figures
+    contexts: list[int]
+    n_depths: int
+    budgets: list[float]
+
+    def pairs(self, todo: list[tuple[int, int, float]]) -> tuple[list[Point], Figures] | None:
+        """:func:`_pairs`' points of ``todo`` (each context ordered and at its depth, at its budget), made anew from the
+        grid's objects (equal to those :func:`_pairs` makes), and the grid's figures of them; None unless the grid has
+        every one and the evaluator answered it. Pure."""
+        at: dict[int, int] = {}
+        for k, c in enumerate(self.contexts):
+            at.setdefault(c, k)
+        nb, idx = len(self.budgets), []
+        for c, d, b in todo:
+            if c not in at or float(b) not in self.budgets or not 0 <= d < self.n_depths:
+                return None
+            first = at[c] * self.n_depths * nb + self.budgets.index(float(b))
+            idx += [first, first + d * nb]
+        figs = self.figs.take(idx)
+        if not figs.evaluated.all():
+            return None
+        (ws, w), (hs, h), (cs, cc) = self.pts.parts
+        return [new_point(ws[w[i]], hs[h[i]], cs[cc[i]]) for i in idx], figs
+
+
+def _pairs(req: PlanRequest, runner: Runner, todo: list[tuple[int, int, float]], grid: _Grid | None = None
+           ) -> list[tuple[float, bool]]:
+    """(gain, declined) of (context, depth, budget) each, against the ordered path at that budget (``grid``: taken from
+    the plan's grid where it has them all, :meth:`_Grid.pairs`)."""
+    got = grid.pairs(todo) if grid is not None and todo else None
+    pts, known = got if got is not None else ([], None)
+    if got is None:
+        for p, (_, d, b) in zip(points(req, [c for c, _, _ in todo], [0], 0.0) if todo else [], todo, strict=True):
+            ordered = replace(p, transport=replace(p.transport, budget_mib=b))
+            pts += [ordered, replace(ordered, transport=replace(ordered.transport, depth=d))]
     if not pts:
         return []
-    f = _answered(runner, pts)
+    f = _answered(runner, pts, known)
     tps, declined = f.tokens_per_s.reshape(-1, 2), f.declined.reshape(-1, 2)
     gain = _gains(tps[:, 1], declined[:, 1], tps[:, 0])
     return [(float(g), bool(d)) for g, d in zip(gain, declined[:, 1], strict=True)]
 
 
-def _at_budget(req: PlanRequest, runner: Runner, out: list[ContextPlan]) -> None:
-    """Each context's best depth at the default budget (the gain the default actually buys)."""
+def _at_budget(req: PlanRequest, runner: Runner, out: list[ContextPlan], grid: _Grid | None = None) -> None:
+    """Each context's best depth at the default budget (the gain the default actually buys; ``grid``: see :func:`_pairs`)."""
     todo = [p for p in out if p.best_depth]
-    for p, (g, declined) in zip(todo, _pairs(req, runner, [(p.context, p.best_depth, req.default_budget_mib) for p in todo]),
-                                strict=True):
+    for p, (g, declined) in zip(todo, _pairs(req, runner, [(p.context, p.best_depth, req.default_budget_mib) for p in todo],
+                                             grid), strict=True):
         p.gain_at_default_budget, p.default_declines = g, declined
 
 
-def _budget_for_gain(req: PlanRequest, runner: Runner, out: list[ContextPlan]) -> None:
+def _budget_for_gain(req: PlanRequest, runner: Runner, out: list[ContextPlan], grid: _Grid | None = None) -> None:
     """Smallest budget (whole MiB) at which some depth keeps >= fraction x the uncapped gain; confirmed by its run."""
     frac = req.budget_for_gain or 1.0
     todo = []
@@ -233,6 +291,6 @@ def _budget_for_gain(req: PlanRequest, runner: Runner, out: list[ContextPlan]) -
         d = min(ok, key=lambda d: (p.ring_mib_by_depth[d], d))
         p.depth_for_gain, p.budget_mib_for_gain = d, float(math.ceil(p.ring_mib_by_depth[d]))
         todo.append(p)
-    got = _pairs(req, runner, [(p.context, p.depth_for_gain or 1, p.budget_mib_for_gain or 0.0) for p in todo])
+    got = _pairs(req, runner, [(p.context, p.depth_for_gain or 1, p.budget_mib_for_gain or 0.0) for p in todo], grid)
     for p, (g, _) in zip(todo, got, strict=True):
         p.extra["gain_at_budget_for_gain"] = g

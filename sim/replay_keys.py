@@ -75,7 +75,23 @@ def _free_key(wl: Workload, cells: bool) -> tuple[Any, ...]:
     those it sets (``Workload.__post_init__`` only validates: no field is derived from another), and the size it sets."""
     if wl.n_parallel != 1:
         return ("self", number(wl))
-    return ("free", wl.cells if cells else 0, *(number(v) if is_dataclass(v) else v for v in _rest_of(wl)))
+    return ("free", wl.cells if cells else 0, *(number(v) if _is_dataclass(v) else v for v in _rest_of(wl)))
+
+
+def _is_dataclass(v: Any) -> bool:
+    """``dataclasses.is_dataclass(v)``, kept per type (a class itself asked each time): a workload's ~25 fields are
+    asked per workload."""
+    t = type(v)
+    got = _DATACLASS_TYPES.get(t)
+    if got is None:
+        got = is_dataclass(v)
+        if isinstance(v, type):
+            return got
+        _DATACLASS_TYPES[t] = got
+    return got
+
+
+_DATACLASS_TYPES: dict[type, bool] = {}
 
 
 def compute_number(hw: Any) -> int:

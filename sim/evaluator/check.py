@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -109,13 +110,13 @@ def draw(arms: Sequence[str], n: int, seed: int = 0) -> set[int]:
     fewer): a plan's few resident points are held as surely as its many transport ones. Pure."""
     rng = random.Random(seed)
     chosen = set(rng.sample(range(len(arms)), min(n, len(arms))))
-    by_arm: dict[str, list[int]] = {}
-    for i, arm in enumerate(arms):
-        by_arm.setdefault(arm, []).append(i)
-    for arm in sorted(by_arm):
-        mine = [i for i in by_arm[arm] if i not in chosen]
-        short = min(ARM_N, n) - (len(by_arm[arm]) - len(mine))
-        if short > 0 and mine:
+    drawn = Counter(arms[i] for i in chosen)  # each arm's points drawn (what is drawn below is of other arms)
+    for arm in sorted(set(arms)):
+        short = min(ARM_N, n) - drawn[arm]
+        if short <= 0:
+            continue
+        mine = [i for i in np.flatnonzero(np.asarray(arms, dtype=object) == arm).tolist() if i not in chosen]
+        if mine:
             chosen |= set(rng.sample(mine, min(short, len(mine))))
     return chosen
 

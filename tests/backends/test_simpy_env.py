@@ -164,3 +164,54 @@ def _engine_world(env: simpy.Environment, capacity: int, seed: int) -> list[tupl
 @pytest.mark.parametrize("capacity", [1, 2])
 def test_an_engine_taken_in_place_or_let_go_without_an_event_grants_as_simpy_does(capacity: int) -> None:
     assert _same_as_simpy(_engine_world, 200, capacity) > 0
+
+
+def _stream_world(env: simpy.Environment, costs: bool, seed: int) -> list[tuple[float, int, str]]:
+    """A random host program on the machine: kernels of tied lengths on three streams, events recorded on them,
+    streams waiting on events recorded on others (often before the record is reached: a waiter already there),
+    the host waiting on events and streams; ``costs``: the profile's host call costs, else none (more ties). When
+    each host step ended."""
+    from dataclasses import replace
+
+    from backends.base import Work
+    from backends.profile import load_profile
+    from backends.profile_types import HostCosts
+
+    rng = random.Random(seed)
+    profile = load_profile("rtx4070-gen4x16")
+    if not costs:
+        profile = replace(profile, host=HostCosts(launch_s=0.0, copy_issue_s=0.0, event_s=0.0, host_wait_s=0.0))
+    m = SimMachine(profile, trace=False, env=env)
+    log: list[tuple[float, int, str]] = []
+
+    def program() -> Any:
+        streams = [m.create_stream(0, f"s{k}") for k in range(3)]
+        events: list[Any] = []
+        for step in range(60):
+            op, s = rng.choice(["kernel"] * 4 + ["record"] * 3 + ["wait"] * 3 + ["host", "sync"]), rng.choice(streams)
+            if op == "kernel":
+                yield from m.launch(s, Work(f"k{step}", rng.choice([0.0, 0.25, 0.5, 1.0])))
+            elif op == "record":
+                events.append(m.create_event(0, f"e{step}"))
+                yield from m.record(events[-1], s)
+            elif op == "wait" and events:
+                yield from m.wait_event(s, rng.choice(events))
+            elif op == "host" and events:
+                yield from m.wait_host(rng.choice(events))
+            elif op == "sync":
+                yield from m.synchronize(s)
+            log.append((m.now_s(), step, op))
+        for s in streams:
+            yield from m.synchronize(s)
+        log.append((m.now_s(), -1, "end"))
+
+    m.run(program())
+    return log
+
+
+@pytest.mark.parametrize("costs", [True, False])
+def test_a_record_is_processed_in_place_only_where_no_one_waits_and_nothing_else_is_due(costs: bool) -> None:
+    """Random programs of kernels, records and waits across streams see every time a plain SimPy environment gives:
+    a record a stream already waits on (a waiter there before the record is reached) is processed by SimPy, which
+    resumes the waiter (taken in place, the waiter would never resume)."""
+    assert _same_as_simpy(_stream_world, 150, costs) > 0

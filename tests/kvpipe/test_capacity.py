@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kvpipe.capacity import FORK, UPSTREAM, fits_host_cache, plan_fit
+from kvpipe.capacity import FORK, UPSTREAM, plan_fit
+from kvpipe.capacity_fit import fits_host_cache
 from kvpipe.cli import main
 from kvpipe.plan import PlanRequest
 from sim.memory import GIB

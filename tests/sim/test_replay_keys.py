@@ -87,3 +87,24 @@ def test_a_workloads_context_free_number_is_its_context_free_workloads() -> None
         got: dict[int, int] = {}
         mine = [got.setdefault(rk.free_number(w, cells), len(got)) for w in wls]
         assert mine == truth and len(want) < len(wls)
+
+
+def test_the_dataclass_check_kept_per_type_is_dataclasses() -> None:
+    """``_is_dataclass`` (kept per type) answers as ``dataclasses.is_dataclass`` for instances and classes, in any order
+    (a class asked after an instance of it, and before)."""
+    from dataclasses import dataclass, is_dataclass
+
+    from sim.replay_keys import _is_dataclass
+    from sim.workload import Workload
+
+    @dataclass(frozen=True)
+    class A:
+        x: int = 0
+
+    class B:
+        pass
+
+    wl = points(GridSpec(contexts=((4096,),), depths=(0,)))[0].workload
+    values = [A, A(), B, B(), A(), 3, 2.5, None, (1, 2), frozenset(), "s", type, wl, Workload, wl.model, wl.cache_k, A, B()]
+    for order in (values, values[::-1], values * 2):
+        assert [_is_dataclass(v) for v in order] == [is_dataclass(v) for v in order]
