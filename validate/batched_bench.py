@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -211,26 +210,6 @@ def token_runs(bench: BatchedFile, arm: str, unified: bool, pinned: bool = True,
         label = f"{'unified' if unified else 'split'} -npp {r.prompt_tokens} -ntg {r.gen_tokens} -npl {r.sequences}"
         out.append(TokenRun(r.context, r.seconds_per_step, arm, label, pinned, ALL_LAYERS, r.sequences, unified, stream,
                             copy_span and not unified))
-    return out
-
-
-def pooled(runs: Sequence[TokenRun]) -> list[TokenRun]:
-    """Repeated calls of one configuration as one fit point: runs alike in everything but their time (the same arm,
-    -npp, -ntg, -npl, layout, streams and host memory) become one run at the **geometric mean** of their seconds per
-    step, labelled with the number of calls; the others are kept; order of first appearance. The fit minimises each
-    point's squared relative error, which over single calls scattering by sd s lands ~2 s^2 below their geometric
-    mean (s = 9.3% on the H200's pageable copies: ~1.7% fast; docs/validation.md "Run 11"), while predictions are held
-    to the geometric mean: pooling first makes the fit and the comparison one statistic. Pure."""
-    groups: dict[TokenRun, list[TokenRun]] = {}
-    for r in runs:
-        groups.setdefault(replace(r, seconds_per_token=1.0), []).append(r)
-    out = []
-    for key, rs in groups.items():
-        if len(rs) == 1:
-            out.append(rs[0])
-            continue
-        mean_s = math.exp(sum(math.log(r.seconds_per_token) for r in rs) / len(rs))
-        out.append(replace(key, seconds_per_token=mean_s, label=f"{key.label} (geometric mean of {len(rs)} calls)"))
     return out
 
 

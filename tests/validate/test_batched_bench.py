@@ -315,6 +315,6 @@ def test_repeated_calls_of_a_configuration_are_fitted_at_their_geometric_mean(tm
     m, q = load_model("llama-3.1-8b"), cache_type("q8_0")
     runs = [r for f, u in zip(calls, flags, strict=True)
             for r in batched_bench.token_runs(batched_bench.load(f), "ordered", u == "1", pinned=True)]
-    from validate.batch_fit import staging_one
+    from validate.batch_fit import pooled, staging_one
     assert staging_one(base, m, q, q, runs) > 0.9 * 1.05  # call by call: the link fitted >5% fast
-    assert staging_one(base, m, q, q, batched_bench.pooled(runs)) == pytest.approx(0.9, rel=0.005)
+    assert staging_one(base, m, q, q, pooled(runs)) == pytest.approx(0.9, rel=0.005)
