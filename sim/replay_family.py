@@ -8,7 +8,9 @@ each a few microseconds, per line and token. Once a family's shape template is t
 off its first graph, confirmed by a second window's graph), a window's shape is integer arithmetic on its rows, and
 a step's window is its row padded: :func:`line_arrays` reads the family's first lines one at a time until the
 template is confirmed, then the rest of the family at once -- the same arithmetic, in the same order, over NumPy
-arrays of int64 (exact; the one float, the full-context scale, is the same IEEE division and product). Lines outside
+arrays of int64 (exact; the one float, the full-context scale, is the same IEEE division and product); what the
+lines' workloads decide but their windows (the memory placed, the io buffer, the cache layout) differs within a
+family only with the cache's size, so it is read once per size, off the first line of that size. Lines outside
 any family (several sequences or devices, no template) are read one at a time. ``tests/sim/test_replay_family.py``
 holds the two paths equal field by field.
 
@@ -197,11 +199,14 @@ def _family(firsts: Sequence[Point], lis: list[int], done: dict[int, tuple[Any, 
             off = off + _span(cfg.pack_streams, align, rows * b, reserve)
             f = f + _span(cfg.pack_streams, align, ((rows * b) * scale).astype(np.int64), reserve)
         need, full = np.maximum(need, off), np.maximum(full, f)
-    for j, (li, wl) in enumerate(zip(lis, wls, strict=True)):
-        devices = placed_devices(firsts[li])
-        layout = layout_of(wl)
-        kv = wl.kv_gpu_layers
-        parts = (t.device, need[j], full[j], len(t.per_row), t.gpu_devices, t.device_kv, layout.k_offset(kv) if kv else 0,
-                 layout.nbytes - layout.k_offset(0))
-        done[li] = (devices[0].memory_total_bytes, devices[0].memory_used_bytes, align, io_bytes_for(wl), rows[j],
-                    True, parts)
+    kv = wl0.kv_gpu_layers
+    by_cells: dict[int, tuple[Any, ...]] = {}  # what a line's cache size decides, read off its family's first line of that size
+    for j, (li, c) in enumerate(zip(lis, cps.tolist(), strict=True)):
+        got = by_cells.get(c)
+        if got is None:
+            wl = wls[j]
+            dev, layout = placed_devices(firsts[li])[0], layout_of(wl)
+            got = by_cells[c] = (dev.memory_total_bytes, dev.memory_used_bytes, io_bytes_for(wl),
+                                 layout.k_offset(kv) if kv else 0, layout.nbytes - layout.k_offset(0))
+        parts = (t.device, need[j], full[j], len(t.per_row), t.gpu_devices, t.device_kv, got[3], got[4])
+        done[li] = (got[0], got[1], align, got[2], rows[j], True, parts)
