@@ -103,7 +103,7 @@ def line_arrays(firsts: Sequence[Point], one_line: Callable[[Point], OneLine], e
         got.append(li)
     n_tok = max((p.workload.tokens for p in firsts), default=0)
     alone: dict[int, OneLine] = {}
-    done: dict[int, tuple[Any, ...]] = {}  # a family's lines read at once: li -> (placed, align, io, rows, shape parts)
+    done: list[tuple[Any, ...]] = []  # each family's lines read at once, as arrays (``_family``)
     for lis in order:
         i = 0
         while i < len(lis) and not _trusted(firsts[lis[i]]):
@@ -112,7 +112,7 @@ def line_arrays(firsts: Sequence[Point], one_line: Callable[[Point], OneLine], e
                 each([lis[i]], [firsts[lis[i]]], False)
             i += 1
         if i < len(lis):
-            _family(firsts, lis[i:], done)
+            done.append(_family(firsts, lis[i:]))
             if each is not None:
                 each(lis[i:], [firsts[li] for li in lis[i:]], True)
     n_dev = max([len(x[0]) for x in alone.values()] + [1])
@@ -120,19 +120,17 @@ def line_arrays(firsts: Sequence[Point], one_line: Callable[[Point], OneLine], e
     la = LineArrays(z, z.copy(), z.copy(), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64),
                     np.zeros((n, n_tok), dtype=np.int64), *_shape_zeros(n, n_tok, n_dev))
     _fill_alone(la, alone, n, n_dev, n_tok)
-    for li, (total, used, align, io, rows, staged, parts) in done.items():
-        la.total[li, 0], la.used[li, 0], la.align[li, 0], la.io[li] = total, used, align, io
-        la.tokens[li] = len(rows)
-        la.rows[li, : len(rows)] = rows
-        dev, need, full, n_splits, gpu, kv, kv_bytes, host_cache = parts
-        t = len(rows)
-        la.staged[li, :t, dev] = staged
-        la.need[li, :t, dev], la.full[li, :t, dev], la.n_splits[li, :t, dev] = need, full, n_splits
+    for lis, total, used, align, io, rows, (dev, need, full, n_splits, gpu, kv, kv_bytes, host_cache) in done:
+        t = rows.shape[1]
+        la.total[lis, 0], la.used[lis, 0], la.align[lis, 0], la.io[lis], la.tokens[lis] = total, used, align, io, t
+        la.rows[lis, :t] = rows
+        la.staged[lis, :t, dev] = True
+        la.need[lis, :t, dev], la.full[lis, :t, dev], la.n_splits[lis, :t, dev] = need, full, n_splits
         for d in gpu:
-            la.gpu[li, :t, d] = True
+            la.gpu[lis, :t, d] = True
         for d in kv:
-            la.kv[li, :t, d] = True
-        la.kv_bytes[li, :t], la.host_cache[li, :t] = kv_bytes, host_cache
+            la.kv[lis, :t, d] = True
+        la.kv_bytes[lis, :t], la.host_cache[lis, :t] = kv_bytes[:, None], host_cache[:, None]
     return la
 
 
@@ -177,8 +175,10 @@ def _span(pack: bool, align: int, nbytes: np.ndarray, reserve: np.ndarray | int)
     return -(-n // align) * align
 
 
-def _family(firsts: Sequence[Point], lis: list[int], done: dict[int, tuple[Any, ...]]) -> None:
-    """The lines ``lis`` of one family whose shape template is trusted, read at once into ``done``."""
+def _family(firsts: Sequence[Point], lis: list[int]) -> tuple[Any, ...]:
+    """The lines ``lis`` of one family whose shape template is trusted, read at once: (their numbers, total, used,
+    align, io, window rows (line, token), (device, need, full (line, token), staged splits, GPU devices, resident
+    prefix devices, its bytes, host cache bytes)), arrays over the lines where they differ."""
     p0 = firsts[lis[0]]
     cfg, wl0 = p0.transport, p0.workload
     tkey = _tkey(p0)
@@ -200,13 +200,12 @@ def _family(firsts: Sequence[Point], lis: list[int], done: dict[int, tuple[Any, 
             f = f + _span(cfg.pack_streams, align, ((rows * b) * scale).astype(np.int64), reserve)
         need, full = np.maximum(need, off), np.maximum(full, f)
     kv = wl0.kv_gpu_layers
-    by_cells: dict[int, tuple[Any, ...]] = {}  # what a line's cache size decides, read off its family's first line of that size
-    for j, (li, c) in enumerate(zip(lis, cps.tolist(), strict=True)):
-        got = by_cells.get(c)
-        if got is None:
-            wl = wls[j]
-            dev, layout = placed_devices(firsts[li])[0], layout_of(wl)
-            got = by_cells[c] = (dev.memory_total_bytes, dev.memory_used_bytes, io_bytes_for(wl),
-                                 layout.k_offset(kv) if kv else 0, layout.nbytes - layout.k_offset(0))
-        parts = (t.device, need[j], full[j], len(t.per_row), t.gpu_devices, t.device_kv, got[3], got[4])
-        done[li] = (got[0], got[1], align, got[2], rows[j], True, parts)
+    sizes, first, inv = np.unique(cps, return_index=True, return_inverse=True)
+    per_size = []  # what a line's cache size decides, read off its family's first line of that size
+    for j in first.tolist():
+        dev, layout = placed_devices(firsts[lis[j]])[0], layout_of(wls[j])
+        per_size.append((dev.memory_total_bytes, dev.memory_used_bytes, io_bytes_for(wls[j]), layout.k_offset(kv) if kv else 0,
+                         layout.nbytes - layout.k_offset(0)))
+    total, used, io, kv_bytes, host_cache = np.array(per_size, dtype=np.int64).reshape(len(sizes), 5)[inv.reshape(-1)].T
+    return (np.array(lis, dtype=np.intp), total, used, align, io, rows,
+            (t.device, need, full, len(t.per_row), t.gpu_devices, t.device_kv, kv_bytes, host_cache))

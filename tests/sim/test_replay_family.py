@@ -51,9 +51,9 @@ def _both(pts: list[Point], monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
     counts = [0, 0]
     real_family, real_values = replay_family._family, family_costs._values
 
-    def family(firsts: Any, lis: list[int], done: Any) -> None:
+    def family(firsts: Any, lis: list[int]) -> Any:
         counts[0] += len(lis)
-        real_family(firsts, lis, done)
+        return real_family(firsts, lis)
 
     def values(t: Any, ref: Any, rows: np.ndarray, row: np.ndarray) -> np.ndarray:
         counts[1] += len(rows)
