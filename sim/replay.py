@@ -15,23 +15,30 @@ Units: bytes.
 from __future__ import annotations
 
 import functools
-import operator
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from sim.points import objects_of
 from sim.replay_family import EachLines, OneLine, line_arrays
-from sim.replay_keys import clear_numbers, compute_number, context_free, free_number, interned, number
+from sim.replay_keys import (
+    clear_numbers,
+    compute_number,
+    config_but_depth_budget,
+    config_class,
+    context_free,
+    free_number,
+    interned,
+    number,
+)
 from sim.replay_shapes import _STEPS, placed_devices, steps_of
 from sim.replay_shapes import TEMPLATES as _TEMPLATES
 from sim.replay_shapes import learn as _learn
 from sim.run.point import GRAPH_BASE_BYTES, Point, graph_at, io_bytes_for
 from sim.transport import planning
-from sim.transport.config import TransportConfig
 from sim.transport.deliveries import span_fn
 from sim.transport.planning import PLAN_FIELDS
 from sim.workload import Workload
@@ -180,35 +187,6 @@ def _one_line(point: Point) -> OneLine:
 def line_key(point: Point) -> Any:
     """Everything planning reads of a point but its depth and budget (the points of one line share their graphs)."""
     return point.workload, point.hardware, config_but_depth_budget(point.transport)
-
-
-#: A config's fields but depth and budget, as a tuple.
-_rest = operator.attrgetter(*(f.name for f in fields(TransportConfig) if f.name not in ("depth", "budget_mib")))
-
-
-def config_but_depth_budget(cfg: TransportConfig) -> tuple[Any, ...]:
-    """``cfg``'s fields but depth and budget (what a line shares), kept per config object."""
-    return _kept_rest(cfg)[1]
-
-
-def config_class(cfg: TransportConfig) -> int:
-    """A number for ``cfg``'s fields but depth and budget: equal numbers, equal :func:`config_but_depth_budget` (a key
-    that hashes as one int where millions of points are told apart). Kept per config object."""
-    return _kept_rest(cfg)[2]
-
-
-def _kept_rest(cfg: TransportConfig) -> tuple[TransportConfig, tuple[Any, ...], int]:
-    got = _RESTS.get(id(cfg))
-    if got is None or got[0] is not cfg:
-        if len(_RESTS) > 4096:
-            _RESTS.clear()
-        rest = _rest(cfg)
-        got = _RESTS[id(cfg)] = (cfg, rest, _CLASSES.setdefault(rest, len(_CLASSES)))
-    return got
-
-
-_RESTS: dict[int, tuple[TransportConfig, tuple[Any, ...], int]] = {}
-_CLASSES: dict[tuple[Any, ...], int] = {}  # never cleared (the numbers must stay): one entry per distinct config but depth/budget
 
 
 def object_groups(points: Sequence[Point]) -> tuple[np.ndarray, list[int]]:

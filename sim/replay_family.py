@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from sim.graph_parts import layout_of
-from sim.replay_keys import compute_number, free_number, interned, number
+from sim.replay_keys import compute_number, config_class, free_number, interned, number
 from sim.replay_shapes import TEMPLATES, ShapeArrays, ShapeTemplate, placed_devices
 from sim.run.point import Point, io_bytes_for
 from sim.workload import WINDOW_PAD_ROWS
@@ -75,13 +75,7 @@ def family_key(p: Point) -> Any:
     wl, hw = p.workload, p.hardware
     if len(hw.devices) != 1 or wl.n_parallel != 1 or len(wl.contexts) != 1 or wl.n_streams != 1:
         return None
-    return free_number(wl, False), number(hw), _config_class(p.transport), wl.tokens
-
-
-def _config_class(cfg: Any) -> int:
-    from sim.replay import config_class  # sim.replay imports this module
-
-    return config_class(cfg)
+    return free_number(wl, False), number(hw), config_class(p.transport), wl.tokens
 
 
 def line_arrays(firsts: Sequence[Point], one_line: Callable[[Point], OneLine], each: EachLines | None = None) -> LineArrays:
