@@ -3,7 +3,8 @@
 Which simulation decides a point, whether the evaluator's token is ordered or pipelined, which tokens of a run may
 stand in for each other -- each follows from the plan the scheduler would make at every token. :func:`plan_points`
 makes it for a whole batch of points: it reads each token's graph once per *line* (the points that differ only in
-depth and budget; a window's graph once per workload at any context, ``context_free``), then runs the scheduler's own
+depth and budget; a window's graph once per workload at any context, ``context_free``; the lines of a *family*, alike
+but for context, as arrays once its template is trusted: ``sim.replay_family``), then runs the scheduler's own
 rules (``sim.transport.planning``: slot need, the ring's decline and sizing, the graph's memory beside it, the idle
 release) over arrays with one element per point, against a ledger of each point's device memory. The result,
 :class:`Plans`, keeps every token's decisions as arrays; :meth:`Plans.point_plan` gives one point's as the records
