@@ -3,7 +3,8 @@
 Which simulation decides a point, whether the evaluator's token is ordered or pipelined, which tokens of a run may
 stand in for each other -- each follows from the plan the scheduler would make at every token. :func:`plan_points`
 makes it for a whole batch of points: it reads each token's graph once per *line* (the points that differ only in
-depth and budget; a window's graph once per workload at any context, ``context_free``), then runs the scheduler's own
+depth and budget; a window's graph once per workload at any context, ``context_free``; the lines of a *family*, alike
+but for context, as arrays once its template is trusted: ``sim.replay_family``), then runs the scheduler's own
 rules (``sim.transport.planning``: slot need, the ring's decline and sizing, the graph's memory beside it, the idle
 release) over arrays with one element per point, against a ledger of each point's device memory. The result,
 :class:`Plans`, keeps every token's decisions as arrays; :meth:`Plans.point_plan` gives one point's as the records
@@ -15,22 +16,30 @@ Units: bytes.
 from __future__ import annotations
 
 import functools
-import operator
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from sim.points import objects_of
-from sim.replay_keys import clear_numbers, compute_number, context_free, free_number, interned, number
-from sim.replay_shapes import _STEPS, ShapeArrays, placed_devices, steps_of
+from sim.replay_family import EachLines, OneLine, line_arrays
+from sim.replay_keys import (
+    clear_numbers,
+    compute_number,
+    config_but_depth_budget,
+    config_class,
+    context_free,
+    free_number,
+    interned,
+    number,
+)
+from sim.replay_shapes import _STEPS, placed_devices, steps_of
 from sim.replay_shapes import TEMPLATES as _TEMPLATES
 from sim.replay_shapes import learn as _learn
 from sim.run.point import GRAPH_BASE_BYTES, Point, graph_at, io_bytes_for
 from sim.transport import planning
-from sim.transport.config import TransportConfig
 from sim.transport.deliveries import span_fn
 from sim.transport.planning import PLAN_FIELDS
 from sim.workload import Workload
@@ -170,38 +179,15 @@ class _Line:
         return _shape(self.point, step, self.rows[step], self.spans, self.slot_key, self.family)
 
 
+def _one_line(point: Point) -> OneLine:
+    """What planning reads of ``point``'s line, read alone (``sim.replay_family.line_arrays``' ``one_line``)."""
+    x = _Line.of(point)
+    return x.total, x.used, x.align, x.io_bytes, x.rows, [x.shape(k) for k in range(point.workload.tokens)]
+
+
 def line_key(point: Point) -> Any:
     """Everything planning reads of a point but its depth and budget (the points of one line share their graphs)."""
     return point.workload, point.hardware, config_but_depth_budget(point.transport)
-
-
-#: A config's fields but depth and budget, as a tuple.
-_rest = operator.attrgetter(*(f.name for f in fields(TransportConfig) if f.name not in ("depth", "budget_mib")))
-
-
-def config_but_depth_budget(cfg: TransportConfig) -> tuple[Any, ...]:
-    """``cfg``'s fields but depth and budget (what a line shares), kept per config object."""
-    return _kept_rest(cfg)[1]
-
-
-def config_class(cfg: TransportConfig) -> int:
-    """A number for ``cfg``'s fields but depth and budget: equal numbers, equal :func:`config_but_depth_budget` (a key
-    that hashes as one int where millions of points are told apart). Kept per config object."""
-    return _kept_rest(cfg)[2]
-
-
-def _kept_rest(cfg: TransportConfig) -> tuple[TransportConfig, tuple[Any, ...], int]:
-    got = _RESTS.get(id(cfg))
-    if got is None or got[0] is not cfg:
-        if len(_RESTS) > 4096:
-            _RESTS.clear()
-        rest = _rest(cfg)
-        got = _RESTS[id(cfg)] = (cfg, rest, _CLASSES.setdefault(rest, len(_CLASSES)))
-    return got
-
-
-_RESTS: dict[int, tuple[TransportConfig, tuple[Any, ...], int]] = {}
-_CLASSES: dict[tuple[Any, ...], int] = {}  # never cleared (the numbers must stay): one entry per distinct config but depth/budget
 
 
 def object_groups(points: Sequence[Point]) -> tuple[np.ndarray, list[int]]:
@@ -284,43 +270,34 @@ class Plans:
         return PointPlan(tuple(out), bool(self.fits[i]), self.reasons.get(i, ""))
 
 
-def plan_points(points: Sequence[Point], each_line: Callable[[Point], Any] | None = None) -> Plans:
+def plan_points(points: Sequence[Point], each_line: EachLines | None = None) -> Plans:
     """Replay the scheduler's plan for every token of every point (``sim.transport.planning``, the scheduler's own
     rules, over arrays of points: the points' memory on a ``planning.Ledger``), with no simulation. Pure; builds one
-    graph per window size of each line (the points that differ only in depth and budget). ``each_line``: called with
-    each line's first point right after its graphs were built (while ``sim.run.point.graph_at`` keeps them)."""
+    graph per window size of each line (the points that differ only in depth and budget) read alone, none for the lines
+    of a family read at once (``sim.replay_family``). ``each_line``: called with line numbers (``Plans.lines``) right
+    after they were read (a line read alone while ``sim.run.point.graph_at`` keeps its graphs; ``family`` True: a
+    family's lines read at once)."""
     n = len(points)
     line_of, firsts = _lines(points)
-    info = [_Line.of(p) for p in firsts]
-    shapes = []
-    for x in info:  # line by line, so that each_line finds the line's graphs kept
-        shapes.append([x.shape(k) for k in range(x.point.workload.tokens)])
-        if each_line is not None:
-            each_line(x.point)
-    n_dev = max((len(x.total) for x in info), default=1)
-
-    def per_line(get: Any, dtype: Any = np.int64) -> np.ndarray:
-        return np.array([[get(x, d) for d in range(n_dev)] for x in info], dtype=dtype)[line_of]
-
-    fill = lambda t: lambda x, d: t(x)[d] if d < len(t(x)) else 0  # noqa: E731
-    ledger = planning.Ledger(per_line(fill(lambda x: x.total)), per_line(fill(lambda x: x.used)))
-    align = per_line(fill(lambda x: x.align))
+    la = line_arrays(firsts, _one_line, each_line)
+    n_dev = la.total.shape[1]
+    ledger = planning.Ledger(la.total[line_of], la.used[line_of])
+    align = la.align[line_of]
     align[align == 0] = 1
-    io = np.array([x.io_bytes for x in info], dtype=np.int64)[line_of]
+    io = la.io[line_of]
     cfgs, cfg_of = objects_of(points, 2)
     pol = planning.Policy.of(cfgs)  # each config object once
     pol = planning.Policy(*(getattr(pol, f)[cfg_of] for f in planning.Policy.__dataclass_fields__))
-    tokens = np.array([x.point.workload.tokens for x in info], dtype=np.int64)[line_of]
+    tokens = la.tokens[line_of]
     rings = {d: planning.RingState.empty(n) for d in range(n_dev)}
     made_at = {d: np.full(n, 1 << 30, dtype=np.int64) for d in range(n_dev)}
     rank = {d: np.zeros(n, dtype=np.int64) for d in range(n_dev)}
     failed_at = np.full(n, 1 << 30, dtype=np.int64)
     graphs, snaps, rows = [], [], []
     for k in range(int(tokens.max(initial=0))):
-        here = {li: sh[k] for li, sh in enumerate(shapes) if len(sh) > k}
         live = (tokens > k) & ledger.fits
-        arr = ShapeArrays(here, len(info), n_dev, line_of)
-        rows.append(np.array([x.rows[k] if li in here else 0 for li, x in enumerate(info)], dtype=np.int64)[line_of])
+        arr = la.at(k, line_of)
+        rows.append(la.rows[:, k][line_of])
         gp = planning.GraphPlan.empty(n)
         for d in range(n_dev):  # the --kv-gpu-layers prefix is placed before any ring is sized (not on the resident arm)
             ledger.alloc(d, "resident", arr.kv_bytes, live & arr.kv[:, d] & ~pol.resident_arm &
@@ -343,7 +320,7 @@ def plan_points(points: Sequence[Point], each_line: Callable[[Point], Any] | Non
         graphs.append(gp)
         snaps.append({d: (r.made.copy(), gp.active.get(d, np.zeros(n, dtype=bool)) & r.made, r.alloc.copy(), r.frozen.copy())
                       for d, r in rings.items()})
-    return Plans(points, line_of, [x.point for x in info], pol, tokens, graphs, snaps, rows, made_at, rank, ledger.fits,
+    return Plans(points, line_of, list(firsts), pol, tokens, graphs, snaps, rows, made_at, rank, ledger.fits,
                  failed_at, ledger.reasons)
 
 

@@ -3,8 +3,9 @@
 A workload, a machine or a device is a frozen dataclass whose hash walks every field at every call (a few us each);
 the caches of a line's shapes, numbers and envelope verdict would hash the same objects again and again. Here each
 value gets a number once (:func:`interned`), each object its number once (:func:`number`, kept per object), and the
-keys the caches use -- a workload at any context (:func:`context_free`), a machine's compute models -- are numbers
-kept per object too (:func:`free_number`, :func:`compute_number`). Pure but for the tables kept.
+keys the caches use -- a workload at any context (:func:`context_free`), a machine's compute models, a config but its
+depth and budget -- are numbers kept per object too (:func:`free_number`, :func:`compute_number`, :func:`config_class`).
+Pure but for the tables kept.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import fields, is_dataclass, replace
 from typing import Any
 
+from sim.transport.config import TransportConfig
 from sim.workload import Workload
 
 
@@ -115,3 +117,32 @@ def _compute(hw: Any) -> tuple[Any, ...]:
 _FREE_KEY = {c: functools.partial(_free_key, cells=c) for c in (False, True)}
 _rest_of = operator.attrgetter(*(f.name for f in fields(Workload) if f.name not in ("context", "tokens", "ctx_size")))
 _DERIVED: dict[tuple[int, str], tuple[Any, int]] = {}
+
+
+#: A config's fields but depth and budget, as a tuple.
+_rest = operator.attrgetter(*(f.name for f in fields(TransportConfig) if f.name not in ("depth", "budget_mib")))
+
+
+def config_but_depth_budget(cfg: TransportConfig) -> tuple[Any, ...]:
+    """``cfg``'s fields but depth and budget (what a line of ``sim.replay`` shares), kept per config object."""
+    return _kept_rest(cfg)[1]
+
+
+def config_class(cfg: TransportConfig) -> int:
+    """A number for ``cfg``'s fields but depth and budget: equal numbers, equal :func:`config_but_depth_budget` (a key
+    that hashes as one int where millions of points are told apart). Kept per config object."""
+    return _kept_rest(cfg)[2]
+
+
+def _kept_rest(cfg: TransportConfig) -> tuple[TransportConfig, tuple[Any, ...], int]:
+    got = _RESTS.get(id(cfg))
+    if got is None or got[0] is not cfg:
+        if len(_RESTS) > 4096:
+            _RESTS.clear()
+        rest = _rest(cfg)
+        got = _RESTS[id(cfg)] = (cfg, rest, _CLASSES.setdefault(rest, len(_CLASSES)))
+    return got
+
+
+_RESTS: dict[int, tuple[TransportConfig, tuple[Any, ...], int]] = {}
+_CLASSES: dict[tuple[Any, ...], int] = {}  # never cleared (the numbers must stay): one entry per distinct config but depth/budget

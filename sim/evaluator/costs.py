@@ -236,7 +236,7 @@ def point_costs(point: Point) -> list[TokenCosts]:
     cfg, hw, wl = point.transport, point.hardware, point.workload
     resident = cfg.arm == "resident"
     base = (number(wl), number(hw.devices[0]), cfg.pack_streams, cfg.min_alignment_bytes, resident)  # (values as numbers)
-    family = interned((free_number(wl, False), *base[1:]))  # a window's numbers do not depend on the context otherwise
+    family = cost_family(point)  # a window's numbers do not depend on the context otherwise
     kept = _KEPT.get(base)
     if kept is None:
         kept = {}
@@ -268,6 +268,14 @@ def point_costs(point: Point) -> list[TokenCosts]:
             kept[step] = got
         out.append(got)
     return out
+
+
+def cost_family(point: Point) -> int:
+    """The number of ``point``'s family, under which :func:`point_costs` keeps a window's numbers and template: the
+    workload at any context (``free_number``), device 0, the slot layout and the arm. Kept per object."""
+    cfg = point.transport
+    return interned((free_number(point.workload, False), number(point.hardware.devices[0]), cfg.pack_streams,
+                     cfg.min_alignment_bytes, cfg.arm == "resident"))
 
 
 #: Per family (``point_costs``' key): its window template and the reference block it was read from, and whether a

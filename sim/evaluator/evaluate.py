@@ -30,6 +30,7 @@ import numpy as np
 from backends.base import OutOfDeviceMemory
 from sim.evaluator.costs import TokenCosts, point_costs
 from sim.evaluator.envelope import in_envelope
+from sim.evaluator.family_costs import family_costs
 from sim.evaluator.token import Setup, run_token
 from sim.points import PointGrid
 from sim.replay import PLAN_FIELDS as _PLAN
@@ -157,16 +158,17 @@ def evaluate_batch(points: Sequence[Point], first: int = 0) -> Evaluation:
     """Plan and evaluate ``points`` (each inside the envelope: ``in_envelope``). Points that do not fit are kept
     (``plans.fits`` False; their lanes are a placeholder). Raises ValueError for a point outside the envelope
     (``first``: the index the messages count from). Blocks for the evaluation (CPU)."""
-    costs: list[list[TokenCosts]] = []
+    kept: dict[int, list[TokenCosts]] = {}
     runs, warm = _as_run(points)
 
-    def line(p: Point) -> None:  # each line in turn, while its graphs are kept
-        reason = in_envelope(p)
+    def lines(lis: list[int], pts: list[Point], family: bool) -> None:  # read alone: while its graphs are kept
+        reason = in_envelope(pts[0])  # a family's lines are alike in all it reads (``sim.replay_family.family_key``)
         if reason:
-            raise ValueError(f"point {first + runs.index(p)} is outside the evaluator's envelope: {reason}")
-        costs.append(point_costs(p))
+            raise ValueError(f"point {first + runs.index(pts[0])} is outside the evaluator's envelope: {reason}")
+        kept.update(zip(lis, family_costs(pts) if family else [point_costs(pts[0])], strict=True))
 
-    plans = plan_points(runs, line)
+    plans = plan_points(runs, lines)
+    costs = [kept[li] for li in range(len(plans.lines))]
     n, n_tok = len(points), int(plans.tokens.max())  # (each point's tokens: its line's workload's)
     depth, n_slots, tokens = plans.policy.depth, plans.policy.n_slots, plans.tokens
     # each (point, token)'s lane key: its line and token, and its ring decision as one number
