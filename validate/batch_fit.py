@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -185,13 +186,29 @@ def _slope(rows: Sequence[tuple[tuple[Any, ...], float, float, float]]) -> float
     return sxy / sxx if sxx > 1e-30 * max(1.0, sum(w * x * x for _, x, _, w in rows)) else None
 
 
-def pooled(runs: Sequence[TokenRun]) -> list[TokenRun]:
+def outlying(values: Sequence[float], spread: float) -> list[bool]:
+    """Which of one configuration's repeated measurements (t/s or seconds, positive) lie outside its calls' spread:
+    more than ``spread`` (a fraction, 0 < spread < 1) below the median of ``values``, or as far above it in log
+    (1 / (1 - spread) times it). None where ``spread`` is 0 or there are fewer than three values (no median to hold
+    them to). A slow spell of the machine slows every row a call runs while it lasts (docs/validation.md "Run 12");
+    a plain call's scatter (sd ~10-12% of log t/s on the H200) passes a spread of 0.25 about 99% of the time. Pure."""
+    if not 0.0 <= spread < 1.0:
+        raise InputError(f"outlier spread {spread!r}; allowed: a fraction from 0 (keep every call) to below 1")
+    if spread == 0.0 or len(values) < 3:
+        return [False] * len(values)
+    mid = statistics.median(values)
+    limit = -math.log1p(-spread)
+    return [abs(math.log(v / mid)) > limit for v in values]
+
+
+def pooled(runs: Sequence[TokenRun], spread: float = 0.0) -> list[TokenRun]:
     """Repeated calls of one configuration as one fit point: runs alike in everything but their time (the same arm,
     -npp, -ntg, -npl, layout, streams and host memory) become one run at the **geometric mean** of their seconds per
     step, labelled with the number of calls; the others are kept; order of first appearance. The fit minimises each
     point's squared relative error, which over single calls scattering by sd s lands ~2 s^2 below their geometric
     mean (s = 9.3% on the H200's pageable copies: ~1.7% fast; docs/validation.md "Run 11"), while predictions are held
-    to the geometric mean: pooling first makes the fit and the comparison one statistic. Pure."""
+    to the geometric mean: pooling first makes the fit and the comparison one statistic. ``spread`` > 0: a call
+    :func:`outlying` among its configuration's is left out first (the label counts it). Pure."""
     groups: dict[TokenRun, list[TokenRun]] = {}
     for r in runs:
         groups.setdefault(replace(r, seconds_per_token=1.0), []).append(r)
@@ -200,16 +217,21 @@ def pooled(runs: Sequence[TokenRun]) -> list[TokenRun]:
         if len(rs) == 1:
             out.append(rs[0])
             continue
-        mean_s = math.exp(sum(math.log(r.seconds_per_token) for r in rs) / len(rs))
-        out.append(replace(key, seconds_per_token=mean_s, label=f"{key.label} (geometric mean of {len(rs)} calls)"))
+        out_of = outlying([r.seconds_per_token for r in rs], spread)
+        kept = [r for r, o in zip(rs, out_of, strict=True) if not o]
+        mean_s = math.exp(sum(math.log(r.seconds_per_token) for r in kept) / len(kept))
+        dropped = f", {len(rs) - len(kept)} left out as outlying" if len(kept) < len(rs) else ""
+        out.append(replace(key, seconds_per_token=mean_s,
+                           label=f"{key.label} (geometric mean of {len(kept)} calls{dropped})"))
     return out
 
 
 def fit_per_sequence(base: dict[str, Any], model: ModelShape, cache_k: CacheType, cache_v: CacheType,
-                     runs: Sequence[TokenRun], term: str = "layer", staging: str = "") -> BatchFit:
+                     runs: Sequence[TokenRun], term: str = "layer", staging: str = "", spread: float = 0.0) -> BatchFit:
     """The per-sequence ``term`` (a key of :data:`TERMS`) of ``base`` fitted to ``runs``; see the module doc.
     ``staging``: the ordered runs' link rate refitted, the profile then carries it: ``"all"`` beside the term
     (:func:`staging_factor`), ``"one"`` from the one-sequence rows alone before the term (:func:`staging_one`).
+    ``spread``: :func:`pooled`'s (0: every call kept).
 
     Each run is one step of ``run.sequences`` sequences (``seconds_per_token``: the step's seconds, all sequences).
     The slope minimises the squared relative error, over :func:`pooled` runs (repeated calls of a configuration at
@@ -218,7 +240,7 @@ def fit_per_sequence(base: dict[str, Any], model: ModelShape, cache_k: CacheType
     """
     if term not in TERMS:
         raise InputError(f"per-sequence term {term!r}; allowed: {', '.join(TERMS)}")
-    runs = pooled(runs)  # repeated calls of a configuration: one point at their geometric mean
+    runs = pooled(runs, spread)  # repeated calls of a configuration: one point at their geometric mean
     key, entry = TERMS[term], _entry(model, cache_k, cache_v)
     factor, link_key = 1.0, ""
     if staging not in ("", "all", "one"):
@@ -318,11 +340,13 @@ def apply(profile: dict[str, Any], fit: BatchFit, model: ModelShape, cache_k: Ca
 
 def fit_files(paths: Sequence[str], unified: Sequence[bool], arm: str, pinned: bool, base: dict[str, Any], base_where: str,
               model: ModelShape, cache_k: CacheType, cache_v: CacheType, term: str = "layer",
-              command: str = "", staging: str = "", copy_span: bool = False) -> tuple[dict[str, Any], BatchFit]:
+              command: str = "", staging: str = "", copy_span: bool = False,
+              spread: float = 0.0) -> tuple[dict[str, Any], BatchFit]:
     """The per-sequence ``term`` of ``base`` fitted to llama-batched-bench files (``unified[i]``: file i ran -kvu;
     ``copy_span``: the build copied split caches as upstream llama.cpp does), and the profile dict with it
     (:func:`apply`). Repeated calls of one configuration are fitted as one point at their geometric mean
-    (:func:`pooled`, in :func:`fit_per_sequence`). Raises InputError (a bad file, too few sequence counts). Blocks."""
+    (:func:`pooled`, in :func:`fit_per_sequence`; ``spread``: its outlier rule). Raises InputError (a bad file, too few
+    sequence counts). Blocks."""
     from validate import batched_bench
 
     runs: list[TokenRun] = []
@@ -330,7 +354,7 @@ def fit_files(paths: Sequence[str], unified: Sequence[bool], arm: str, pinned: b
         bench = batched_bench.load(path)
         batched_bench.check_layers(bench, model.n_layers)
         runs += batched_bench.token_runs(bench, arm, uni, pinned, copy_span)
-    fit = fit_per_sequence(base, model, cache_k, cache_v, runs, term, staging)
+    fit = fit_per_sequence(base, model, cache_k, cache_v, runs, term, staging, spread)
     source = f"llama-batched-bench {', '.join(paths)}" + (f" ({command})" if command else "")
     out = apply(base, fit, model, cache_k, cache_v, source)
     out["source"] = f"{base.get('source', base_where)} Per-sequence term fitted by kvpipe calibrate --from-batched-bench."

@@ -65,6 +65,11 @@ def register(sub: Any) -> None:
                    help="with --from-batched-bench --nkvo 1: how the build copied a split cache: streams (each stream's "
                         "window: the fork GenerelSchwerz/llama.cpp; default) or span (one extent over the streams of "
                         "n_kv_max / the largest -npl cells: upstream llama.cpp)")
+    p.add_argument("--drop-outliers", dest="drop_outliers", type=float, default=0.0, metavar="FRACTION",
+                   help="with --from-batched-bench: before a configuration's repeated calls are pooled, leave out a call "
+                        "more than FRACTION below the median of its calls at that -npl (or as far above it in log), "
+                        "where there are three calls or more; default 0 (keep every call). 0.25 drops a slow spell of the "
+                        "machine and ~1%% of plain calls")
     p.add_argument("--nkvo-attention", choices=("device", "host"), default="device",
                    help="with --from-llama-bench: where the build runs attention under -nkvo: device (the fork's delivered "
                         "windows, default) or host (upstream llama.cpp: on the CPU)")
@@ -176,6 +181,9 @@ def run_from_batched_bench(args: argparse.Namespace) -> int:
     if len(unified) not in (1, len(files)):
         raise UsageError(f"--kv-unified {args.kv_unified!r}: {len(unified)} values for {len(files)} files; allowed: one "
                          "value, or one per file")
+    if not 0.0 <= args.drop_outliers < 1.0:
+        raise UsageError(f"--drop-outliers {args.drop_outliers!r}; allowed: a fraction from 0 (keep every call) to "
+                         "below 1, e.g. 0.25")
     if not args.hardware:
         raise UsageError(f"{WHAT} needs --hardware: the one-sequence profile (a preset, or kvpipe calibrate "
                          "--from-llama-bench's) whose per-sequence term it fits")
@@ -192,7 +200,7 @@ def run_from_batched_bench(args: argparse.Namespace) -> int:
     profile, fit = batch_fit.fit_files(files, unified * len(files) if len(unified) == 1 else unified,
                                        "ordered" if args.nkvo == "1" else "resident", not args.pageable, base, where, m,
                                        ctype, ctype, args.per_sequence, command, args.fit_staging,
-                                       args.kv_copy == "span")
+                                       args.kv_copy == "span", args.drop_outliers)
     write_output(args.out, json.dumps(profile, indent=1) + "\n")
     print(f"wrote {args.out}: {m.name} {ctype.name}, per sequence past the first {fit.term} {fit.value_us:.3f} us"
           + (" (the rows grow slower than the profile without it: 0)" if fit.clamped else "")

@@ -107,3 +107,27 @@ def test_two_machines_rounds_of_one_number_stay_two_rounds_with_machines(tmp_pat
     assert all(math.isclose(r["measured_tps"], want * r["pl"]) and len(r["calls_tps"]) == 5 for r in data["rows"])
     res = _compare(out, files, "--statistic", "gmean", "--machines", "call1=A,call2=B")
     assert res.returncode == 1 and "folder 'call3', which --machines does not name" in res.stderr
+
+
+def test_drop_outliers_leaves_out_a_call_off_its_rows_median_and_brackets_it(tmp_path: Path) -> None:
+    """Issue 28, run 12: with --drop-outliers 0.25 a call more than 25% below its row's median of calls is left out of
+    the statistic and shown in brackets; the others count; without the flag every call counts and the rows carry no
+    left-out field; a spread outside [0, 1) is one line naming it."""
+    out, d = _setup(tmp_path), tmp_path / "files"
+    d.mkdir()
+    files = []
+    for k, t in {1: 100.0, 2: 104.0, 3: 96.0, 4: 60.0}.items():  # round 4: a slow spell, 40% below at both -npl
+        for lay in ("split", "unified"):
+            files.append(_write_call(d / f"r12-batched-{lay}-pp832-r{k}.jsonl", 832, {1: t, 2: 2 * t}))
+    res = _compare(out, files, "--statistic", "gmean", "--drop-outliers", "0.25")
+    assert res.returncode == 0, res.stderr
+    data = json.loads((out / "comparison.json").read_text())
+    kept = (100.0 * 104.0 * 96.0) ** (1 / 3)
+    for r in data["rows"]:
+        assert r["left_out_tps"] == [60.0 * r["pl"]] and math.isclose(r["measured_tps"], kept * r["pl"])
+    assert "100.00 / 104.00 / 96.00 / [60.00] |" in (out / "comparison.md").read_text()
+    res = _compare(out, files, "--statistic", "gmean")
+    rows = json.loads((out / "comparison.json").read_text())["rows"]
+    assert all("left_out_tps" not in r and math.isclose(r["measured_tps"], (kept ** 3 * 60.0) ** 0.25 * r["pl"]) for r in rows)
+    res = _compare(out, files, "--drop-outliers", "1.0")
+    assert res.returncode != 0 and "--drop-outliers 1.0" in res.stderr and len(res.stderr.strip().splitlines()) == 1

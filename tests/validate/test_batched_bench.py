@@ -11,6 +11,7 @@ import pytest
 
 from backends.profile import load_profile, read_profile_dict
 from kvpipe.cli import main
+from sim.errors import InputError
 from sim.workload import cache_type, load_model
 from validate import batched_bench
 from validate.batch_fit import with_staging, with_term
@@ -145,6 +146,8 @@ BAD_CALLS = {
     "staging-no-one": (["--nkvo", "1", "--fit-staging", "one", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "one sequence"),
     "span-resident": (["--nkvo", "0", "--kv-copy", "span", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "span with --nkvo 0"),
     "copy-how": (["--nkvo", "1", "--kv-copy", "gaps", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "'gaps'"),
+    "outlier-spread": (["--nkvo", "1", "--drop-outliers", "1.5", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"],
+                       "--drop-outliers 1.5"),
 }
 
 
@@ -318,3 +321,43 @@ def test_repeated_calls_of_a_configuration_are_fitted_at_their_geometric_mean(tm
     from validate.batch_fit import pooled, staging_one
     assert staging_one(base, m, q, q, runs) > 0.9 * 1.05  # call by call: the link fitted >5% fast
     assert staging_one(base, m, q, q, pooled(runs)) == pytest.approx(0.9, rel=0.005)
+
+
+def test_a_call_outside_its_configurations_spread_is_left_out_and_only_it() -> None:
+    """Issue 28, run 12: a slow spell of the machine ran one call 26-40% below its configuration's other calls. With a
+    spread of 0.25 a call more than 25% below the median of its calls, or as far above in log (x 4/3), is left out;
+    one just inside either side is kept; fewer than three calls, or a spread of 0, keep every call."""
+    from validate.batch_fit import outlying
+
+    calls = [53.1, 46.3, 58.5, 48.1, 56.9, 32.4, 53.3, 45.3]  # run 12's unified -npp 1000 one-sequence calls
+    assert outlying(calls, 0.25) == [False] * 5 + [True] + [False] * 2
+    assert outlying(calls, 0.0) == [False] * 8
+    assert outlying([10.0, 5.0], 0.25) == [False, False]  # no median of three to hold them to
+    mid = 100.0
+    assert outlying([mid, mid, mid * 0.7501, mid / 0.7501, mid * 0.7499, mid / 0.7499], 0.25) == [False] * 4 + [True] * 2
+    with pytest.raises(InputError, match="1.5"):
+        outlying(calls, 1.5)
+
+
+def test_pooling_with_a_spread_gives_the_truth_back_past_one_slow_call(tmp_path: Path) -> None:
+    """Five calls of one configuration about a truth, one of them 40% slow: pooled with a spread of 0.25 the point is
+    the geometric mean of the other four (the truth) and its label counts the call left out; pooled without, the
+    slow call pulls the point ~10% slow."""
+    from validate.batch_fit import pooled
+
+    base, _ = read_profile_dict("h200-gen5x16")
+    truth = tmp_path / "truth.jsonl"
+    _write_truth_rows(truth, base, 37.0, 0.0, unified=False)
+    scales = (1.05, 1 / 1.05, 1.02, 1 / 1.02, 1 / 0.6)  # t/s divided by these: the last call 40% slow
+    runs = [r for i, k in enumerate(scales)
+            for r in batched_bench.token_runs(batched_bench.load(_scaled(truth, tmp_path / f"c{i}.jsonl", k)), "ordered",
+                                              False, pinned=True)]
+    want = {r.sequences: r.seconds_per_token
+            for r in batched_bench.token_runs(batched_bench.load(truth), "ordered", False, pinned=True)}
+    kept = pooled(runs, 0.25)
+    assert len(kept) == len(want)
+    for r in kept:
+        assert r.seconds_per_token == pytest.approx(want[r.sequences], rel=1e-9)
+        assert "(geometric mean of 4 calls, 1 left out as outlying)" in r.label
+    for r in pooled(runs):
+        assert r.seconds_per_token > want[r.sequences] * 1.09

@@ -39,6 +39,7 @@ if str(ROOT) not in sys.path:
 from kvpipe.cli import main as kvpipe  # noqa: E402
 from sim.errors import InputError  # noqa: E402
 from validate import batched_bench  # noqa: E402
+from validate.batch_fit import outlying  # noqa: E402
 
 NAME = re.compile(r"batched-(split|unified)-pp(\d+)(?:-r(\d+))?\.jsonl$")
 
@@ -96,6 +97,8 @@ def predict(args: argparse.Namespace) -> int:
 
 
 def compare(args: argparse.Namespace) -> int:
+    if not 0.0 <= args.drop_outliers < 1.0:
+        sys.exit(f"predict_batched: --drop-outliers {args.drop_outliers!r}; allowed: a fraction from 0 to below 1")
     out = Path(args.out)
     pred = json.loads((out / "prediction.json").read_text())
     want = {(r["layout"], r["pp"], r["tg"], r["pl"]): r for r in pred["held_out"]}
@@ -105,9 +108,14 @@ def compare(args: argparse.Namespace) -> int:
     else:
         measured, rounds = _all_calls(args.measured, want), None
     stat = _gmean if args.statistic == "gmean" else statistics.median
-    rows = [{**want[k], "measured_tps": stat([t for t, _ in v]), "calls_tps": [t for t, _ in v],
-             "error": want[k]["predicted_tps"] / stat([t for t, _ in v]) - 1.0, "file": [f for _, f in v]}
-            for k, v in measured.items()]
+    rows = []
+    for k, v in measured.items():
+        out_of = outlying([t for t, _ in v], args.drop_outliers)
+        kept = [t for (t, _), o in zip(v, out_of, strict=True) if not o]
+        rows.append({**want[k], "measured_tps": stat(kept), "calls_tps": [t for t, _ in v],
+                     "error": want[k]["predicted_tps"] / stat(kept) - 1.0, "file": [f for _, f in v]})
+        if args.drop_outliers:
+            rows[-1]["left_out_tps"] = [t for (t, _), o in zip(v, out_of, strict=True) if o]
     if len(rows) != len(want):
         sys.exit(f"predict_batched: {len(rows)} of the {len(want)} predicted rows found in the measured files")
     errs = [abs(r["error"]) for r in rows]
@@ -118,13 +126,16 @@ def compare(args: argparse.Namespace) -> int:
     data = {"prediction": str(out / "prediction.json"), "rows": rows, "summary": summary,
             "target": {"median_abs_error": 0.05, "max_abs_error": 0.10},
             "met": statistics.median(errs) <= 0.05 and max(errs) <= 0.10}
+    if args.drop_outliers:
+        data = {"left_out": f"a call more than {args.drop_outliers:g} off its row's median of calls (validate.batch_fit.outlying)",
+                **data}
     head = "measured t/s (median)"
     if rounds is not None:
         data = {"statistic": "geometric mean over the complete rounds", "complete_rounds": rounds, **data}
         head = f"measured t/s (geometric mean of {len(rounds)} complete rounds)"
     (out / "comparison.json").write_text(json.dumps(data, indent=1) + "\n")
     lines = [f"| layout | -npp | -npl | {head} | calls | predicted t/s | error |", "|---|---:|---:|---:|---|---:|---:|"]
-    lines += [f"| {r['layout']} | {r['pp']} | {r['pl']} | {r['measured_tps']:.2f} | {' / '.join(f'{t:.2f}' for t in r['calls_tps'])} | "
+    lines += [f"| {r['layout']} | {r['pp']} | {r['pl']} | {r['measured_tps']:.2f} | {_calls(r)} | "
               f"{r['predicted_tps']:.2f} | {r['error']:+.1%} |"
               for r in sorted(rows, key=lambda r: (r["pp"], r["layout"], r["pl"]))]
     lines += ["", "| held-out rows | n | median \\|error\\| | max \\|error\\| |", "|---|---:|---:|---:|"]
@@ -135,6 +146,12 @@ def compare(args: argparse.Namespace) -> int:
     (out / "comparison.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
+
+
+def _calls(row: dict) -> str:
+    """A row's calls for the table, a call left out as outlying in brackets."""
+    out = list(row.get("left_out_tps", ()))
+    return " / ".join(f"[{t:.2f}]" if t in out and not out.remove(t) else f"{t:.2f}" for t in row["calls_tps"])
 
 
 def _gmean(values: list[float]) -> float:
@@ -224,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=predict)
     c = sub.add_parser("compare", help="hold the committed prediction to the held-out files")
     c.add_argument("--out", required=True, help="the folder holding prediction.json; comparison.* are written there")
+    c.add_argument("--drop-outliers", type=float, default=0.0, metavar="FRACTION",
+                   help="leave out a call more than FRACTION off its row's median of calls (validate.batch_fit.outlying: "
+                        "three calls or more; default 0, every call kept)")
     c.add_argument("--statistic", choices=("median", "gmean"), default="median",
                    help="a configuration's measurement over its calls: median (runs 6-8, default) or gmean (run 9: the "
                         "geometric mean over the rounds every configuration given finished)")
