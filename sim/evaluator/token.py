@@ -78,8 +78,18 @@ class _Machine:
         self.pending: list[tuple] = []  # consumer items since the last time its clock was brought up to date
         # after a resolve: (transfer copies then, consumer copies issued then, the engine's clock after the last of them)
         self._tail: tuple[int, int, Arr] | None = None
+        # Arrays are never written in place once made (every step makes new ones; ``h`` too), so a copy's clocks and
+        # placeholders may be shared: ``_never`` (not placed: INF), ``_at(o)`` (placed before transfer copy o).
+        self._never = np.full(lanes, INF)
+        self._placed: dict[int, Arr] = {}
 
     # ------------------------------------------------------------ engines
+
+    def _at(self, o: int) -> Arr:
+        a = self._placed.get(o)
+        if a is None:
+            a = self._placed[o] = np.full(self.L, o)
+        return a
 
     def _d2h_busy(self, g: Arr) -> Arr:
         if self.D == 0:
@@ -100,7 +110,7 @@ class _Machine:
                 place &= free_lanes
             if _all(place):  # every lane: the same values ``np.where`` would give, without it
                 g = np.maximum(c[0], free)
-                c[3], c[4], c[5] = g, g + c[1], np.full(self.L, o)
+                c[3], c[4], c[5] = g, g + c[1], self._at(o)
                 free = c[4]
                 continue
             if not _any(place):
@@ -157,14 +167,17 @@ class _Machine:
         s, e, n = self.t_grant[:, : self.T], self.t_end[:, : self.T], self.t_bytes[:, : self.T]
         t0 = start
         live = np.ones(self.L, dtype=bool)
-        span = e - s
+        moved = e > s
+        span = np.where(moved, e - s, 1.0)  # (only a hit's span is read: it moved, e > s)
         for _ in range(3):
             t1 = now
-            hit = (s < t1[:, None]) & (e > t0[:, None]) & (e > s)
-            part = np.where(hit, n * (np.minimum(e, t1[:, None]) - np.maximum(s, t0[:, None])) / np.where(hit, span, 1.0), 0.0)
-            extra = part.sum(axis=1) / self.dram
+            hit = (s < t1[:, None]) & (e > t0[:, None]) & moved
+            if not _any(hit, axis=None):  # every part 0: the kernel is not stretched (again)
+                break
+            part = np.where(hit, n * (np.minimum(e, t1[:, None]) - np.maximum(s, t0[:, None])) / span, 0.0)
+            extra = np.add.reduce(part, axis=1) / self.dram
             live &= extra > 1e-12
-            if not live.any():
+            if not _any(live):
                 break
             now = np.where(live, now + extra, now)
             t0 = np.where(live, t1, t0)
@@ -213,7 +226,7 @@ class _Machine:
     def h2d_consumer(self, seconds: Arr) -> None:
         """Issue an H2D copy on the consumer stream."""
         self.h = self.h + self.host.copy_issue_s
-        self.c.append([self.h.copy(), seconds, self.T, np.full(self.L, INF), np.full(self.L, INF), np.full(self.L, -1)])
+        self.c.append([self.h, seconds, self.T, self._never, self._never, self._at(-1)])
         self.c_open.append(len(self.c) - 1)
         self.pending.append(("copy", len(self.c) - 1))
 
@@ -236,7 +249,7 @@ class _Machine:
         cost = self.host.launch_s * launches
         if cost > 0:
             self.h = self.h + cost
-        self.pending.append(("kernel", seconds, self.h.copy()))
+        self.pending.append(("kernel", seconds, self.h))
         if self.host.split_launch_s > 0:
             self.h = self.h + self.host.split_launch_s
 
@@ -344,10 +357,10 @@ class _Token:
             m.h2d_consumer(X[:, ls])
             st["late_bytes"] = st["late_bytes"] + X[:, lb]
             m.event()
-            m.pending.append(("wait", self.consumed, m.h.copy()))
+            m.pending.append(("wait", self.consumed, m.h))
             m.launch(X[:, c.compute], c.launches)
             m.event()
-            m.pending.append(("record", m.h.copy()))
+            m.pending.append(("record", m.h))
             self.consumed += 1
             self.prefetch()
             return
