@@ -214,6 +214,12 @@ def _run_lanes(plans: Plans, costs_of: list[list[TokenCosts]], keys: np.ndarray,
     # + before. Its frame: the depth and slots alone (fresh slots, no wait); the flags per lane.
     piped = code >= 2
     frame = np.where(piped, (code - 2) // 4 * 4 + 2, 0)
+    # Every depth that issues all S staged deliveries at the start into S slots or more runs one program: its lanes
+    # are one matrix, with the shallowest such frame (depth max(S - 1, 1), S slots).
+    depth, n_slots = np.divmod((code - 2) // 4, 64)
+    staged = np.array([lo.staged for lo in layout_of], dtype=np.int64)[lay]
+    first = np.maximum(staged - 1, 1)
+    frame = np.where(piped & (depth >= first) & (n_slots >= staged), 2 + (first * 64 + np.maximum(staged, 1)) * 4, frame)
     used = piped & ((code - 2) // 2 % 2 == 1)
     boundary = np.where(piped, (code - 2) % 2 == 1, code == 1)
     group = (lay * (1 << 24) + frame) * len(hardware) + hw_of_line[li]

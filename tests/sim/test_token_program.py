@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lanes_reference import _run_lanes as ref_run_lanes
 from token_reference import Setup as RefSetup
 from token_reference import run_token as ref_run_token
 
@@ -28,6 +29,7 @@ from backends.profile_types import HostCosts
 from sim.evaluator import clear_caches
 from sim.evaluator.costs import layout_of
 from sim.evaluator.token import Setup, run_token
+from sim.points import GridSpec, points
 from sim.run.point import clear_graph_cache
 
 evaluate = importlib.import_module("sim.evaluator.evaluate")  # (the package's ``evaluate`` is a function)
@@ -69,7 +71,8 @@ def _programs(draw: st.DrawFn) -> tuple[Any, ...]:
     byte_cols = [b for c in layout.splits for _, b in (*c.ordered, *c.windows, c.early, c.late) if b >= 0]
     X[:, byte_cols] = rng.choice([0, 4096, 1 << 20, 3 << 20, 1 << 24], size=(lanes, len(byte_cols)))
     depth = draw(st.integers(0, layout.staged + 1))
-    n_slots = draw(st.integers(1, depth + 3)) if depth else 0
+    near = st.sampled_from([max(1, layout.staged - 1), max(1, layout.staged)])  # (the slots that decide a shared matrix)
+    n_slots = draw(st.one_of(st.integers(1, depth + 3), near)) if depth else 0
     per_lane = draw(st.booleans())
     used = rng.random(lanes) < 0.5 if per_lane else None
     boundary = rng.random(lanes) < 0.5 if per_lane else None
@@ -89,24 +92,40 @@ def test_random_programs_give_the_reference_programs_fields(prog: tuple[Any, ...
     got = run_token(layout, X.copy(), Setup(*flags), host, dev, None if used is None else used.copy(),
                     None if boundary is None else boundary.copy())
     assert_same_fields(got, want)
+    depth, n_slots, _, _ = flags
+    S = layout.staged
+    if used is not None and depth >= max(S - 1, 1) and n_slots >= S:  # what lets ``_run_lanes`` share one matrix
+        shared = run_token(layout, X, Setup(max(S - 1, 1), max(S, 1)), host, dev, used, boundary)
+        assert_same_fields(shared, want)
 
 
-def _lanes(pts: list[Any], token_fn: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, np.ndarray]:
+def _lanes(pts: list[Any], run_lanes: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, np.ndarray]:
     clear_caches()
     clear_graph_cache()
     with monkeypatch.context() as m:
-        m.setattr(evaluate, "run_token", token_fn)
-        m.setattr(evaluate, "Setup", RefSetup if token_fn is ref_run_token else Setup)
-        m.setattr(evaluate, "_setup", evaluate._setup.__wrapped__)
+        m.setattr(evaluate, "_run_lanes", run_lanes)
         ev = evaluate.evaluate_batch(pts)
     return {**ev.fields, "lane": ev.lane}
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(pts=st.deferred(lambda: _family_lines()))
 def test_random_lines_give_the_reference_programs_lanes(pts: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    want = _lanes(pts, ref_run_token, monkeypatch)
-    got = _lanes(pts, run_token, monkeypatch)
+    """The evaluator's lanes (grouped as now: every depth that issues all its deliveries at the start in one matrix)
+    against the reference grouping and program, bit for bit."""
+    want = _lanes(pts, ref_run_lanes, monkeypatch)
+    got = _lanes(pts, evaluate._run_lanes, monkeypatch)
+    assert_same_fields(got, want)
+
+
+@pytest.mark.parametrize("kv_gpu_layers", [0, 5, 14])
+def test_the_memory_plans_depths_give_the_reference_programs_lanes(kv_gpu_layers: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A BIG-shaped family (every 128 rows, 4 tokens, depths 0-14, two budgets): its depths past the staged splits
+    share a matrix; every lane the reference's."""
+    pts = points(GridSpec(contexts=tuple((c,) for c in range(128, 6_000, 128)), depths=tuple(range(15)),
+                          budgets_mib=(0.0, 128.0), tokens=4, kv_gpu_layers=(kv_gpu_layers,)))
+    want = _lanes(pts, ref_run_lanes, monkeypatch)
+    got = _lanes(pts, evaluate._run_lanes, monkeypatch)
     assert_same_fields(got, want)
 
 
