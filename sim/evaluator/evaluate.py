@@ -8,7 +8,7 @@ decision (``token.Setup``: ordered, or depth N with the ring's slots fresh or al
 after a token that delivered). Points of one line whose decision at a token is the same run the same lane -- every
 budget of an ordered point, every budget that keeps the same ring -- so a lane is evaluated once however many points
 share it. Lanes with the same graph shape, depth (slots) and machine run together as one matrix (``token.run_token``),
-each with its own slots-used and boundary-wait flags.
+each with its own slots-used and boundary-wait flags; so do the depths that issue all S deliveries at once (N >= S - 1).
 
 An :class:`Evaluation` keeps, per (point, token), its lane, and per lane the fields ``GraphStats`` has; from them
 it makes a point's stats, its row (``sim.rows.row``, so every field is computed as the simulator's row is),
