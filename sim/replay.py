@@ -222,7 +222,8 @@ def _lines(points: Sequence[Point]) -> tuple[np.ndarray, list[Point]]:
     line_of_group = np.empty(len(firsts_of), dtype=np.intp)
     for g, i in enumerate(firsts_of):
         p = points[i]
-        key = (number(p.workload), number(p.hardware), config_class(p.transport))  # line_key's, as numbers (equal iff equal)
+        wl = p.workload  # its number as its context-free one (``family_key`` reads it next) and what that leaves out
+        key = (free_number(wl, False), wl.context, wl.tokens, wl.ctx_size, number(p.hardware), config_class(p.transport))
         li = line_of_group[g] = lines.setdefault(key, len(lines))
         if li == len(firsts):
             firsts.append(p)

@@ -8,7 +8,7 @@ decision (``token.Setup``: ordered, or depth N with the ring's slots fresh or al
 after a token that delivered). Points of one line whose decision at a token is the same run the same lane -- every
 budget of an ordered point, every budget that keeps the same ring -- so a lane is evaluated once however many points
 share it. Lanes with the same graph shape, depth (slots) and machine run together as one matrix (``token.run_token``),
-each with its own slots-used and boundary-wait flags.
+each with its own slots-used and boundary-wait flags; so do the depths that issue all S deliveries at once (N >= S - 1).
 
 An :class:`Evaluation` keeps, per (point, token), its lane, and per lane the fields ``GraphStats`` has; from them
 it makes a point's stats, its row (``sim.rows.row``, so every field is computed as the simulator's row is),
@@ -214,6 +214,12 @@ def _run_lanes(plans: Plans, costs_of: list[list[TokenCosts]], keys: np.ndarray,
     # + before. Its frame: the depth and slots alone (fresh slots, no wait); the flags per lane.
     piped = code >= 2
     frame = np.where(piped, (code - 2) // 4 * 4 + 2, 0)
+    # Every depth that issues all S staged deliveries at the start into S slots or more runs one program: its lanes
+    # are one matrix, with the shallowest such frame (depth max(S - 1, 1), S slots).
+    depth, n_slots = np.divmod((code - 2) // 4, 64)
+    staged = np.array([lo.staged for lo in layout_of], dtype=np.int64)[lay]
+    first = np.maximum(staged - 1, 1)
+    frame = np.where(piped & (depth >= first) & (n_slots >= staged), 2 + (first * 64 + np.maximum(staged, 1)) * 4, frame)
     used = piped & ((code - 2) // 2 % 2 == 1)
     boundary = np.where(piped, (code - 2) % 2 == 1, code == 1)
     group = (lay * (1 << 24) + frame) * len(hardware) + hw_of_line[li]

@@ -35,6 +35,8 @@ from sim.evaluator.costs import Layout, SplitCols
 
 Arr = np.ndarray
 INF = np.inf
+_all, _any = np.logical_and.reduce, np.logical_or.reduce  # ``ndarray.all``/``any`` without their Python wrappers
+_max, _min = np.maximum.reduce, np.minimum.reduce
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,20 @@ class _Machine:
         self.d_start, self.d_end = np.full((lanes, n_d2h), INF), np.full((lanes, n_d2h), INF)
         self.D = 0
         self.pending: list[tuple] = []  # consumer items since the last time its clock was brought up to date
+        # after a resolve: (transfer copies then, consumer copies issued then, the engine's clock after the last of them)
+        self._tail: tuple[int, int, Arr] | None = None
+        # Arrays are never written in place once made (every step makes new ones; ``h`` too), so a copy's clocks and
+        # placeholders may be shared: ``_never`` (not placed: INF), ``_at(o)`` (placed before transfer copy o).
+        self._never = np.full(lanes, INF)
+        self._placed: dict[int, Arr] = {}
 
     # ------------------------------------------------------------ engines
+
+    def _at(self, o: int) -> Arr:
+        a = self._placed.get(o)
+        if a is None:
+            a = self._placed[o] = np.full(self.L, o)
+        return a
 
     def _d2h_busy(self, g: Arr) -> Arr:
         if self.D == 0:
@@ -83,16 +97,23 @@ class _Machine:
         s, e = self.d_start[:, : self.D], self.d_end[:, : self.D]
         return np.asarray(((s <= g[:, None]) & (g[:, None] < e)).any(axis=1))
 
-    def _place_consumer(self, o: int, free: Arr, chained: Arr | None) -> Arr:
-        """Place the open consumer copies issued before transfer copy ``o`` (all of them when ``chained`` is None)."""
+    def _place_consumer(self, o: int, free: Arr, chained: Arr | None, first: int = 0) -> Arr:
+        """Place the open consumer copies issued before transfer copy ``o`` (all of them when ``chained`` is None;
+        ``first``: only the copies issued from this one on)."""
+        free_lanes = None if chained is None else ~chained
         for ci in self.c_open:
             c = self.c[ci]
-            if c[2] > o:
+            if c[2] > o or ci < first:
                 continue
             place = c[5] < 0
-            if chained is not None:
-                place &= ~chained
-            if not place.any():
+            if free_lanes is not None:
+                place &= free_lanes
+            if _all(place):  # every lane: the same values ``np.where`` would give, without it
+                g = np.maximum(c[0], free)
+                c[3], c[4], c[5] = g, g + c[1], self._at(o)
+                free = c[4]
+                continue
+            if not _any(place):
                 continue
             g = np.maximum(c[0], free)
             end = g + c[1]
@@ -105,6 +126,12 @@ class _Machine:
     def resolve(self) -> None:
         """Bring the H2D engine's schedule up to date with everything issued so far."""
         o0 = self.first_open
+        if o0 == self.T and self._tail is not None and self._tail[0] == o0:
+            # Nothing re-decided since the last time: its copies placed after every transfer copy would be placed
+            # again from the same clock to the same values; only the consumer copies issued since are placed.
+            _, issued, free = self._tail
+            self._tail = (o0, len(self.c), self._place_consumer(o0, free, None, issued))
+            return
         for ci in self.c_open:
             c = self.c[ci]
             c[5] = np.where(c[5] >= o0, -1, c[5])
@@ -120,7 +147,7 @@ class _Machine:
             end = g + dur
             self.t_grant[:, o], self.t_end[:, o] = g, end
             free = prev = end
-        self._place_consumer(self.T, free, None)
+        self._tail = (self.T, len(self.c), self._place_consumer(self.T, free, None))
         self.first_open = self.T
 
     def _invalidate(self, since: Arr) -> None:
@@ -140,14 +167,17 @@ class _Machine:
         s, e, n = self.t_grant[:, : self.T], self.t_end[:, : self.T], self.t_bytes[:, : self.T]
         t0 = start
         live = np.ones(self.L, dtype=bool)
-        span = e - s
+        moved = e > s
+        span = np.where(moved, e - s, 1.0)  # (only a hit's span is read: it moved, e > s)
         for _ in range(3):
             t1 = now
-            hit = (s < t1[:, None]) & (e > t0[:, None]) & (e > s)
-            part = np.where(hit, n * (np.minimum(e, t1[:, None]) - np.maximum(s, t0[:, None])) / np.where(hit, span, 1.0), 0.0)
-            extra = part.sum(axis=1) / self.dram
+            hit = (s < t1[:, None]) & (e > t0[:, None]) & moved
+            if not _any(hit, axis=None):  # every part 0: the kernel is not stretched (again)
+                break
+            part = np.where(hit, n * (np.minimum(e, t1[:, None]) - np.maximum(s, t0[:, None])) / span, 0.0)
+            extra = np.add.reduce(part, axis=1) / self.dram
             live &= extra > 1e-12
-            if not live.any():
+            if not _any(live):
                 break
             now = np.where(live, now + extra, now)
             t0 = np.where(live, t1, t0)
@@ -179,9 +209,12 @@ class _Machine:
         while self.o_final < self.T and (self.t_end[:, self.o_final] <= self.h).all():
             self.o_final += 1
         if self.ordered:  # no transfer copy ever: a copy that ended is behind every later one
-            self.c_open = [ci for ci in self.c_open if not (self.c[ci][4] <= self.h).all()]
-        else:
-            self.c_open = [ci for ci in self.c_open if self.c[ci][5].max() >= self.o_final or (self.c[ci][5] < 0).any()]
+            kept = [ci for ci in self.c_open if not _all(self.c[ci][4] <= self.h)]
+            if len(kept) < len(self.c_open):  # the copies dropped were the tail's first: place it anew next time
+                self._tail = None
+            self.c_open = kept
+        else:  # (a copy dropped was placed before a transfer copy in every lane: never in the tail)
+            self.c_open = [ci for ci in self.c_open if _max(self.c[ci][5]) >= self.o_final or _min(self.c[ci][5]) < 0]
 
     # ------------------------------------------------------------ host calls
 
@@ -193,7 +226,7 @@ class _Machine:
     def h2d_consumer(self, seconds: Arr) -> None:
         """Issue an H2D copy on the consumer stream."""
         self.h = self.h + self.host.copy_issue_s
-        self.c.append([self.h.copy(), seconds, self.T, np.full(self.L, INF), np.full(self.L, INF), np.full(self.L, -1)])
+        self.c.append([self.h, seconds, self.T, self._never, self._never, self._at(-1)])
         self.c_open.append(len(self.c) - 1)
         self.pending.append(("copy", len(self.c) - 1))
 
@@ -216,7 +249,7 @@ class _Machine:
         cost = self.host.launch_s * launches
         if cost > 0:
             self.h = self.h + cost
-        self.pending.append(("kernel", seconds, self.h.copy()))
+        self.pending.append(("kernel", seconds, self.h))
         if self.host.split_launch_s > 0:
             self.h = self.h + self.host.split_launch_s
 
@@ -324,10 +357,10 @@ class _Token:
             m.h2d_consumer(X[:, ls])
             st["late_bytes"] = st["late_bytes"] + X[:, lb]
             m.event()
-            m.pending.append(("wait", self.consumed, m.h.copy()))
+            m.pending.append(("wait", self.consumed, m.h))
             m.launch(X[:, c.compute], c.launches)
             m.event()
-            m.pending.append(("record", m.h.copy()))
+            m.pending.append(("record", m.h))
             self.consumed += 1
             self.prefetch()
             return

@@ -108,3 +108,31 @@ def test_the_dataclass_check_kept_per_type_is_dataclasses() -> None:
     values = [A, A(), B, B(), A(), 3, 2.5, None, (1, 2), frozenset(), "s", type, wl, Workload, wl.model, wl.cache_k, A, B()]
     for order in (values, values[::-1], values * 2):
         assert [_is_dataclass(v) for v in order] == [is_dataclass(v) for v in order]
+
+
+def test_lines_are_numbered_as_by_the_workloads_themselves() -> None:
+    """``sim.replay._lines`` keys a line by the workload's context-free number and the context, tokens and cache size
+    it leaves out (the number ``family_key`` reads next): every point's line and each line's first point are those the
+    workload's own number gives, over workloads that differ in one field each (those three among them), equal copies,
+    two sequences and two machines."""
+    import itertools
+
+    from sim import replay
+    from sim.workload import Workload, cache_type, load_model
+
+    models = [load_model("qwen3.8-27b"), load_model("llama-3.1-8b")]
+    caches = [cache_type("q8_0"), cache_type("f16")]
+    wls = [Workload(m, ck, ck, (ctx,), tokens=tok, n_parallel=npar, pinned=pinned, kv_gpu_layers=kv, ctx_size=size)
+           for m, ck, ctx, tok, npar, pinned, kv, size in itertools.product(models, caches, (1000, 4096), (1, 3), (1, 2),
+                                                                           (True, False), (0, 2), (0, 20000))]
+    wls += [replace(w) for w in wls[::5]]
+    base = points(GridSpec(contexts=((4096,),), depths=(0, 2), hardware=("rtx4070-gen4x16", "h200-gen5x16")))
+    pts = [replace(p, workload=w) for w in wls for p in base]
+    rng = np.random.default_rng(5)
+    pts = [pts[i] for i in rng.permutation(len(pts))]
+    want: dict[object, int] = {}
+    truth = [want.setdefault((rk.number(p.workload), rk.number(p.hardware), rk.config_class(p.transport)), len(want))
+             for p in pts]
+    line_of, firsts = replay._lines(pts)
+    assert line_of.tolist() == truth and len(firsts) == len(want) < len(pts)
+    assert [truth[pts.index(f)] for f in firsts] == list(range(len(firsts)))

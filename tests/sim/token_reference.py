@@ -1,0 +1,361 @@
+"""One token of the transport scheduler as a program over lanes: the host, two streams, two FIFO copy engines.
+
+Every lane is one (point, token) whose graph has the same shape and whose ring decision is the same (ordered, or
+pipelined at depth N; the slots already used and the boundary wait the same, or given per lane); its numbers are a row of the
+cost matrix (``sim.evaluator.costs``). The program is the scheduler's (``TransportScheduler.run_graph``) with the
+SimPy machine's timing rules, each lane's times kept in NumPy arrays:
+
+* the host thread pays each call's cost and blocks in ``synchronize`` until the stream's last item is done, then
+  pays its wake-up; a blocking copy is a copy and a synchronize;
+* a stream runs its items in order; the consumer stream is idle whenever the host issues a copy on it (every
+  consumer copy is blocking or follows a CPU split that synchronized it), so a consumer copy asks for its engine
+  when it is issued;
+* the H2D engine serves copies in the order they ask, except that a transfer copy that ends while the next
+  delivery's copy is already queued keeps the engine for it (``copy_engine_drains_stream``): the consumer's copy
+  goes before transfer copy ``o`` only if it was issued before ``o`` and ``o`` does not follow on at once. That
+  order is decided per lane (``np.where``), and re-decided whenever something the host does later could still
+  change a copy that has not started;
+* a copy that starts while the other direction's engine is busy takes ``duplex_slowdown`` times as long;
+* a kernel is stretched by the bytes the transfer stream's copies move through device memory while it runs, over
+  ``dram_bytes_per_s``, pro rata, in up to three rounds (``SimMachine._contended``).
+
+Every delivery's release wait is on a release already recorded (a ring has N + 2 slots, and each staged split
+follows a CPU split that synchronized the consumer), so it never holds the transfer stream; ready waits do hold
+the consumer stream. Units: seconds and bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from backends.profile import DeviceProfile, HostCosts
+from sim.evaluator.costs import Layout, SplitCols
+
+Arr = np.ndarray
+INF = np.inf
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the ring decided for the lanes' token: depth (0: ordered), slots already used, the boundary wait."""
+
+    depth: int = 0
+    n_slots: int = 0
+    slots_used: tuple[bool, ...] = ()
+    boundary: bool = False
+
+
+class _Machine:
+    """One token's clocks over ``L`` lanes."""
+
+    def __init__(self, lanes: int, n_deliveries: int, n_d2h: int, host: HostCosts, dev: DeviceProfile, ordered: bool) -> None:
+        self.L = lanes
+        self.ordered = ordered
+        self.host, self.dev = host, dev
+        self.slowdown = dev.duplex_slowdown
+        self.dram = dev.dram_bytes_per_s
+        z = np.zeros
+        self.h = z(lanes)
+        self.cons_done = z(lanes)
+        # transfer copies, one column per delivery: enqueue, ready-record enqueue, base seconds, bytes, grant, end
+        self.t_enq, self.t_rec = z((lanes, n_deliveries)), z((lanes, n_deliveries))
+        self.t_dur, self.t_bytes = z((lanes, n_deliveries)), z((lanes, n_deliveries))
+        self.t_grant = np.full((lanes, n_deliveries), INF)
+        self.t_end = np.full((lanes, n_deliveries), INF)
+        self.T = 0  # transfer copies issued
+        self.first_open = 0  # the first transfer copy that may still change
+        self.o_final = 0  # transfer copies before it ended before the host's clock in every lane
+        # consumer H2D copies: (issued, seconds, transfer copies issued before it, grant, end, placed before which)
+        self.c: list[list] = []
+        self.c_open: list[int] = []
+        # D2H copies (on the consumer stream, blocking)
+        self.d_start, self.d_end = np.full((lanes, n_d2h), INF), np.full((lanes, n_d2h), INF)
+        self.D = 0
+        self.pending: list[tuple] = []  # consumer items since the last time its clock was brought up to date
+
+    # ------------------------------------------------------------ engines
+
+    def _d2h_busy(self, g: Arr) -> Arr:
+        if self.D == 0:
+            return np.zeros(self.L, dtype=bool)
+        s, e = self.d_start[:, : self.D], self.d_end[:, : self.D]
+        return np.asarray(((s <= g[:, None]) & (g[:, None] < e)).any(axis=1))
+
+    def _place_consumer(self, o: int, free: Arr, chained: Arr | None) -> Arr:
+        """Place the open consumer copies issued before transfer copy ``o`` (all of them when ``chained`` is None)."""
+        for ci in self.c_open:
+            c = self.c[ci]
+            if c[2] > o:
+                continue
+            place = c[5] < 0
+            if chained is not None:
+                place &= ~chained
+            if not place.any():
+                continue
+            g = np.maximum(c[0], free)
+            end = g + c[1]
+            c[3] = np.where(place, g, c[3])
+            c[4] = np.where(place, end, c[4])
+            c[5] = np.where(place, o, c[5])
+            free = np.where(place, end, free)
+        return free
+
+    def resolve(self) -> None:
+        """Bring the H2D engine's schedule up to date with everything issued so far."""
+        o0 = self.first_open
+        for ci in self.c_open:
+            c = self.c[ci]
+            c[5] = np.where(c[5] >= o0, -1, c[5])
+        free = self.t_end[:, o0 - 1].copy() if o0 > 0 else np.full(self.L, -INF)
+        prev = free
+        for o in range(o0, self.T):
+            chained = self.t_enq[:, o] <= prev if o > 0 else np.zeros(self.L, dtype=bool)
+            free = self._place_consumer(o, free, chained)
+            g = np.maximum(np.maximum(self.t_enq[:, o], prev), free)
+            dur = self.t_dur[:, o]
+            if self.slowdown != 1.0:
+                dur = np.where(self._d2h_busy(g), dur * self.slowdown, dur)
+            end = g + dur
+            self.t_grant[:, o], self.t_end[:, o] = g, end
+            free = prev = end
+        self._place_consumer(self.T, free, None)
+        self.first_open = self.T
+
+    def _invalidate(self, since: Arr) -> None:
+        """Transfer copies that start at or after ``since`` (in any lane) may change: re-decide them."""
+        o = self.T
+        while o > 0 and (self.t_grant[:, o - 1] >= since).any():
+            o -= 1
+        self.first_open = min(self.first_open, o)
+
+    # ------------------------------------------------------------ consumer stream
+
+    def _stretch(self, start: Arr, seconds: Arr) -> Arr:
+        """A kernel's end: ``seconds`` from ``start``, stretched by the transfer copies it overlaps."""
+        now = start + seconds
+        if not self.dram or self.T == 0:
+            return now
+        s, e, n = self.t_grant[:, : self.T], self.t_end[:, : self.T], self.t_bytes[:, : self.T]
+        t0 = start
+        live = np.ones(self.L, dtype=bool)
+        span = e - s
+        for _ in range(3):
+            t1 = now
+            hit = (s < t1[:, None]) & (e > t0[:, None]) & (e > s)
+            part = np.where(hit, n * (np.minimum(e, t1[:, None]) - np.maximum(s, t0[:, None])) / np.where(hit, span, 1.0), 0.0)
+            extra = part.sum(axis=1) / self.dram
+            live &= extra > 1e-12
+            if not live.any():
+                break
+            now = np.where(live, now + extra, now)
+            t0 = np.where(live, t1, t0)
+        return now
+
+    def catch_up(self) -> None:
+        """Bring the consumer stream's clock up to date (its pending items, in order)."""
+        if not self.pending:
+            return
+        self.resolve()
+        done = self.cons_done
+        for item in self.pending:
+            kind = item[0]
+            if kind == "copy":  # a consumer H2D copy: its engine slot
+                done = np.maximum(done, self.c[item[1]][4])
+            elif kind == "wait":  # wait on delivery o's ready record
+                _, o, enq = item
+                ready = np.maximum(self.t_end[:, o], self.t_rec[:, o])
+                done = np.maximum(np.maximum(done, enq), ready)
+            elif kind == "kernel":
+                _, seconds, enq = item
+                done = self._stretch(np.maximum(done, enq), seconds)
+            else:  # a record
+                done = np.maximum(done, item[1])
+        self.cons_done = done
+        self.pending.clear()
+        # A consumer copy can be re-placed only after a transfer copy that may still change; those that ended before
+        # the host's clock in every lane never change (nothing the host does later starts before it).
+        while self.o_final < self.T and (self.t_end[:, self.o_final] <= self.h).all():
+            self.o_final += 1
+        if self.ordered:  # no transfer copy ever: a copy that ended is behind every later one
+            self.c_open = [ci for ci in self.c_open if not (self.c[ci][4] <= self.h).all()]
+        else:
+            self.c_open = [ci for ci in self.c_open if self.c[ci][5].max() >= self.o_final or (self.c[ci][5] < 0).any()]
+
+    # ------------------------------------------------------------ host calls
+
+    def sync(self) -> None:
+        """``synchronize(consumer)``: block until its last item is done, then wake."""
+        self.catch_up()
+        self.h = np.maximum(self.h, self.cons_done) + self.host.host_wait_s
+
+    def h2d_consumer(self, seconds: Arr) -> None:
+        """Issue an H2D copy on the consumer stream."""
+        self.h = self.h + self.host.copy_issue_s
+        self.c.append([self.h.copy(), seconds, self.T, np.full(self.L, INF), np.full(self.L, INF), np.full(self.L, -1)])
+        self.c_open.append(len(self.c) - 1)
+        self.pending.append(("copy", len(self.c) - 1))
+
+    def d2h(self, seconds: Arr) -> None:
+        """Issue a D2H copy on the consumer stream (idle: the host synchronized it) and let it run."""
+        self.catch_up()
+        self.h = self.h + self.host.copy_issue_s
+        start = np.maximum(self.h, self.cons_done)
+        if self.slowdown != 1.0 and self.T:
+            self.resolve()
+            busy = ((self.t_grant[:, : self.T] <= start[:, None]) & (start[:, None] < self.t_end[:, : self.T])).any(axis=1)
+            seconds = np.where(busy, seconds * self.slowdown, seconds)
+        end = start + seconds
+        self.d_start[:, self.D], self.d_end[:, self.D] = start, end
+        self.D += 1
+        self._invalidate(start)
+        self.cons_done = end
+
+    def launch(self, seconds: Arr, launches: int) -> None:
+        cost = self.host.launch_s * launches
+        if cost > 0:
+            self.h = self.h + cost
+        self.pending.append(("kernel", seconds, self.h.copy()))
+        if self.host.split_launch_s > 0:
+            self.h = self.h + self.host.split_launch_s
+
+    def event(self, where: Arr | None = None) -> None:
+        """A record or an event wait: the host's cost of the call (``where``: only in these lanes)."""
+        if self.host.event_s > 0:
+            self.h = self.h + self.host.event_s if where is None else np.where(where, self.h + self.host.event_s, self.h)
+
+    def deliver(self, o: int, seconds: Arr, nbytes: Arr) -> None:
+        """Issue delivery ``o``'s early copy on the transfer stream, then record its ``ready``."""
+        self.h = self.h + self.host.copy_issue_s
+        self.t_enq[:, o], self.t_dur[:, o], self.t_bytes[:, o] = self.h, seconds, nbytes
+        self.event()
+        self.t_rec[:, o] = self.h
+        self.T = o + 1
+
+
+def run_token(layout: Layout, X: Arr, setup: Setup, host: HostCosts, dev: DeviceProfile, used: Arr | None = None,
+              boundary: Arr | None = None) -> dict[str, Arr | float]:
+    """Run one token of ``layout`` over the lanes of ``X`` (one row each). Returns each GraphStats time and byte
+    field (arrays) and count (numbers; an array where the lanes' counts differ), as the scheduler would have counted
+    them. ``used``/``boundary`` (a bool per lane), given, replace ``setup``'s: whether each lane's ring slots are
+    already used (its first ``min(staged, n_slots)``), whether it waits at the boundary -- so the lanes of every token of
+    a depth run as one matrix. Does not block."""
+    return _Token(layout, X, setup, host, dev, used, boundary).run()
+
+
+class _Token:
+    """One token's host program over the lanes, as the scheduler runs it: the ordered inputs' blocking copies, the
+    deliveries issued up to ``depth`` splits ahead, each staged split's late rows, wait and launch; ``st`` counts what
+    the scheduler's GraphStats count."""
+
+    def __init__(self, layout: Layout, X: Arr, setup: Setup, host: HostCosts, dev: DeviceProfile, used: Arr | None = None,
+                 boundary: Arr | None = None) -> None:
+        n_d2h = sum(len(c.ordered) for c in layout.splits if c.kind == "cpu")
+        self.m = _Machine(X.shape[0], layout.staged, n_d2h, host, dev, ordered=setup.depth == 0)
+        z = np.zeros(X.shape[0])
+        self.st: dict[str, Arr | float] = {"blocked_ordered_s": z, "consumer_wait_s": z, "issue_s": z, "boundary_wait_s": z,
+                                           "early_bytes": z, "late_bytes": z, "ordered_bytes": z, "ordered_copies": 0,
+                                           "depth_stops": 0, "recycle_waits": 0, "deliveries": 0}
+        self.layout, self.X, self.setup, self.host = layout, X, setup, host
+        self.used: list[bool | Arr] = list(setup.slots_used)
+        if used is not None:  # per lane: the slots a lane's earlier deliveries used
+            self.used = [used if o < min(layout.staged, setup.n_slots) else False for o in range(setup.n_slots)]
+        self.boundary = boundary
+        self.staged = [c for c in layout.splits if c.windows]
+        self.issued = self.consumed = 0
+
+    def wait_consumer(self) -> None:
+        m = self.m
+        t = m.h
+        m.sync()
+        self.st["consumer_wait_s"] = self.st["consumer_wait_s"] + (m.h - t)
+
+    def blocking(self, seconds: Arr, nbytes: Arr, to_device: bool) -> None:
+        """One blocking copy of an ordered input (host to device: on the consumer stream, then a sync)."""
+        m, st = self.m, self.st
+        t = m.h
+        if to_device:
+            m.h2d_consumer(seconds)
+            m.sync()
+        else:
+            m.d2h(seconds)
+            m.h = np.maximum(m.h, m.cons_done) + self.host.host_wait_s
+        st["blocked_ordered_s"] = st["blocked_ordered_s"] + (m.h - t)
+        st["ordered_bytes"] = st["ordered_bytes"] + nbytes
+        st["ordered_copies"] += 1
+
+    def prefetch(self) -> None:
+        """Issue deliveries (early parts) up to ``depth`` staged splits past the one consumed last."""
+        m, st, setup, X = self.m, self.st, self.setup, self.X
+        t = m.h
+        S = len(self.staged)
+        while self.issued < S and self.issued <= self.consumed + setup.depth:
+            o = self.issued
+            slot = o % setup.n_slots
+            was = self.used[slot]
+            if isinstance(was, np.ndarray):
+                if was.any():
+                    m.event(was)
+                    st["recycle_waits"] = st["recycle_waits"] + was.astype(np.int64)
+            elif was:
+                m.event()
+                st["recycle_waits"] += 1
+            es, eb = self.staged[o].early
+            m.deliver(o, X[:, es], X[:, eb])
+            st["early_bytes"] = st["early_bytes"] + X[:, eb]
+            self.used[slot] = True
+            st["deliveries"] += 1
+            self.issued += 1
+        if self.issued < S:
+            st["depth_stops"] += 1
+        st["issue_s"] = st["issue_s"] + (m.h - t)
+
+    def gpu_split(self, c: SplitCols) -> None:
+        """A GPU split: its ordered inputs; a staged one's late rows, the wait on its delivery, the launch, the
+        release and the next deliveries (depth 0: its windows as blocking copies, then the launch)."""
+        m, st, X = self.m, self.st, self.X
+        if c.ordered:
+            self.wait_consumer()
+            for s_col, b_col in c.ordered:
+                self.blocking(X[:, s_col], X[:, b_col], True)
+        if c.windows and self.setup.depth:
+            ls, lb = c.late
+            m.h2d_consumer(X[:, ls])
+            st["late_bytes"] = st["late_bytes"] + X[:, lb]
+            m.event()
+            m.pending.append(("wait", self.consumed, m.h.copy()))
+            m.launch(X[:, c.compute], c.launches)
+            m.event()
+            m.pending.append(("record", m.h.copy()))
+            self.consumed += 1
+            self.prefetch()
+            return
+        if c.windows:
+            self.wait_consumer()
+            for s_col, b_col in c.windows:
+                self.blocking(X[:, s_col], X[:, b_col], True)
+        m.launch(X[:, c.compute], c.launches)
+
+    def run(self) -> dict[str, Arr | float]:
+        m, X = self.m, self.X
+        if self.boundary is None and self.setup.boundary:
+            m.h = m.h + self.host.host_wait_s  # the transfer stream: idle since the last token's last delivery was waited on
+            m.h = m.h + self.host.host_wait_s  # the consumer stream: the last token ended by synchronizing it
+            self.st["boundary_wait_s"] = m.h.copy()
+        elif self.boundary is not None and self.boundary.any():  # the same two waits, in the lanes that wait
+            m.h = np.where(self.boundary, m.h + self.host.host_wait_s + self.host.host_wait_s, m.h)
+            self.st["boundary_wait_s"] = np.where(self.boundary, m.h, self.st["boundary_wait_s"])
+        if self.setup.depth:
+            self.prefetch()
+        for c in self.layout.splits:
+            if c.kind == "cpu":  # the new rows come down (blocking), then the host stores them
+                self.wait_consumer()
+                for s_col, b_col in c.ordered:
+                    self.blocking(X[:, s_col], X[:, b_col], False)
+                m.h = m.h + X[:, c.compute]
+            else:
+                self.gpu_split(c)
+        self.wait_consumer()
+        self.st["total_s"] = m.h
+        return self.st
