@@ -29,7 +29,7 @@ from sim.graph_parts import layout_of
 from sim.replay_keys import compute_number, config_class, free_number, interned, number
 from sim.replay_shapes import TEMPLATES, ShapeArrays, ShapeTemplate, placed_devices
 from sim.run.point import Point, io_bytes_for
-from sim.workload import WINDOW_PAD_ROWS
+from sim.workload import Workload, pad_rows
 
 #: One line read one at a time: (total, used, align, io bytes, window rows per token, each token's shape).
 OneLine = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int, tuple[int, ...], list[Any]]
@@ -151,6 +151,15 @@ def _fill_alone(la: LineArrays, alone: dict[int, OneLine], n: int, n_dev: int, n
             getattr(la, f)[lis, k] = getattr(arr, f)[lis]
 
 
+def family_rows(wls: Sequence[Workload]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Of one-sequence workloads of one token count (a family's lines): each one's cells per stream (line), the row
+    decode step k writes (line, token) and ``Workload.window_rows`` of it (line, token), as int64 arrays. Pure."""
+    ctx = np.array([wl.contexts[0] for wl in wls], dtype=np.int64)
+    cps = np.array([wl.cells_per_stream for wl in wls], dtype=np.int64)
+    row = ctx[:, None] + np.arange(wls[0].tokens, dtype=np.int64)
+    return cps, row, np.minimum(pad_rows(row + 1), cps[:, None])  # type: ignore[arg-type]
+
+
 def _tkey(p: Point) -> Any:
     """``sim.replay._shape``'s template key of ``p``'s line."""
     cfg = p.transport
@@ -178,12 +187,8 @@ def _family(firsts: Sequence[Point], lis: list[int]) -> tuple[Any, ...]:
     tkey = _tkey(p0)
     t: ShapeTemplate = TEMPLATES[tkey][0]  # type: ignore[index]
     align = tkey[1][1][0]
-    pad = WINDOW_PAD_ROWS
     wls = [firsts[li].workload for li in lis]
-    ctx = np.array([wl.contexts[0] for wl in wls], dtype=np.int64)
-    cps = np.array([wl.cells_per_stream for wl in wls], dtype=np.int64)
-    row = ctx[:, None] + np.arange(wl0.tokens, dtype=np.int64)  # the row step k writes (one sequence)
-    rows = np.minimum(-(-(row + 1) // pad) * pad, cps[:, None])  # Workload.window_rows
+    cps, _, rows = family_rows(wls)
     scale = cps[:, None] / np.maximum(1, rows)
     need = full = np.zeros(rows.shape, dtype=np.int64)
     for inputs in t.per_row:

@@ -26,8 +26,8 @@ from sim.evaluator import costs as _costs
 from sim.evaluator.costs import TokenCosts, cost_family, point_costs
 from sim.evaluator.window_costs import Template, one_call_seconds
 from sim.graph_parts import _filler
+from sim.replay_family import family_rows
 from sim.run.point import Point
-from sim.workload import WINDOW_PAD_ROWS
 
 
 def family_costs(lines: Sequence[Point]) -> list[list[TokenCosts]]:
@@ -44,10 +44,7 @@ def family_costs(lines: Sequence[Point]) -> list[list[TokenCosts]]:
         t, ref = _costs._TEMPLATES[fam][:2]  # type: ignore[index]
         rest = list(range(i, len(lines)))
         wls = [lines[j].workload for j in rest]
-        ctx = np.array([wl.contexts[0] for wl in wls], dtype=np.int64)
-        cps = np.array([wl.cells_per_stream for wl in wls], dtype=np.int64)
-        row = ctx[:, None] + np.arange(wls[0].tokens, dtype=np.int64)  # the row step k writes (one sequence)
-        rows = np.minimum(-(-(row + 1) // WINDOW_PAD_ROWS) * WINDOW_PAD_ROWS, cps[:, None])  # Workload.window_rows
+        _, row, rows = family_rows(wls)  # the row step k writes, its window rows
         ok = ((row > 0) & (rows - row > 0)).all(axis=1)  # else ``_from_template`` declines a step: the graph path
         for w in np.unique(rows).tolist():
             block = _costs._BLOCKS.get((fam, w))
