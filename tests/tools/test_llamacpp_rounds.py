@@ -28,7 +28,7 @@ class Run:
 
     @property
     def script(self) -> str:
-        return (ROOT / "tools" / "llamacpp" / f"run{self.n}.sh").read_text()
+        return (ROOT / "tools" / "llamacpp" / "rounds.sh").read_text()  # every run's settings, one table
 
 
 RUNS = [Run(10, (512, 704, 960, 1280), (704, 960), {512: 4864, 704: 6400, 960: 16384, 1280: 11008}, 6, EARLIER),

@@ -305,7 +305,7 @@ if [ "$PHASE" = batched ]; then
   done
   exit 0
 fi
-case $PHASE in run10*|run11*|run12*|run13*) source "$ROOT/tools/llamacpp/${PHASE:0:5}.sh";; run5*|run6*|run7*|run8*|run9*|span) source "$ROOT/tools/llamacpp/${PHASE:0:4}.sh";; esac
+case $PHASE in run10*|run11*|run12*|run13*) source "$ROOT/tools/llamacpp/rounds.sh";; run5*|run6*|run7*|run8*|run9*|span) source "$ROOT/tools/llamacpp/${PHASE:0:4}.sh";; esac
 bench resident-q8_0 -ctk q8_0 -ctv q8_0 -nkvo 0 -d "$D_RESIDENT"
 bench ordered-q8_0-first -ctk q8_0 -ctv q8_0 -nkvo 1 -d "$D_ORDERED_FIRST"
 bench ordered-q8_0 -ctk q8_0 -ctv q8_0 -nkvo 1 -d "$D_ORDERED"
