@@ -1,4 +1,8 @@
-"""One token of the transport scheduler as a program over lanes: the host, two streams, two FIFO copy engines.
+"""The test oracle: ``sim.evaluator.token`` as it was before Round 20 (main 304f006), kept unchanged, which
+``test_token_program`` holds the rewritten program to bit for bit (docs/performance.md "Round 20"). Not imported by
+the package. Its original text follows.
+
+One token of the transport scheduler as a program over lanes: the host, two streams, two FIFO copy engines.
 
 Every lane is one (point, token) whose graph has the same shape and whose ring decision is the same (ordered, or
 pipelined at depth N; the slots already used and the boundary wait the same, or given per lane); its numbers are a row of the

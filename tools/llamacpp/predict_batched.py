@@ -150,8 +150,14 @@ def compare(args: argparse.Namespace) -> int:
 
 def _calls(row: dict) -> str:
     """A row's calls for the table, a call left out as outlying in brackets."""
-    out = list(row.get("left_out_tps", ()))
-    return " / ".join(f"[{t:.2f}]" if t in out and not out.remove(t) else f"{t:.2f}" for t in row["calls_tps"])
+    left, parts = list(row.get("left_out_tps", ())), []
+    for t in row["calls_tps"]:
+        if t in left:
+            left.remove(t)
+            parts.append(f"[{t:.2f}]")
+        else:
+            parts.append(f"{t:.2f}")
+    return " / ".join(parts)
 
 
 def _gmean(values: list[float]) -> float:
