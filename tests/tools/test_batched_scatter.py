@@ -124,3 +124,14 @@ def test_bad_arguments_get_one_line_and_exit_2(argv: list[str], message: str, ca
         _tool().main(argv)
     err = capsys.readouterr().err
     assert exc.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_call_cut_short_is_left_out_by_name_and_the_rows_of_whole_calls_stay(tmp_path: Path, capsys: Any) -> None:
+    bs = _tool()
+    for k, f in ((1, 0.9), (2, 1.1)):
+        _write(tmp_path, 13, "unified", 1280, k, _scaled(f))
+    _write(tmp_path, 13, "unified", 1280, 3, {1: 40.0, 2: 60.0})  # stopped after its -npl 2 row
+    calls = bs.load_calls(tmp_path, [13])
+    assert sorted(c.repeat for c in calls) == [1, 2]
+    assert bs.npls(calls) == list(NPL)
+    assert "unified -npp 1280 -r3 left out: cut short, no -npl 4,8 row" in capsys.readouterr().err

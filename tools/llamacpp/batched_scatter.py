@@ -73,7 +73,25 @@ def load_calls(root: Path, runs: list[int]) -> list[Call]:
             rows = batched_bench.load(path).rows
             calls.append(Call(run, m.group(2), int(m.group(3)), int(m.group(4)),
                               tuple(sorted((r.sequences, r.decode_tps) for r in rows))))
-    return calls
+    return whole_calls(calls)
+
+
+def whole_calls(calls: list[Call]) -> list[Call]:
+    """``calls`` less those cut short: a call lacking an -npl row that another call of its run has (a device call's
+    time limit stopping llama-batched-bench between rows, as run 13's last call). Each one left out is named on
+    stderr. CPU only."""
+    seen: dict[int, set[int]] = {}
+    for c in calls:
+        seen.setdefault(c.run, set()).update(dict(c.tps))
+    kept = []
+    for c in calls:
+        missing = sorted(seen[c.run] - set(dict(c.tps)))
+        if missing:
+            print(f"batched_scatter: run {c.run} {c.layout} -npp {c.pp} -r{c.repeat} left out: cut short, no "
+                  f"-npl {','.join(map(str, missing))} row", file=sys.stderr)
+            continue
+        kept.append(c)
+    return kept
 
 
 def by_config(calls: list[Call]) -> dict[tuple[int, str, int], list[Call]]:
