@@ -38,6 +38,11 @@ Two choices, stated once:
   the factor is fitted to the one-sequence rows alone (:func:`staging_one`:
   a one-sequence step holds no per-sequence term, so its miss is the call's
   staging and the profile's compute), kept, and the term fitted after it.
+  Or (``staging="sizes"``) the link's curve itself is refitted from the
+  one-sequence rows (:func:`staging_sizes`): one rate per copy size those rows
+  ran, the base's curve shape between them not used (run 13, docs/validation.md:
+  the base's knee between 1.33 and 1.50 MiB a copy, placed by llama-bench runs
+  of other cache types, priced a held-out size 10% fast).
 
 Units: seconds inside; the profile file's us and ms only in the records.
 Blocks for the simulations (tens of ms each).
@@ -76,7 +81,9 @@ class BatchFit:
     offsets: tuple[dict[str, Any], ...]  # per point: measured less fitted ms per step (weighted mean), the profile's miss
     staging: float = 1.0  # the factor fitted on the link's rate (1: the one-sequence profile's rate kept)
     link_key: str = ""  # the link the factor applies to ("" when none was fitted)
-    staging_from: str = ""  # "all": beside the term, every row; "one": the one-sequence rows alone ("" none fitted)
+    staging_from: str = ""  # "all": beside the term, every row; "one": the one-sequence rows alone; "sizes": one rate
+    # per copy size of the one-sequence rows ("" none fitted)
+    staging_points: tuple[tuple[float, float], ...] = ()  # "sizes": the link's fitted curve, (MiB a copy, GB/s) ascending
 
 
 def with_term(profile: dict[str, Any], key: str, value_us: float, entry: str = "") -> dict[str, Any]:
@@ -169,6 +176,69 @@ def staging_one(base: dict[str, Any], model: ModelShape, cache_k: CacheType, cac
     return golden_log(cost, lo, hi, 30)
 
 
+def one_sequence_copy_bytes(model: ModelShape, cache_k: CacheType, cache_v: CacheType, run: TokenRun) -> int:
+    """The largest host->device copy (bytes) a one-sequence ``run``'s decode step makes: one layer's K or V window at
+    its context, padded as llama.cpp pads the attended rows. Pure (builds the step's graph)."""
+    from backends.profile import ComputeModel
+    from sim.graph import decode_graph
+
+    wl = workload_of(model, cache_k, cache_v, run)
+    g = decode_graph(wl, ComputeModel(), position=max(wl.contexts))
+    return max((i.nbytes for sp in g.splits for i in sp.staged), default=0)
+
+
+def with_points(profile: dict[str, Any], key: str, points: Sequence[tuple[float, float]]) -> dict[str, Any]:
+    """A copy of the profile dict whose link ``key`` has the curve ``points`` ((MiB a copy, GB/s), ascending; its
+    latency kept). Pure."""
+    d = copy.deepcopy(profile)
+    for dev in d["devices"]:
+        dev["links"][key]["points"] = [[float(b), float(g)] for b, g in points]
+    return d
+
+
+def _base_rate(profile: dict[str, Any], key: str, mib: float) -> float:
+    """The GB/s of ``profile``'s link ``key`` (device 0) at a copy of ``mib`` MiB, as backends.profile_types.LinkCurve
+    interpolates it. Pure."""
+    from backends.profile_types import LinkCurve
+
+    pts = profile["devices"][0]["links"][key]["points"]
+    return LinkCurve(tuple(b * 2**20 for b, _ in pts), tuple(g * 1e9 for _, g in pts)).bandwidth(mib * 2**20) / 1e9
+
+
+def staging_sizes(base: dict[str, Any], model: ModelShape, cache_k: CacheType, cache_v: CacheType, runs: Sequence[TokenRun],
+                  lo: float = 0.25, hi: float = 4.0, sweeps: int = 2) -> tuple[tuple[float, float], ...]:
+    """The link curve fitted to the ordered one-sequence rows: one point per copy size they ran
+    (:func:`one_sequence_copy_bytes`), its rate the base's rate at that size times the factor that leaves the least
+    squared relative error over that size's rows, the other points held (``sweeps`` passes over the sizes: a row's
+    step may hold copies of other sizes). Between the points the rate is interpolated as every link curve is (linear
+    in the log of the size), outside them held flat; with one size the curve is flat at it. Returns the points (MiB a
+    copy, GB/s), ascending. Raises InputError without an ordered one-sequence row. Blocks (a golden-section search a
+    size a sweep, one simulation a row a step)."""
+    from validate.link_fit import h2d_key
+    from validate.token_sim import golden_log
+
+    ones = [r for r in runs if r.arm == "ordered" and r.sequences == 1]
+    if not ones:
+        raise InputError("the staging curve from the one-sequence rows needs -nkvo rows at one sequence (got sequences "
+                         f"{', '.join(str(s) for s in sorted({r.sequences for r in runs}))}); allowed: llama-batched-bench "
+                         "files with -npl 1 among the -npl values")
+    key = h2d_key(ones)
+    wls = [workload_of(model, cache_k, cache_v, r) for r in ones]
+    size = [one_sequence_copy_bytes(model, cache_k, cache_v, r) / 2**20 for r in ones]
+    sizes = sorted(set(size))
+    rate = {m: _base_rate(base, key, m) for m in sizes}
+    for _ in range(sweeps):
+        for m in sizes:
+            mine = [(wl, r) for wl, r, s in zip(wls, ones, size, strict=True) if s == m]
+
+            def cost(f: float, m: float = m, mine: list[tuple[Any, TokenRun]] = mine) -> float:
+                d = with_points(base, key, [(b, rate[b] * (f if b == m else 1.0)) for b in sizes])
+                return sum((simulated_s(d, wl, r.arm) / r.seconds_per_token - 1.0) ** 2 for wl, r in mine)
+
+            rate[m] *= golden_log(cost, lo, hi, 30)
+    return tuple((m, rate[m]) for m in sizes)
+
+
 def _entry(model: ModelShape, cache_k: CacheType, cache_v: CacheType) -> str:
     return workload_key(model.name, cache_k.name) if cache_k == cache_v else f"{model.name}@{cache_k.name}/{cache_v.name}"
 
@@ -230,8 +300,8 @@ def fit_per_sequence(base: dict[str, Any], model: ModelShape, cache_k: CacheType
                      runs: Sequence[TokenRun], term: str = "layer", staging: str = "", spread: float = 0.0) -> BatchFit:
     """The per-sequence ``term`` (a key of :data:`TERMS`) of ``base`` fitted to ``runs``; see the module doc.
     ``staging``: the ordered runs' link rate refitted, the profile then carries it: ``"all"`` beside the term
-    (:func:`staging_factor`), ``"one"`` from the one-sequence rows alone before the term (:func:`staging_one`).
-    ``spread``: :func:`pooled`'s (0: every call kept).
+    (:func:`staging_factor`), ``"one"`` from the one-sequence rows alone before the term (:func:`staging_one`),
+    ``"sizes"`` the link's curve from the one-sequence rows, a rate per copy size (:func:`staging_sizes`). ``spread``: :func:`pooled`'s (0: every call kept).
 
     Each run is one step of ``run.sequences`` sequences (``seconds_per_token``: the step's seconds, all sequences).
     The slope minimises the squared relative error, over :func:`pooled` runs (repeated calls of a configuration at
@@ -243,15 +313,21 @@ def fit_per_sequence(base: dict[str, Any], model: ModelShape, cache_k: CacheType
     runs = pooled(runs, spread)  # repeated calls of a configuration: one point at their geometric mean
     key, entry = TERMS[term], _entry(model, cache_k, cache_v)
     factor, link_key = 1.0, ""
-    if staging not in ("", "all", "one"):
-        raise InputError(f"staging {staging!r}; allowed: all (beside the term), one (the one-sequence rows alone)")
+    points: tuple[tuple[float, float], ...] = ()
+    if staging not in ("", "all", "one", "sizes"):
+        raise InputError(f"staging {staging!r}; allowed: all (beside the term), one (the one-sequence rows alone), "
+                         "sizes (a rate per copy size of the one-sequence rows)")
     if staging:
         from validate.link_fit import h2d_key
 
-        factor = (staging_one(base, model, cache_k, cache_v, runs) if staging == "one"
-                  else staging_factor(base, model, cache_k, cache_v, runs, term))
         link_key = h2d_key([r for r in runs if r.arm == "ordered"])
-        base = with_staging(base, link_key, factor)
+        if staging == "sizes":
+            points = staging_sizes(base, model, cache_k, cache_v, runs)
+            base = with_points(base, link_key, points)
+        else:
+            factor = (staging_one(base, model, cache_k, cache_v, runs) if staging == "one"
+                      else staging_factor(base, model, cache_k, cache_v, runs, term))
+            base = with_staging(base, link_key, factor)
     wls = [workload_of(model, cache_k, cache_v, r) for r in runs]
     _, rows = _design(base, key, entry, model, cache_k, cache_v, runs)
     xs = [x for _, x, _, _ in rows]
@@ -278,7 +354,7 @@ def fit_per_sequence(base: dict[str, Any], model: ModelShape, cache_k: CacheType
         offsets.append({"arm": g[0], "context": g[1], "unified": g[2], "pinned": g[3], "rows": len(mine),
                         "offset_ms": miss * 1e3})
     return BatchFit(term=key, value_us=value, profile=fitted, clamped=k < 0, residuals=residuals, held_out=tuple(held),
-                    offsets=tuple(offsets), staging=factor, link_key=link_key, staging_from=staging)
+                    offsets=tuple(offsets), staging=factor, link_key=link_key, staging_from=staging, staging_points=points)
 
 
 def _row(r: TokenRun, fitted_s: float, **extra: float) -> dict[str, Any]:
@@ -291,6 +367,8 @@ def _row(r: TokenRun, fitted_s: float, **extra: float) -> dict[str, Any]:
 def record(fit: BatchFit, source: str) -> dict[str, Any]:
     """The fit as a profile's ``batch`` record (file units, rounded to 6 significant digits)."""
     staging = {"staging_factor": fit.staging, "staging_link": fit.link_key, "staging_from": fit.staging_from} if fit.link_key else {}
+    if fit.staging_points:
+        staging["staging_points"] = [list(p) for p in fit.staging_points]
     return rounded({"from": source, "term": fit.term, "value_us": fit.value_us, "clamped": fit.clamped, **staging,
                     "residuals": list(fit.residuals), "held_out": list(fit.held_out), "offsets": list(fit.offsets)})
 
@@ -310,7 +388,8 @@ def apply(profile: dict[str, Any], fit: BatchFit, model: ModelShape, cache_k: Ca
           source: str) -> dict[str, Any]:
     """A copy of the profile dict with the fitted term on every device and in the model's workloads entry (made from
     the device's compute where missing), the fit under that entry's ``batch``, and the provenance. Pure."""
-    d = with_staging(profile, fit.link_key, fit.staging) if fit.link_key else copy.deepcopy(profile)
+    d = (with_points(profile, fit.link_key, fit.staging_points) if fit.staging_points else
+         with_staging(profile, fit.link_key, fit.staging) if fit.link_key else copy.deepcopy(profile))
     value = round(fit.value_us, 3)
     for dev in d["devices"]:
         dev["compute"][fit.term] = value
@@ -332,9 +411,12 @@ def apply(profile: dict[str, Any], fit: BatchFit, model: ModelShape, cache_k: Ca
             how = ("to the one-sequence rows alone, before the per-sequence term (validate.batch_fit.staging_one)"
                    if fit.staging_from == "one" else
                    "beside the per-sequence term to the same rows (validate.batch_fit.staging_factor)")
+            curve = (f"one rate per copy size of the one-sequence rows ({', '.join(f'{b:.3f} MiB: {g:.3f} GB/s' for b, g in fit.staging_points)}"
+                     "; between them interpolated in log size, flat outside), fitted to those rows "
+                     "(validate.batch_fit.staging_sizes)" if fit.staging_points else
+                     f"the base's curve at {fit.staging:.4f} times its rate: fitted {how}")
             prov[f"devices.links.{fit.link_key}"] = (
-                f"the base's curve at {fit.staging:.4f} times its rate: fitted {how} ({source}). "
-                f"Base: {prov.get(f'devices.links.{fit.link_key}', 'as given')}")
+                f"{curve} ({source}). Base: {prov.get(f'devices.links.{fit.link_key}', 'as given')}")
     return d
 
 

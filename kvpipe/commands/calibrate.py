@@ -57,10 +57,12 @@ def register(sub: Any) -> None:
                    help="with --from-batched-bench: where a further sequence's cost goes (whole steps fix only its sum): "
                         "each layer's matrix products (layer_seq_us, default), each attention layer (attn_seq_us) or each "
                         "CPU split (cpu_row_us)")
-    p.add_argument("--fit-staging", nargs="?", const="all", default="", choices=("all", "one"),
+    p.add_argument("--fit-staging", nargs="?", const="all", default="", choices=("all", "one", "sizes"),
                    help="with --from-batched-bench --nkvo 1: refit the host->device rate (a factor on --hardware's curve): "
                         "all (the default when given bare) beside the per-sequence term, from files at two -npp values or "
-                        "more; one: from the one-sequence rows alone, kept, then the term")
+                        "more; one: from the one-sequence rows alone, kept, then the term; sizes: the curve itself "
+                        "from the one-sequence rows, one rate per copy size they ran (flat outside, interpolated "
+                        "between), then the term")
     p.add_argument("--kv-copy", dest="kv_copy", choices=("streams", "span"), default="streams",
                    help="with --from-batched-bench --nkvo 1: how the build copied a split cache: streams (each stream's "
                         "window: the fork GenerelSchwerz/llama.cpp; default) or span (one extent over the streams of "
@@ -204,8 +206,11 @@ def run_from_batched_bench(args: argparse.Namespace) -> int:
     write_output(args.out, json.dumps(profile, indent=1) + "\n")
     print(f"wrote {args.out}: {m.name} {ctype.name}, per sequence past the first {fit.term} {fit.value_us:.3f} us"
           + (" (the rows grow slower than the profile without it: 0)" if fit.clamped else "")
-          + (f"; the staging rate {fit.staging:.3f} times --hardware's"
-             + (" (from the one-sequence rows)" if fit.staging_from == "one" else "") if fit.link_key else ""))
+          + ("; the staging curve from the one-sequence rows: " + ", ".join(f"{b:.3f} MiB a copy {g:.3f} GB/s"
+                                                                          for b, g in fit.staging_points)
+             if fit.staging_points else
+             (f"; the staging rate {fit.staging:.3f} times --hardware's"
+              + (" (from the one-sequence rows)" if fit.staging_from == "one" else "") if fit.link_key else "")))
     print("\n".join(batch_fit.table(fit)))
     for line in batch_fit.span_notes(files, unified * len(files) if len(unified) == 1 else unified) if args.kv_copy != "span" else ():
         print(line)

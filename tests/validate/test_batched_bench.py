@@ -144,6 +144,8 @@ BAD_CALLS = {
     "staging-one-npp": (["--nkvo", "1", "--fit-staging", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "two -npp values"),
     "staging-how": (["--nkvo", "1", "--fit-staging", "some", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "'some'"),
     "staging-no-one": (["--nkvo", "1", "--fit-staging", "one", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "one sequence"),
+    "staging-no-one-sizes": (["--nkvo", "1", "--fit-staging", "sizes", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"],
+                             "one sequence"),
     "span-resident": (["--nkvo", "0", "--kv-copy", "span", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "span with --nkvo 0"),
     "copy-how": (["--nkvo", "1", "--kv-copy", "gaps", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"], "'gaps'"),
     "outlier-spread": (["--nkvo", "1", "--drop-outliers", "1.5", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b"],
@@ -159,7 +161,7 @@ def test_a_bad_invocation_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[s
         src = _edit_all(src, n_gpu_layers=20)
     if case == "one-count":
         src = _edit_all(src, pl=4, n_kv=4 * 2080)
-    if case == "staging-no-one":  # rows at 2, 4 and 8 sequences: the term is fitted, the one-sequence staging is not
+    if case.startswith("staging-no-one"):  # rows at 2, 4 and 8 sequences: the term is fitted, the one-sequence staging is not
         recs = [json.loads(x) for x in src.read_text().splitlines() if x.strip()]
         src.write_text("\n".join(json.dumps(r) for r in recs if r["pl"] > 1) + "\n")
     err = _refused(capsys, tmp_path, ["calibrate", "--from-batched-bench", str(src), *argv, "--out", str(tmp_path / "fit.json")])
@@ -223,6 +225,49 @@ def test_the_one_sequence_rule_takes_the_staging_from_the_one_sequence_rows_alon
     again = json.loads(out.read_text())
     assert again["batch"]["staging_factor"] == pytest.approx(0.9, rel=0.005)
     assert again["devices"][0]["compute"]["layer_seq_us"] > 37.0 * 1.05  # the slower rows went into the term
+
+
+def test_the_sizes_rule_fits_the_link_curve_at_the_one_sequence_rows_copy_sizes(tmp_path: Path,
+                                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 28, run 13: a held-out window between the calibration sizes was priced by the base curve's shape there.
+    With ``--fit-staging sizes`` the curve is the one-sequence rows' own: a truth whose link runs at the base's rate at
+    the short prompt's copy size and 20% below it at the long one's gives both rates back (a factor on the base's
+    shape cannot: ``one`` leaves each size several percent off), the term beside them, and the profile carries the
+    curve."""
+    from validate.batch_fit import fit_per_sequence, one_sequence_copy_bytes, with_points, _base_rate
+
+    base, _ = read_profile_dict("h200-gen5x16")
+    m, q = load_model("llama-3.1-8b"), cache_type("q8_0")
+    probe = tmp_path / "probe.jsonl"
+    sizes = []
+    for pp in (1024, 4096):
+        _write_truth_rows(probe, base, 37.0, 0.0, unified=False, pp=pp)
+        one = [r for r in batched_bench.token_runs(batched_bench.load(probe), "ordered", False, pinned=True) if r.sequences == 1]
+        sizes.append(one_sequence_copy_bytes(m, q, q, one[0]) / 2**20)
+    assert sizes[0] < sizes[1]
+    truth_points = [(sizes[0], _base_rate(base, "h2d_pinned", sizes[0])), (sizes[1], 0.8 * _base_rate(base, "h2d_pinned", sizes[1]))]
+    truth = with_points(base, "h2d_pinned", truth_points)
+    files = [tmp_path / f"{lay}-{pp}.jsonl" for pp in (1024, 4096) for lay in ("split", "unified")]
+    for f in files:
+        _write_truth_rows(f, truth, 37.0, 0.0, unified=f.name.startswith("unified"), pp=int(f.stem.split("-")[1]))
+    out = tmp_path / "fit.json"
+    assert main(["calibrate", "--from-batched-bench", ",".join(map(str, files)), "--kv-unified", "0,1,0,1", "--nkvo", "1",
+                 "--fit-staging", "sizes", "--hardware", "h200-gen5x16", "-m", "llama-3.1-8b", "--out", str(out)]) == 0
+    assert "the staging curve from the one-sequence rows: " in capsys.readouterr().out
+    fitted = json.loads(out.read_text())
+    points = fitted["devices"][0]["links"]["h2d_pinned"]["points"]
+    assert [b for b, _ in points] == pytest.approx(sizes, rel=1e-9)
+    assert [g for _, g in points] == pytest.approx([g for _, g in truth_points], rel=0.005)
+    assert fitted["batch"]["staging_from"] == "sizes" and len(fitted["batch"]["staging_points"]) == 2
+    assert fitted["devices"][0]["compute"]["layer_seq_us"] == pytest.approx(37.0, rel=0.02)
+    assert "staging_sizes" in fitted["provenance"]["devices.links.h2d_pinned"]
+    # the same rows under the one-factor rule: the base's shape between the sizes cannot carry both rates
+    runs = [r for f in files for r in batched_bench.token_runs(batched_bench.load(f), "ordered", f.name.startswith("unified"),
+                                                               pinned=True)]
+    one = fit_per_sequence(base, m, q, q, runs, staging="one")
+    worst = max(abs(r["error"]) for r in one.residuals if r["sequences"] == 1)
+    sized = fit_per_sequence(base, m, q, q, runs, staging="sizes")
+    assert worst > 0.03 and max(abs(r["error"]) for r in sized.residuals if r["sequences"] == 1) < 0.002
 
 
 RUN9 = Path(__file__).resolve().parents[2] / "validate" / "results" / "h200-llamacpp" / "run9"
