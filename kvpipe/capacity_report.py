@@ -60,7 +60,7 @@ def render_fit(fp: FitPlan, cache_type: str) -> str:
         lines.append(f"sample check: {fp.check[0]:,} points from the evaluator, {fp.checked:,} re-simulated on the simulator's "
                      f"default path ({fp.check_n} drawn, at least {min(fp.check_n, ARM_N)} of each arm, and every change of "
                      f"best depth or decline; {fp.checked_exact:,} again exact), largest disagreement {fp.check[1]:.2g} "
-                     f"(tolerance 1e-9)")
+                     f"(relative; times relative to the token's; tolerance 1e-9)")
     if any(f.best is not None and f.best.cpu_layers_cost == "estimate" for f in fp.fits):
         lines.append("CPU layers (-ngl) priced at an estimated host rate: the profile has none (calibrate from llama-bench "
                      "runs at several -ngl)")

@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
           f"{res.resumed} already done, {len(res.failed)} failed, in {res.wall_s:.1f} s -> {where}")
     if res.check is not None:
         print(f"sample check: {res.checked} evaluated points re-simulated on the simulator's default path (fast, no race "
-              f"checker; {res.checked_exact} again exact), max relative disagreement {res.check:.2g}")
+              f"checker; {res.checked_exact} again exact), max relative disagreement {res.check:.2g} "
+              f"(times relative to the token's)")
     for key, msg in res.failed[:5]:
         print(f"kvpipe: point {key} failed: {msg}", file=sys.stderr)
     return 1 if res.failed else 0

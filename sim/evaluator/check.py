@@ -5,6 +5,16 @@ difference over every numeric field (nested dicts and lists included), infinite 
 differs. Fields that say which engine made the row or how (``engine``, ``hazards``, ``tokens_simulated``,
 ``simulated_as``, ``shared_with_n``, wall times) are left out.
 
+**Differences of clock readings.** A row's time fields (``CLOCK_FIELDS``: ``ms_per_token`` and every figure of
+``breakdown_ms``, the means of ``GraphStats``' ``*_s`` fields) are differences of two readings of the simulator's
+clock (``now_s() - t`` in ``sim.transport``), and the clock stands at the run's time so far: each reading is rounded
+to a few 1e-16 of it, not of the difference. A 2.6 us boundary wait read at 53 s of a run carries ~7e-15 s of
+rounding, 3e-9 of itself. So a field of ``CLOCK_FIELDS`` is compared on the scale of the token's time: ``|a - b| /
+max(|a|, |b|, ms_per_token)`` (the larger ``ms_per_token`` of the two rows). The rounding is at most a few 1e-16 of
+the run's time, i.e. of (tokens + the resident arm's warm-up) token times, so ``TOLERANCE`` of the token's time stays
+a strict bound, and tighter than 1e-9 of the run's time; the row's other fields (bytes, counts, ``tokens_per_s``,
+``batch_ms``: the compute model's terms, not clock readings) are compared on their own magnitude.
+
 :func:`check_sample` re-simulates (``sim.run.run.run_point`` on the simulator's default path, as ``kvpipe simulate``
 runs a point: the steady tokens extrapolated, no race checker) at least ``n`` of the evaluator's points, drawn with
 ``seed``, plus every point where a neighbour along the context axis (the same model, hardware, cache and budget at
@@ -33,6 +43,8 @@ ARM_N = 8  # of each arm the evaluator answered, the check draws at least this m
 TIE_TPS = 1e-9  # t/s within this fraction of the best are a tie (the plan's TIE_GAIN, relative to the best)
 IGNORED = frozenset({"engine", "hazards", "hazard_examples", "tokens_simulated", "simulated_as", "shared_with_n", "wall_s",
                      "sim_wall_s"})
+#: Row fields that are differences of the simulator's clock readings (per token, in ms): held on the token's time.
+CLOCK_FIELDS = frozenset({"ms_per_token", "breakdown_ms"})
 #: Row fields that name a point's line (everything but context, depth and budget).
 LINE_FIELDS = ("model", "hardware", "cache_type", "cache_type_v", "parallel", "unified", "split_mode", "tokens", "arm")
 
@@ -41,26 +53,42 @@ class EvaluatorDisagreement(AssertionError):
     """The evaluator and the simulator disagree on a point by more than the tolerance."""
 
 
-def _rel(a: float, b: float) -> float:
+def _rel(a: float, b: float, scale: float = 0.0) -> float:
+    """``|a - b|`` relative to the larger of ``|a|``, ``|b|`` and ``scale`` (0 where equal). Pure."""
     if a == b:
         return 0.0
-    return abs(a - b) / max(abs(a), abs(b))
+    return abs(a - b) / max(abs(a), abs(b), scale)
+
+
+def _token_scale(got: dict[str, Any], want: dict[str, Any]) -> float:
+    """The larger ``ms_per_token`` of two rows (0.0 where either is not a row with one). Pure."""
+    a, b = got.get("ms_per_token"), want.get("ms_per_token")
+    if isinstance(a, bool) or isinstance(b, bool) or not isinstance(a, int | float) or not isinstance(b, int | float):
+        return 0.0
+    return max(abs(float(a)), abs(float(b)))
 
 
 def row_disagreement(got: Any, want: Any, ignore: frozenset[str] = IGNORED) -> float:
     """The largest relative difference between two rows (or values in them); ``inf`` where anything but a number
-    differs, or a field is missing on one side. Pure."""
+    differs, or a field is missing on one side. Relative to the larger of the two values, except the fields of
+    ``CLOCK_FIELDS`` of a row (differences of clock readings): relative to the larger of them and the token's time
+    (the larger ``ms_per_token``). Pure."""
+    return _disagreement(got, want, ignore, 0.0)
+
+
+def _disagreement(got: Any, want: Any, ignore: frozenset[str], scale: float) -> float:
     if isinstance(got, dict) and isinstance(want, dict):
         keys = (set(got) | set(want)) - ignore
-        return max((row_disagreement(got.get(k), want.get(k), ignore) if k in got and k in want else math.inf
-                    for k in keys), default=0.0)
+        token = _token_scale(got, want)
+        return max((_disagreement(got[k], want[k], ignore, token if k in CLOCK_FIELDS else scale)
+                    if k in got and k in want else math.inf for k in keys), default=0.0)
     if isinstance(got, list | tuple) and isinstance(want, list | tuple):
         if len(got) != len(want):
             return math.inf
-        return max((row_disagreement(a, b, ignore) for a, b in zip(got, want, strict=True)), default=0.0)
+        return max((_disagreement(a, b, ignore, scale) for a, b in zip(got, want, strict=True)), default=0.0)
     if isinstance(got, bool) or isinstance(want, bool) or not isinstance(got, int | float) or not isinstance(want, int | float):
         return 0.0 if got == want else math.inf
-    return _rel(float(got), float(want))
+    return _rel(float(got), float(want), scale)
 
 
 def boundary_points(rows: Sequence[dict[str, Any]]) -> set[int]:

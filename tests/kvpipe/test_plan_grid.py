@@ -3,6 +3,7 @@ points in a list are: the same figures, the same boundaries, the same sample dra
 
 from __future__ import annotations
 
+import os
 from dataclasses import fields, replace
 from typing import Any
 
@@ -110,20 +111,53 @@ def test_the_envelope_asked_once_per_workload_at_any_context_is_each_points() ->
 def test_a_run_goes_before_the_checks_simulations_and_the_check_is_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the runner's pool, a run submitted while the check's boundary simulations wait (``Ahead``) cancels those not
     started and submits them again after its own pieces: the simulations held are resumed, and every figure, the
-    sample and its rows, and the check are those of one process (no pool, nothing held)."""
+    sample and its rows, and the check are those of one process (no pool, nothing held).
+
+    The simulations are made to wait, not left to timing: before the first of them, as many calls as the pool can have
+    started (each worker's, and its call queue's) are submitted that block reading a pipe the test holds; the test
+    writes to it once the next run has begun (``Runner.start`` returned). So every piece of the check's simulations is
+    still waiting when that run comes, and all are held."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import EXTRA_QUEUED_CALLS
+
     monkeypatch.setattr(plan_run, "PARALLEL_LINES", 1)
     held: list[int] = []
-    real_hold = sweep_work.Ahead.hold
+    waiting: list[int] = []  # the pieces of the check's simulations submitted when the first was held
+    gate: dict[str, Any] = {}
+    real_hold, real_submit, real_start = sweep_work.Ahead.hold, sweep_work.Ahead.submit, Runner.start
+
+    def submit(self: sweep_work.Ahead, ex: Any, pts: Any, workers: int) -> None:
+        if isinstance(ex, ProcessPoolExecutor) and "blockers" not in gate:  # the pool's every startable call blocks
+            n = 2 * gate["jobs"] + EXTRA_QUEUED_CALLS  # running, plus the call queue's room
+            gate["blockers"] = [ex.submit(os.read, gate["read"], 1) for _ in range(n)]
+        real_submit(self, ex, pts, workers)
 
     def hold(self: sweep_work.Ahead) -> list[tuple[int, int]]:
+        if not held:
+            waiting.append(sum(len(submitted) for _, submitted in self.batches))
         got = real_hold(self)
         held.append(len(got))
         return got
 
+    def start(self: Runner, pts: Any, grid: bool = False) -> Any:
+        collect = real_start(self, pts, grid)
+        if "blockers" in gate and not gate.get("open"):  # a run begun after the check's simulations: let them go
+            gate["open"] = os.write(gate["write"], b"x" * len(gate["blockers"]))
+        return collect
+
+    monkeypatch.setattr(sweep_work.Ahead, "submit", submit)
     monkeypatch.setattr(sweep_work.Ahead, "hold", hold)
+    monkeypatch.setattr(Runner, "start", start)
     answers = {}
-    for jobs in (1, 2):
-        req = PlanRequest(contexts=tuple(range(2048, 2048 * 25, 2048)), tokens=2, max_depth=3, jobs=jobs)
-        answers[jobs] = _answers(req, grid(req, list(req.contexts), [0, 1, 2, 3], [0.0, 32.0, 64.0]), monkeypatch, None)
+    gate["read"], gate["write"] = os.pipe()  # before the pool is made: its workers (forked) read it
+    try:
+        for jobs in (1, 2):
+            gate["jobs"] = jobs
+            req = PlanRequest(contexts=tuple(range(2048, 2048 * 25, 2048)), tokens=2, max_depth=3, jobs=jobs)
+            answers[jobs] = _answers(req, grid(req, list(req.contexts), [0, 1, 2, 3], [0.0, 32.0, 64.0]), monkeypatch, None)
+    finally:
+        os.close(gate["read"])
+        os.close(gate["write"])
     assert answers[1] == answers[2]
-    assert held and held[0] > 0  # some simulations were held and resumed
+    assert gate.get("open") and all(f.result() == b"x" for f in gate["blockers"])  # the pool waited on the pipe
+    assert held and waiting and held[0] == waiting[0] > 0  # every piece of the check's simulations was held, and resumed

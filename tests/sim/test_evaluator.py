@@ -165,6 +165,16 @@ def test_random_several_sequence_points_match_the_simulator(point: Point) -> Non
     _held(point)
 
 
+def test_a_short_wait_read_late_in_a_long_run_is_held_on_the_token_time() -> None:
+    """A draw of the test above that failed: 8 split sequences of llama-3.1-8b at 62,208 on the 3060, depth 1, budget 0,
+    5 tokens -- 10.7 s a token. Its boundary wait is 2.6 us a token, which the simulator reads as a difference of two
+    clock readings at up to 53 s, each rounded to ~7e-15 s: the evaluator's differs from it by 1.3e-9 of itself, and
+    by 2.5e-16 of the token's time, the scale such fields are held on (``row_disagreement``)."""
+    spec = GridSpec(models=("llama-3.1-8b",), hardware=("rtx3060-gen3x4",), contexts=((62208,),), parallels=(8,),
+                    unified=False, depths=(1,), budgets_mib=(0.0,), tokens=5)
+    _held(points(spec)[0])
+
+
 def test_every_token_and_field_of_a_point_with_a_decline_midway() -> None:
     """A budget the window outgrows at a block boundary: the ring runs, then is declined; and a ring grown midway."""
     pts = points(GridSpec(contexts=((8190,), (30000,)), depths=(1, 3), budgets_mib=(40.0, 0.0), tokens=6))
@@ -239,6 +249,21 @@ def test_row_disagreement() -> None:
     assert row_disagreement(a, {**a, "x": 1.0 + 1e-12}) == pytest.approx(1e-12, rel=1e-3)
     assert row_disagreement(a, {**a, "declined": True}) == float("inf")
     assert row_disagreement(a, {k: v for k, v in a.items() if k != "x"}) == float("inf")
+
+
+
+def test_row_disagreement_holds_clock_differences_on_the_token_time() -> None:
+    """``ms_per_token`` and the ``breakdown_ms`` figures are differences of clock readings: a difference in them counts
+    relative to the token's time (the larger ``ms_per_token``), not to themselves; every other field to itself."""
+    a = {"ms_per_token": 1000.0, "late_mib": 2e-3, "breakdown_ms": {"total": 1000.0, "boundary_wait": 2e-3}}
+    wait = {**a, "breakdown_ms": {**a["breakdown_ms"], "boundary_wait": 2e-3 + 1e-10}}
+    assert row_disagreement(a, wait) == pytest.approx(1e-13, rel=1e-3)  # 5e-8 of itself
+    assert row_disagreement(wait, {**wait, "ms_per_token": 2000.0}) == 0.5  # the larger token time, both ways
+    assert row_disagreement({**wait, "ms_per_token": 2000.0}, a) == pytest.approx(0.5)
+    assert row_disagreement(a, {**a, "late_mib": 2e-3 + 1e-10}) == pytest.approx(5e-8, rel=1e-3)  # not a clock's
+    far = {**a, "breakdown_ms": {**a["breakdown_ms"], "boundary_wait": 2e-3 + 1e-5}}
+    assert row_disagreement(a, far) == pytest.approx(1e-8, rel=1e-3)  # over the tolerance still: 1e-8 of the token
+    assert row_disagreement(a["breakdown_ms"], wait["breakdown_ms"]) == pytest.approx(5e-8, rel=1e-3)  # no row: itself
 
 
 def test_in_envelope_reasons() -> None:
