@@ -1,4 +1,4 @@
-"""Runs 10-13 of issue 28 (tools/llamacpp/README-run10.md to README-run13.md): rounds of llama-batched-bench over
+"""Runs 10-14 of issue 28 (tools/llamacpp/README-run10.md to README-run14.md): rounds of llama-batched-bench over
 calibration and held-out -npp, odd rounds ascending and even rounds reversed, held-out calls hidden, a warm follow-up
 call repeating nothing, and held-out -npp and -c that no earlier run used."""
 
@@ -36,7 +36,9 @@ RUNS = [Run(10, (512, 704, 960, 1280), (704, 960), {512: 4864, 704: 6400, 960: 1
         Run(12, (512, 800, 1000, 1280), (800, 1000), {512: 4864, 800: 7168, 1000: 8768, 1280: 11008}, 12,
             EARLIER + ("run10", "run11")),
         Run(13, (512, 672, 1056, 1280), (672, 1056), {512: 4864, 672: 6144, 1056: 9216, 1280: 11008}, 12,
-            EARLIER + ("run10", "run11", "run12"))]
+            EARLIER + ("run10", "run11", "run12")),
+        Run(14, (512, 928, 1200, 1280), (928, 1200), {512: 4864, 928: 8192, 1200: 10368, 1280: 11008}, 12,
+            EARLIER + ("run10", "run11", "run12", "run13"))]
 
 
 def _dry_run(tmp_path: Path, run: Run, phase: str, env_extra: dict[str, str] | None = None) -> tuple[list[str], str, str]:

@@ -31,6 +31,8 @@
 #   and 1000 at their own -c, the fit pooling each configuration's calls.
 #   run13, run13b, run13c: run 13 (tools/llamacpp/README-run13.md): as run 12, held out -npp 672 and 1056, calls
 #   outside their configuration's spread left out (declared before the run).
+#   run14, run14b, run14c: run 14 (tools/llamacpp/README-run14.md): as run 13, held out -npp 928 and 1200, the staging
+#   curve fitted at the one-sequence rows' copy sizes (declared before the run).
 #   span: the split-cache copy check (tools/llamacpp/README-span.md): builds, then llama-batched-bench at -npp 1216 with
 #   two -c values (streams of 1,536 and 1,280 cells), split and unified, in rounds.
 # .lcp/llama.cpp-src.tar.xz is the stripped llama.cpp tree from the llama-cpp-python 0.3.36 sdist (see its
@@ -42,7 +44,7 @@
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 PHASE=${1:-all}
-case $PHASE in all|build|bench|fa0|ngl|types|batched|run5|run5b|run5f|run6|run6b|run6f|run7|run7b|run7f|run8|run8b|run8c|run9|run9b|run9c|run10|run10b|run10c|run11|run11b|run11c|run12|run12b|run12c|run13|run13b|run13c|span) ;; *) echo "h200_bench.sh: phase '$PHASE'; expected all, build, bench, fa0, ngl, types, batched, run5, run5b, run5f, run6, run6b, run6f, run7, run7b, run7f, run8, run8b, run8c, run9, run9b, run9c, run10, run10b, run10c, run11, run11b, run11c, run12, run12b, run12c, run13, run13b, run13c or span" >&2; exit 2;; esac
+case $PHASE in all|build|bench|fa0|ngl|types|batched|run5|run5b|run5f|run6|run6b|run6f|run7|run7b|run7f|run8|run8b|run8c|run9|run9b|run9c|run10|run10b|run10c|run11|run11b|run11c|run12|run12b|run12c|run13|run13b|run13c|run14|run14b|run14c|span) ;; *) echo "h200_bench.sh: phase '$PHASE'; expected all, build, bench, fa0, ngl, types, batched, run5, run5b, run5f, run6, run6b, run6f, run7, run7b, run7f, run8, run8b, run8c, run9, run9b, run9c, run10, run10b, run10c, run11, run11b, run11c, run12, run12b, run12c, run13, run13b, run13c, run14, run14b, run14c or span" >&2; exit 2;; esac
 ROOT=$(pwd)
 T0=$(date +%s)
 DEADLINE=${LCP_DEADLINE:-570}             # seconds into this call: the device kills a call at 600 s
@@ -88,7 +90,7 @@ machine_info() {
 }
 
 build() {
-  local targets=(llama-bench); case $PHASE in types|batched|run5*|run6|run6b|run7|run7b|run8*|run9*|run10*|run11*|run12*|run13*|span) targets+=(llama-batched-bench);; esac
+  local targets=(llama-bench); case $PHASE in types|batched|run5*|run6|run6b|run7|run7b|run8*|run9*|run10*|run11*|run12*|run13*|run14*|span) targets+=(llama-batched-bench);; esac
   if [ -n "${LCP_BIN_TAR:-}" ] && [ ! -x "$BENCH" ]; then  # a build packed by run5b on the first machine
     mkdir -p "$BUILD" && cat $LCP_BIN_TAR | xz -dc | tar xf - -C "$BUILD" && log "unpacked the first machine's build ($LCP_BIN_TAR)"
   fi
@@ -305,7 +307,7 @@ if [ "$PHASE" = batched ]; then
   done
   exit 0
 fi
-case $PHASE in run10*|run11*|run12*|run13*) source "$ROOT/tools/llamacpp/rounds.sh";; run5*|run6*|run7*|run8*|run9*|span) source "$ROOT/tools/llamacpp/${PHASE:0:4}.sh";; esac
+case $PHASE in run10*|run11*|run12*|run13*|run14*) source "$ROOT/tools/llamacpp/rounds.sh";; run5*|run6*|run7*|run8*|run9*|span) source "$ROOT/tools/llamacpp/${PHASE:0:4}.sh";; esac
 bench resident-q8_0 -ctk q8_0 -ctv q8_0 -nkvo 0 -d "$D_RESIDENT"
 bench ordered-q8_0-first -ctk q8_0 -ctv q8_0 -nkvo 1 -d "$D_ORDERED_FIRST"
 bench ordered-q8_0 -ctk q8_0 -ctv q8_0 -nkvo 1 -d "$D_ORDERED"

@@ -1,4 +1,4 @@
-# Issue 28's batched campaigns, runs 10-13 (each one's design, rules and reasons: tools/llamacpp/README-runN.md),
+# Issue 28's batched campaigns, runs 10-14 (each one's design, rules and reasons: tools/llamacpp/README-runN.md),
 # sourced by h200_bench.sh after the build for the phases runN, runNb and runNc (runN builds and starts, runNb and
 # runNc, warm, go on where the last call stopped: finished calls are not repeated, h200_bench.sh's batched_one).
 # llama-batched-bench only: every -npp of RR_PP, split then unified (-kvu), RR_ROUNDS rounds, odd rounds in that order
@@ -39,7 +39,10 @@ case $PHASE in
   run13*)  # held out 672 and 1056, every -c by the rule; the outlier rule is applied after the run
     RR_PP=${LCP_R13_PP:-512 672 1056 1280} RR_HELD=${LCP_R13_PP_HELD:-672 1056} RR_CTX=${LCP_R13_CTX:-}
     RR_ROUNDS=${LCP_R13_ROUNDS:-12} ;;
-  *) echo "rounds.sh: phase '$PHASE'; expected run10*, run11*, run12* or run13*" >&2; exit 2 ;;
+  run14*)  # held out 928 and 1200, every -c by the rule; the staging curve fitted at the calibration sizes after the run
+    RR_PP=${LCP_R14_PP:-512 928 1200 1280} RR_HELD=${LCP_R14_PP_HELD:-928 1200} RR_CTX=${LCP_R14_CTX:-}
+    RR_ROUNDS=${LCP_R14_ROUNDS:-12} ;;
+  *) echo "rounds.sh: phase '$PHASE'; expected run10*, run11*, run12*, run13* or run14*" >&2; exit 2 ;;
 esac
 alternate_rounds "r${PHASE:3:2}"
 exit 0
