@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -42,21 +43,30 @@ def test_a_signal_to_the_sweep_ends_its_workers(tmp_path: Path, sig: int, code: 
     proc = subprocess.Popen([sys.executable, "-m", "kvpipe.cli", "sweep", "--context", "1024..262144/1024", "--depth", "0..8",
                              "--budget", "0,64,128", "--jobs", "2", "--quiet", "--exact", "--out", str(tmp_path / "out")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
     workers: list[int] = []
-    while time.time() < deadline and len(workers) < 2:  # the pool's two workers (and its manager thread's helpers)
-        workers = _children(proc.pid)
-        time.sleep(0.1)
-    assert len(workers) >= 2, "the sweep never started its workers"
-    while time.time() < deadline and min(_cpu_ticks(w) for w in workers) < 10:  # each has simulated for ~0.1 s CPU
-        time.sleep(0.05)
-    assert min(_cpu_ticks(w) for w in workers) >= 10, "the workers never started simulating"
-    os.kill(proc.pid, sig)
-    _, err = proc.communicate(timeout=20)
-    assert proc.returncode == code, err
-    gone_by = time.time() + 2  # the parent has returned; its workers must be ended, not left to finish their chunks
-    while time.time() < gone_by and not all(_gone(w) for w in workers):
-        time.sleep(0.05)
-    alive = [w for w in workers if not _gone(w)]
-    assert alive == [], f"workers left running: {alive}"
-    assert "Traceback" not in err and err.strip().splitlines()[-1] in ("kvpipe: terminated", "kvpipe: interrupted")
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and len(workers) < 2:  # the pool's two workers (and its manager thread's helpers)
+            workers = _children(proc.pid)
+            time.sleep(0.1)
+        assert len(workers) >= 2, "the sweep never started its workers"
+        while time.time() < deadline and min(_cpu_ticks(w) for w in workers) < 10:  # each has simulated for ~0.1 s CPU
+            time.sleep(0.05)
+        assert min(_cpu_ticks(w) for w in workers) >= 10, "the workers never started simulating"
+        os.kill(proc.pid, sig)
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == code, err
+        gone_by = time.time() + 2  # the parent has returned; its workers must be ended, not left to finish their chunks
+        while time.time() < gone_by and not all(_gone(w) for w in workers):
+            time.sleep(0.05)
+        alive = [w for w in workers if not _gone(w)]
+        assert alive == [], f"workers left running: {alive}"
+        assert "Traceback" not in err and err.strip().splitlines()[-1] in ("kvpipe: terminated", "kvpipe: interrupted")
+    finally:  # a failed check must not leave a ~30 min --exact sweep loading the machine for the tests after it
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        for w in workers:
+            if not _gone(w):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(w, signal.SIGKILL)
