@@ -146,7 +146,7 @@ def candidates(point: Point, limits: Limits, max_depth: int, rings_mib: dict[int
         if wl_n is None:
             wl_n = placed_n[n] = replace(wl, kv_gpu_layers=n)
         kept = configs.get((id(point.transport), depth, budget))  # (the entry keeps its source alive: its id is not reused)
-        if kept is None or kept[0] is not point.transport:
+        if kept is None:
             kept = configs[id(point.transport), depth, budget] = (
                 point.transport, replace(point.transport, arm="transport", depth=depth, budget_mib=budget))
         out.append(new_point(wl_n, point.hardware, kept[1]))
