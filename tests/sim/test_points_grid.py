@@ -188,8 +188,6 @@ def test_a_packed_piece_carries_only_the_objects_its_points_use() -> None:
     slice, bit for bit -- a list of points with configs shared across workloads (the memory plan's) and a grid."""
     import random
 
-    import numpy as np
-
     from kvpipe.executors import PackedPoints, summarize_packed
     from sim.evaluator import summarize
 
