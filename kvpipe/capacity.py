@@ -233,12 +233,13 @@ def choices_started(req: Any, base: Point, contexts: list[int], limits: Limits, 
     ``known``: per context, ``kvpipe.capacity_fit.placed`` of it, made already (taken out of ``known``: a context asked
     twice makes its second from scratch, as it did)."""
     per: list[list[Point]] = []
+    configs: dict[Any, Any] = {}  # the contexts' candidates share their configs (``candidates``)
     for c in contexts:
         got = known.pop(c, None) if known is not None else None
         pt = got.point if got is not None else _with_context(base, c)
         per.append(candidates(pt, limits, req.max_depth, rings.get(c) or {d: ring_estimate_mib(pt.workload, d)
                                                                          for d in range(req.max_depth + 1)}, req.build,
-                              auto_ngl, got))
+                              auto_ngl, got, configs))
     pending = start([p for ps in per for p in ps]) if any(per) else None
 
     def choose() -> list[ContextFit]:

@@ -101,7 +101,8 @@ def kv_layer_bytes(wl: Workload) -> int:
 
 def gpu_attention_layers(wl: Workload) -> int:
     """Attention layers whose layer runs on the GPU (``-ngl``)."""
-    return sum(1 for a in wl.model.attn_layers if a >= wl.gpu_layer_start)
+    start = wl.gpu_layer_start  # (a property: read once, not once per layer)
+    return sum(1 for a in wl.model.attn_layers if a >= start)
 
 
 def kv_on_device_bytes(wl: Workload, kv_offload: bool) -> int:

@@ -181,6 +181,42 @@ def test_packed_points_come_back_equal_and_shared_through_pickle() -> None:
     assert all(np.array_equal(getattr(got, f), getattr(want, f)) for f in want.__dataclass_fields__)
 
 
+def test_a_packed_piece_carries_only_the_objects_its_points_use() -> None:
+    """A piece of ``PackedPoints`` (what a worker is sent) holds the workload, machine and config objects its points use
+    and no other, in the whole's order, the same objects (the whole's list itself where the piece uses every one); its
+    points are the slice's, sharing as they did, and ``summarize_packed`` of each piece answers as ``summarize`` of the
+    slice, bit for bit -- a list of points with configs shared across workloads (the memory plan's) and a grid."""
+    import random
+
+    from kvpipe.executors import PackedPoints, summarize_packed
+    from sim.evaluator import summarize
+
+    pts = points(GridSpec(contexts=((4096,), (8192,), (20000,), (65536,)), depths=(0, 1, 3), budgets_mib=(0, 64),
+                          kv_offload=(True, False)))
+    pts = pts + pts[:6]
+    random.Random(5).shuffle(pts)
+    grid = sp.point_grid(GridSpec(contexts=tuple((c,) for c in range(1024, 1024 * 9, 1024)), depths=(0, 2), budgets_mib=(0, 32)))
+    for whole in (pts, grid):
+        packed = PackedPoints(whole)
+        n = len(whole)
+        for lo, hi in ((0, n), (0, n // 3), (n // 3, 2 * n // 3), (n - 1, n), (4, 5)):
+            piece = packed.take(lo, hi)
+            for (objs, idx), (all_objs, all_idx) in zip(piece.parts, packed.parts, strict=True):
+                want = [all_objs[i] for i in sorted(set(all_idx[lo:hi].tolist()))]
+                assert len(objs) == len(want) and all(a is b for a, b in zip(objs, want, strict=True))
+                assert [objs[i] for i in idx.tolist()] == [all_objs[i] for i in all_idx[lo:hi].tolist()]
+                assert idx.dtype == all_idx.dtype
+                if len(want) == len(all_objs):
+                    assert objs is all_objs
+            made = piece.points()
+            sliced = [whole[i] for i in range(lo, hi)]
+            assert made == sliced and _sharing(made) == _sharing(sliced)
+            got, exp = summarize_packed(piece), summarize(sliced)
+            for f in exp.__dataclass_fields__:
+                a, b = getattr(got, f), getattr(exp, f)
+                assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
 @pytest.mark.parametrize("spec", SPECS)
 def test_a_point_grid_makes_the_plain_walks_points_when_asked(spec: GridSpec) -> None:
     """``sim.points.point_grid`` holds the walk's points as arrays: each one asked for is the walk's (equal, sharing its
