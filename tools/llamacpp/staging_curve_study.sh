@@ -20,9 +20,10 @@ if sys.argv[2] == "flat":  # one rate; the fitted staging factor sets it
         dev["links"]["h2d_pageable"]["points"] = [[1.0, 8.85]]
 json.dump(d, open(sys.argv[1], "w"), indent=1)
 PY
+ctx=()
 case $run in
   11) files=$(for c in split unified; do for pp in 512 1280; do ls $R/run11/call*/r11-batched-$c-pp$pp-r[1-5].jsonl; done; done)
-      held=576,1120; rule=(); cmp=(--statistic gmean); measured=$(ls $R/run11/call*/r11-batched-*.jsonl) ;;
+      held=576,1120; ctx=(--ctx 576=14336); rule=(); cmp=(--statistic gmean); measured=$(ls $R/run11/call*/r11-batched-*.jsonl) ;;
   12) files=$(for c in split unified; do for pp in 512 1280; do ls $R/run12/call*/r12-batched-$c-pp$pp-r[1-8].jsonl; done; done)
       held=800,1000; rule=(); cmp=(--statistic gmean); measured=$(ls $R/run12/call*/r12-batched-*.jsonl) ;;
   13) files=$(for c in split unified; do for pp in 512 1280; do ls $R/run13/call[12]/r13-batched-$c-pp$pp-r[1-6].jsonl $R/run13/call3/r13-batched-$c-pp$pp-r1.jsonl; done; done)
@@ -35,5 +36,5 @@ units=$(for i in $(seq 1 "$n"); do if [ "$i" -le $((n / 2)) ]; then echo 0; else
 kvpipe calibrate --from-batched-bench "$(echo "$files" | paste -sd,)" --kv-unified "$units" --nkvo 1 --pageable \
     --fit-staging $fit --kv-copy span "${rule[@]}" --hardware "$out/base.json" -m "$G" --out "$out/profile.json" > "$out/calibrate.txt"
 python tools/llamacpp/predict_batched.py predict --profile "$out/profile.json" --gguf "$G" --pp $held --tg 64 \
-    --kv-copy span --out "$out" > "$out/predict.txt"
+    "${ctx[@]}" --kv-copy span --out "$out" > "$out/predict.txt"
 python tools/llamacpp/predict_batched.py compare --out "$out" "${cmp[@]}" $measured | tail -9
