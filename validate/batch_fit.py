@@ -153,21 +153,28 @@ def staging_factor(base: dict[str, Any], model: ModelShape, cache_k: CacheType, 
     return golden_log(cost, lo, hi, 30)
 
 
+def _one_sequence_rows(model: ModelShape, cache_k: CacheType, cache_v: CacheType, runs: Sequence[TokenRun],
+                       what: str) -> tuple[list[TokenRun], str, list[Any]]:
+    """The ordered one-sequence rows of ``runs``, their link's key and their workloads, for fitting the staging
+    ``what`` (rate or curve) to them. Raises InputError without one. Pure."""
+    from validate.link_fit import h2d_key
+
+    ones = [r for r in runs if r.arm == "ordered" and r.sequences == 1]
+    if not ones:
+        raise InputError(f"the staging {what} from the one-sequence rows needs -nkvo rows at one sequence (got sequences "
+                         f"{', '.join(str(s) for s in sorted({r.sequences for r in runs}))}); allowed: llama-batched-bench "
+                         "files with -npl 1 among the -npl values")
+    return ones, h2d_key(ones), [workload_of(model, cache_k, cache_v, r) for r in ones]
+
+
 def staging_one(base: dict[str, Any], model: ModelShape, cache_k: CacheType, cache_v: CacheType, runs: Sequence[TokenRun],
                 lo: float = 0.25, hi: float = 4.0) -> float:
     """The factor on the ordered runs' link rate that leaves the least squared relative error over the ordered
     one-sequence rows alone (each row's own simulated step, no constant: a one-sequence step holds no per-sequence term).
     Raises InputError without an ordered one-sequence row. Blocks (a golden-section search, one simulation a row a step)."""
-    from validate.link_fit import h2d_key
     from validate.token_sim import golden_log
 
-    ones = [r for r in runs if r.arm == "ordered" and r.sequences == 1]
-    if not ones:
-        raise InputError("the staging rate from the one-sequence rows needs -nkvo rows at one sequence (got sequences "
-                         f"{', '.join(str(s) for s in sorted({r.sequences for r in runs}))}); allowed: llama-batched-bench "
-                         "files with -npl 1 among the -npl values")
-    key = h2d_key(ones)
-    wls = [workload_of(model, cache_k, cache_v, r) for r in ones]
+    ones, key, wls = _one_sequence_rows(model, cache_k, cache_v, runs, "rate")
 
     def cost(f: float) -> float:
         d = with_staging(base, key, f)
@@ -214,16 +221,9 @@ def staging_sizes(base: dict[str, Any], model: ModelShape, cache_k: CacheType, c
     in the log of the size), outside them held flat; with one size the curve is flat at it. Returns the points (MiB a
     copy, GB/s), ascending. Raises InputError without an ordered one-sequence row. Blocks (a golden-section search a
     size a sweep, one simulation a row a step)."""
-    from validate.link_fit import h2d_key
     from validate.token_sim import golden_log
 
-    ones = [r for r in runs if r.arm == "ordered" and r.sequences == 1]
-    if not ones:
-        raise InputError("the staging curve from the one-sequence rows needs -nkvo rows at one sequence (got sequences "
-                         f"{', '.join(str(s) for s in sorted({r.sequences for r in runs}))}); allowed: llama-batched-bench "
-                         "files with -npl 1 among the -npl values")
-    key = h2d_key(ones)
-    wls = [workload_of(model, cache_k, cache_v, r) for r in ones]
+    ones, key, wls = _one_sequence_rows(model, cache_k, cache_v, runs, "curve")
     size = [one_sequence_copy_bytes(model, cache_k, cache_v, r) / 2**20 for r in ones]
     sizes = sorted(set(size))
     rate = {m: _base_rate(base, key, m) for m in sizes}
@@ -301,7 +301,8 @@ def fit_per_sequence(base: dict[str, Any], model: ModelShape, cache_k: CacheType
     """The per-sequence ``term`` (a key of :data:`TERMS`) of ``base`` fitted to ``runs``; see the module doc.
     ``staging``: the ordered runs' link rate refitted, the profile then carries it: ``"all"`` beside the term
     (:func:`staging_factor`), ``"one"`` from the one-sequence rows alone before the term (:func:`staging_one`),
-    ``"sizes"`` the link's curve from the one-sequence rows, a rate per copy size (:func:`staging_sizes`). ``spread``: :func:`pooled`'s (0: every call kept).
+    ``"sizes"`` the link's curve from the one-sequence rows, a rate per copy size (:func:`staging_sizes`).
+    ``spread``: :func:`pooled`'s (0: every call kept).
 
     Each run is one step of ``run.sequences`` sequences (``seconds_per_token``: the step's seconds, all sequences).
     The slope minimises the squared relative error, over :func:`pooled` runs (repeated calls of a configuration at
@@ -411,7 +412,8 @@ def apply(profile: dict[str, Any], fit: BatchFit, model: ModelShape, cache_k: Ca
             how = ("to the one-sequence rows alone, before the per-sequence term (validate.batch_fit.staging_one)"
                    if fit.staging_from == "one" else
                    "beside the per-sequence term to the same rows (validate.batch_fit.staging_factor)")
-            curve = (f"one rate per copy size of the one-sequence rows ({', '.join(f'{b:.3f} MiB: {g:.3f} GB/s' for b, g in fit.staging_points)}"
+            each = ", ".join(f"{b:.3f} MiB: {g:.3f} GB/s" for b, g in fit.staging_points)
+            curve = (f"one rate per copy size of the one-sequence rows ({each}"
                      "; between them interpolated in log size, flat outside), fitted to those rows "
                      "(validate.batch_fit.staging_sizes)" if fit.staging_points else
                      f"the base's curve at {fit.staging:.4f} times its rate: fitted {how}")

@@ -234,7 +234,7 @@ def test_the_sizes_rule_fits_the_link_curve_at_the_one_sequence_rows_copy_sizes(
     the short prompt's copy size and 20% below it at the long one's gives both rates back (a factor on the base's
     shape cannot: ``one`` leaves each size several percent off), the term beside them, and the profile carries the
     curve."""
-    from validate.batch_fit import fit_per_sequence, one_sequence_copy_bytes, with_points, _base_rate
+    from validate.batch_fit import _base_rate, fit_per_sequence, one_sequence_copy_bytes, with_points
 
     base, _ = read_profile_dict("h200-gen5x16")
     m, q = load_model("llama-3.1-8b"), cache_type("q8_0")
