@@ -35,11 +35,11 @@ Two choices, stated once:
   at two contexts or more the two are told apart (a copy grows with the
   context, the term does not): a factor on the link's rate is fitted with the
   term (:func:`staging_factor`) and goes into the profile. Or (``staging="one"``)
-  the factor is fitted to the one-sequence rows alone (:func:`staging_one`:
+  the factor is fitted to the one-sequence rows alone (:func:`validate.staging_fit.staging_one`:
   a one-sequence step holds no per-sequence term, so its miss is the call's
   staging and the profile's compute), kept, and the term fitted after it.
   Or (``staging="sizes"``) the link's curve itself is refitted from the
-  one-sequence rows (:func:`staging_sizes`): one rate per copy size those rows
+  one-sequence rows (:func:`validate.staging_fit.staging_sizes`): one rate per copy size those rows
   ran, the base's curve shape between them not used (run 13, docs/validation.md:
   the base's knee between 1.33 and 1.50 MiB a copy, placed by llama-bench runs
   of other cache types, priced a held-out size 10% fast).
@@ -60,6 +60,7 @@ from typing import Any
 from backends.profile import workload_key
 from sim.errors import InputError
 from sim.workload import CacheType, ModelShape
+from validate.staging_fit import staging_one, staging_sizes, with_points, with_staging
 from validate.token_fit import TokenRun, simulated_s, workload_of
 
 #: Where the per-sequence cost of a step goes, by name: the profile compute key and what it prices.
@@ -99,13 +100,6 @@ def with_term(profile: dict[str, Any], key: str, value_us: float, entry: str = "
 def _point(r: TokenRun) -> tuple[Any, ...]:
     return (r.arm, r.context, r.unified, r.pinned, r.n_gpu_layers)
 
-
-def with_staging(profile: dict[str, Any], key: str, factor: float) -> dict[str, Any]:
-    """A copy of the profile dict whose link ``key`` runs ``factor`` times its rate at every copy size. Pure."""
-    d = copy.deepcopy(profile)
-    for dev in d["devices"]:
-        dev["links"][key]["points"] = [[b, g * factor] for b, g in dev["links"][key]["points"]]
-    return d
 
 
 def _design(base: dict[str, Any], key: str, entry: str, model: ModelShape, cache_k: CacheType, cache_v: CacheType,
@@ -152,91 +146,6 @@ def staging_factor(base: dict[str, Any], model: ModelShape, cache_k: CacheType, 
 
     return golden_log(cost, lo, hi, 30)
 
-
-def _one_sequence_rows(model: ModelShape, cache_k: CacheType, cache_v: CacheType, runs: Sequence[TokenRun],
-                       what: str) -> tuple[list[TokenRun], str, list[Any]]:
-    """The ordered one-sequence rows of ``runs``, their link's key and their workloads, for fitting the staging
-    ``what`` (rate or curve) to them. Raises InputError without one. Pure."""
-    from validate.link_fit import h2d_key
-
-    ones = [r for r in runs if r.arm == "ordered" and r.sequences == 1]
-    if not ones:
-        raise InputError(f"the staging {what} from the one-sequence rows needs -nkvo rows at one sequence (got sequences "
-                         f"{', '.join(str(s) for s in sorted({r.sequences for r in runs}))}); allowed: llama-batched-bench "
-                         "files with -npl 1 among the -npl values")
-    return ones, h2d_key(ones), [workload_of(model, cache_k, cache_v, r) for r in ones]
-
-
-def staging_one(base: dict[str, Any], model: ModelShape, cache_k: CacheType, cache_v: CacheType, runs: Sequence[TokenRun],
-                lo: float = 0.25, hi: float = 4.0) -> float:
-    """The factor on the ordered runs' link rate that leaves the least squared relative error over the ordered
-    one-sequence rows alone (each row's own simulated step, no constant: a one-sequence step holds no per-sequence term).
-    Raises InputError without an ordered one-sequence row. Blocks (a golden-section search, one simulation a row a step)."""
-    from validate.token_sim import golden_log
-
-    ones, key, wls = _one_sequence_rows(model, cache_k, cache_v, runs, "rate")
-
-    def cost(f: float) -> float:
-        d = with_staging(base, key, f)
-        return sum((simulated_s(d, wl, r.arm) / r.seconds_per_token - 1.0) ** 2 for wl, r in zip(wls, ones, strict=True))
-
-    return golden_log(cost, lo, hi, 30)
-
-
-def one_sequence_copy_bytes(model: ModelShape, cache_k: CacheType, cache_v: CacheType, run: TokenRun) -> int:
-    """The largest host->device copy (bytes) a one-sequence ``run``'s decode step makes: one layer's K or V window at
-    its context, padded as llama.cpp pads the attended rows. Pure (builds the step's graph)."""
-    from backends.profile import ComputeModel
-    from sim.graph import decode_graph
-
-    wl = workload_of(model, cache_k, cache_v, run)
-    g = decode_graph(wl, ComputeModel(), position=max(wl.contexts))
-    return max((i.nbytes for sp in g.splits for i in sp.staged), default=0)
-
-
-def with_points(profile: dict[str, Any], key: str, points: Sequence[tuple[float, float]]) -> dict[str, Any]:
-    """A copy of the profile dict whose link ``key`` has the curve ``points`` ((MiB a copy, GB/s), ascending; its
-    latency kept). Pure."""
-    d = copy.deepcopy(profile)
-    for dev in d["devices"]:
-        dev["links"][key]["points"] = [[float(b), float(g)] for b, g in points]
-    return d
-
-
-def _base_rate(profile: dict[str, Any], key: str, mib: float) -> float:
-    """The GB/s of ``profile``'s link ``key`` (device 0) at a copy of ``mib`` MiB, as backends.profile_types.LinkCurve
-    interpolates it. Pure."""
-    from backends.profile_types import LinkCurve
-
-    pts = profile["devices"][0]["links"][key]["points"]
-    return LinkCurve(tuple(b * 2**20 for b, _ in pts), tuple(g * 1e9 for _, g in pts)).bandwidth(mib * 2**20) / 1e9
-
-
-def staging_sizes(base: dict[str, Any], model: ModelShape, cache_k: CacheType, cache_v: CacheType, runs: Sequence[TokenRun],
-                  lo: float = 0.25, hi: float = 4.0, sweeps: int = 2) -> tuple[tuple[float, float], ...]:
-    """The link curve fitted to the ordered one-sequence rows: one point per copy size they ran
-    (:func:`one_sequence_copy_bytes`), its rate the base's rate at that size times the factor that leaves the least
-    squared relative error over that size's rows, the other points held (``sweeps`` passes over the sizes: a row's
-    step may hold copies of other sizes). Between the points the rate is interpolated as every link curve is (linear
-    in the log of the size), outside them held flat; with one size the curve is flat at it. Returns the points (MiB a
-    copy, GB/s), ascending. Raises InputError without an ordered one-sequence row. Blocks (a golden-section search a
-    size a sweep, one simulation a row a step)."""
-    from validate.token_sim import golden_log
-
-    ones, key, wls = _one_sequence_rows(model, cache_k, cache_v, runs, "curve")
-    size = [one_sequence_copy_bytes(model, cache_k, cache_v, r) / 2**20 for r in ones]
-    sizes = sorted(set(size))
-    rate = {m: _base_rate(base, key, m) for m in sizes}
-    for _ in range(sweeps):
-        for m in sizes:
-            mine = [(wl, r) for wl, r, s in zip(wls, ones, size, strict=True) if s == m]
-
-            def cost(f: float, m: float = m, mine: list[tuple[Any, TokenRun]] = mine) -> float:
-                d = with_points(base, key, [(b, rate[b] * (f if b == m else 1.0)) for b in sizes])
-                return sum((simulated_s(d, wl, r.arm) / r.seconds_per_token - 1.0) ** 2 for wl, r in mine)
-
-            rate[m] *= golden_log(cost, lo, hi, 30)
-    return tuple((m, rate[m]) for m in sizes)
 
 
 def _entry(model: ModelShape, cache_k: CacheType, cache_v: CacheType) -> str:
@@ -300,8 +209,8 @@ def fit_per_sequence(base: dict[str, Any], model: ModelShape, cache_k: CacheType
                      runs: Sequence[TokenRun], term: str = "layer", staging: str = "", spread: float = 0.0) -> BatchFit:
     """The per-sequence ``term`` (a key of :data:`TERMS`) of ``base`` fitted to ``runs``; see the module doc.
     ``staging``: the ordered runs' link rate refitted, the profile then carries it: ``"all"`` beside the term
-    (:func:`staging_factor`), ``"one"`` from the one-sequence rows alone before the term (:func:`staging_one`),
-    ``"sizes"`` the link's curve from the one-sequence rows, a rate per copy size (:func:`staging_sizes`).
+    (:func:`staging_factor`), ``"one"`` from the one-sequence rows alone before the term (:func:`validate.staging_fit.staging_one`),
+    ``"sizes"`` the link's curve from the one-sequence rows, a rate per copy size (:func:`validate.staging_fit.staging_sizes`).
     ``spread``: :func:`pooled`'s (0: every call kept).
 
     Each run is one step of ``run.sequences`` sequences (``seconds_per_token``: the step's seconds, all sequences).
@@ -409,13 +318,13 @@ def apply(profile: dict[str, Any], fit: BatchFit, model: ModelShape, cache_k: Ca
             f"to a step, one constant per point for the one-sequence profile's miss (validate.batch_fit); the other "
             f"per-sequence terms as the base has them")
         if fit.link_key:
-            how = ("to the one-sequence rows alone, before the per-sequence term (validate.batch_fit.staging_one)"
+            how = ("to the one-sequence rows alone, before the per-sequence term (validate.staging_fit.staging_one)"
                    if fit.staging_from == "one" else
                    "beside the per-sequence term to the same rows (validate.batch_fit.staging_factor)")
             each = ", ".join(f"{b:.3f} MiB: {g:.3f} GB/s" for b, g in fit.staging_points)
             curve = (f"one rate per copy size of the one-sequence rows ({each}"
                      "; between them interpolated in log size, flat outside), fitted to those rows "
-                     "(validate.batch_fit.staging_sizes)" if fit.staging_points else
+                     "(validate.staging_fit.staging_sizes)" if fit.staging_points else
                      f"the base's curve at {fit.staging:.4f} times its rate: fitted {how}")
             prov[f"devices.links.{fit.link_key}"] = (
                 f"{curve} ({source}). Base: {prov.get(f'devices.links.{fit.link_key}', 'as given')}")

@@ -234,7 +234,8 @@ def test_the_sizes_rule_fits_the_link_curve_at_the_one_sequence_rows_copy_sizes(
     the short prompt's copy size and 20% below it at the long one's gives both rates back (a factor on the base's
     shape cannot: ``one`` leaves each size several percent off), the term beside them, and the profile carries the
     curve."""
-    from validate.batch_fit import _base_rate, fit_per_sequence, one_sequence_copy_bytes, with_points
+    from validate.batch_fit import fit_per_sequence
+    from validate.staging_fit import base_rate, one_sequence_copy_bytes, with_points
 
     base, _ = read_profile_dict("h200-gen5x16")
     m, q = load_model("llama-3.1-8b"), cache_type("q8_0")
@@ -245,7 +246,7 @@ def test_the_sizes_rule_fits_the_link_curve_at_the_one_sequence_rows_copy_sizes(
         one = [r for r in batched_bench.token_runs(batched_bench.load(probe), "ordered", False, pinned=True) if r.sequences == 1]
         sizes.append(one_sequence_copy_bytes(m, q, q, one[0]) / 2**20)
     assert sizes[0] < sizes[1]
-    truth_points = [(sizes[0], _base_rate(base, "h2d_pinned", sizes[0])), (sizes[1], 0.8 * _base_rate(base, "h2d_pinned", sizes[1]))]
+    truth_points = [(sizes[0], base_rate(base, "h2d_pinned", sizes[0])), (sizes[1], 0.8 * base_rate(base, "h2d_pinned", sizes[1]))]
     truth = with_points(base, "h2d_pinned", truth_points)
     files = [tmp_path / f"{lay}-{pp}.jsonl" for pp in (1024, 4096) for lay in ("split", "unified")]
     for f in files:
