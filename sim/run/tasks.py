@@ -21,7 +21,7 @@ Units: bytes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -92,7 +92,8 @@ def tasks(points: list[Point], todo: list[bool] | None = None, exact: bool = Fal
 
     ``exact`` or not ``share``: one task per point, simulated as asked (``exact`` also runs every token). A group's
     simulation is its first point in grid order (an ordered group's at depth 0); ``shared_with_n`` counts the
-    whole grid, so a resumed sweep's rows say the same. Pure (plans every point; builds a graph per window size).
+    whole grid, so a resumed sweep's rows say the same. Pure (plans every point, then the ordered groups' depth-0 runs
+    together; builds a graph per window size).
     """
     todo = todo if todo is not None else [True] * len(points)
     if exact:  # every point as asked: nothing to plan
@@ -105,15 +106,18 @@ def tasks(points: list[Point], todo: list[bool] | None = None, exact: bool = Fal
     groups: dict[Any, list[int]] = {}
     for i, k in enumerate(keys):
         groups.setdefault(k, []).append(i)
-    out = []
+    runs = []  # (the group's indices, its simulation's point, whether that is the depth-0 run of a deeper first point)
     for k, idx in groups.items():
         if not any(todo[i] for i in idx):
             continue
         first = points[idx[0]]
         ordered = k[-1] == "ordered" and first.transport.depth != 0
-        sim = replace(first, transport=replace(first.transport, depth=0)) if ordered else first
+        runs.append((idx, replace(first, transport=replace(first.transport, depth=0)) if ordered else first, ordered))
+    ordered_plans = iter(_plans([sim for _, sim, ordered in runs if ordered], alone=plan_point))
+    out = []
+    for idx, sim, ordered in runs:
         members = tuple(Member(points[i], plans[i], _label(sim), len(idx), i) for i in idx if todo[i])
-        out.append(Task(sim, plan_point(sim) if ordered else plans[idx[0]], members, exact))
+        out.append(Task(sim, next(ordered_plans) if ordered else plans[idx[0]], members, exact))
     return out
 
 
@@ -122,12 +126,16 @@ def _label(sim: Point) -> dict[str, Any]:
     return {"depth": sim.transport.depth, "budget_mib": sim.transport.budget_mib}
 
 
-def _plans(points: list[Point]) -> list[PointPlan]:
-    """Every point's plan, planned together; if that raises, each alone (:func:`_plan_or_alone`)."""
+def _plans(points: list[Point], alone: Callable[[Point], PointPlan] | None = None) -> list[PointPlan]:
+    """Every point's plan, planned together (a point's plan is the same whatever else the replay holds: its arrays are
+    per point); if that raises, each ``alone`` (default :func:`_plan_or_alone`; ``plan_point`` raises what the first
+    point that cannot be planned raises). Pure."""
+    if not points:
+        return []
     try:
         together = plan_points(points)
     except Exception:  # noqa: BLE001 - some point cannot be planned: find which, point by point
-        return [_plan_or_alone(p) for p in points]
+        return [(alone or _plan_or_alone)(p) for p in points]
     return [together.point_plan(i) for i in range(len(points))]
 
 
