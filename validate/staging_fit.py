@@ -103,6 +103,9 @@ def staging_sizes(base: dict[str, Any], model: ModelShape, cache_k: CacheType, c
 
     ones, key, wls = _one_sequence_rows(model, cache_k, cache_v, runs, "curve")
     size = [one_sequence_copy_bytes(model, cache_k, cache_v, r) / 2**20 for r in ones]
+    if min(size) <= 0:
+        raise InputError("the staging curve from the one-sequence rows needs rows whose step copies a window to the device "
+                         "(one copied none); allowed: -nkvo runs with the attention layers on the GPU (-ngl 99)")
     sizes = sorted(set(size))
     rate = {m: base_rate(base, key, m) for m in sizes}
     for _ in range(sweeps):
