@@ -7,11 +7,14 @@
 # prediction-batched12/README.md.
 #   bash tools/llamacpp/staging_curve_study.sh RUN CURVE OUT   (RUN: 11, 12 or 13; CURVE: flat or sizes; OUT: a scratch folder)
 set -euo pipefail
+if [ $# -ne 3 ]; then echo "staging_curve_study: $# arguments; allowed: RUN CURVE OUT (e.g. 13 sizes /tmp/study)" >&2; exit 2; fi
 run=$1; curve=$2; out=$3
 R=validate/results/h200-llamacpp
 G=${GGUF:-/tmp/llama-3.1-8b-q8_0.gguf}
-mkdir -p "$out"
+case $run in 11|12|13) ;; *) echo "staging_curve_study: RUN $run; allowed: 11, 12 or 13" >&2; exit 2 ;; esac
 case $curve in flat) fit=one ;; sizes) fit=sizes ;; *) echo "staging_curve_study: CURVE $curve; allowed: flat or sizes" >&2; exit 2 ;; esac
+[ -f "$G" ] || { echo "staging_curve_study: GGUF $G is not a file; allowed: the GGUF of prediction-batched12/README.md (or GGUF=path)" >&2; exit 2; }
+mkdir -p "$out"
 python - "$out/base.json" "$curve" <<'PY'
 import json, sys
 d = json.load(open("validate/results/h200-llamacpp/prediction-types8/profile.json"))
