@@ -60,7 +60,8 @@ from typing import Any
 from backends.profile import workload_key
 from sim.errors import InputError
 from sim.workload import CacheType, ModelShape
-from validate.staging_fit import staging_one, staging_sizes, with_points, with_staging
+from validate.link_fit import with_points
+from validate.staging_fit import staging_one, staging_sizes, with_staging
 from validate.token_fit import TokenRun, simulated_s, workload_of
 
 #: Where the per-sequence cost of a step goes, by name: the profile compute key and what it prices.

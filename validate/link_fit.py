@@ -31,12 +31,18 @@ from sim.workload import CacheType, ModelShape, Workload
 from validate.token_sim import TokenRun, gauss_newton, golden_log, simulated_s, workload_of
 
 
-def with_h2d(profile: dict[str, Any], h2d_GBps: float, key: str = "h2d_pinned") -> dict[str, Any]:
-    """A copy of the profile dict whose H2D link ``key`` (pinned or pageable) is flat at ``h2d_GBps`` (latency kept)."""
+def with_points(profile: dict[str, Any], key: str, points: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """A copy of the profile dict whose link ``key`` has the curve ``points`` ((MiB a copy, GB/s), ascending) on every
+    device, its latency kept. Pure."""
     d = copy.deepcopy(profile)
     for dev in d["devices"]:
-        dev["links"][key]["points"] = [[1.0, h2d_GBps]]
+        dev["links"][key]["points"] = [[float(b), float(g)] for b, g in points]
     return d
+
+
+def with_h2d(profile: dict[str, Any], h2d_GBps: float, key: str = "h2d_pinned") -> dict[str, Any]:
+    """A copy of the profile dict whose H2D link ``key`` (pinned or pageable) is flat at ``h2d_GBps`` (latency kept)."""
+    return with_points(profile, key, [(1.0, h2d_GBps)])
 
 
 def fit_h2d(profile: dict[str, Any], model: ModelShape, cache_k: CacheType, cache_v: CacheType,
@@ -112,10 +118,8 @@ def curve_points(rec: dict[str, Any]) -> list[list[float]]:
 def with_curve(profile: dict[str, Any], key: str, rec: dict[str, Any]) -> dict[str, Any]:
     """A copy of the profile dict whose link ``key`` is the curve of a :func:`fit_pageable` record (its points and,
     unless flat, its latency). Pure."""
-    d = with_link(profile, key, rec["GBps"], rec["latency_us"] if rec["curve"] != "flat" else None)
-    for dev in d["devices"]:
-        dev["links"][key]["points"] = curve_points(rec)
-    return d
+    return with_points(with_link(profile, key, rec["GBps"], rec["latency_us"] if rec["curve"] != "flat" else None), key,
+                       curve_points(rec))
 
 
 def _regimes(sizes: Sequence[int], each: Sequence[float]) -> tuple[float, float] | None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from sim.errors import InputError
 from sim.workload import CacheType, ModelShape
+from validate.link_fit import h2d_key, with_points
 from validate.token_fit import TokenRun, simulated_s, workload_of
 
 
@@ -35,8 +36,6 @@ def _one_sequence_rows(model: ModelShape, cache_k: CacheType, cache_v: CacheType
                        what: str) -> tuple[list[TokenRun], str, list[Any]]:
     """The ordered one-sequence rows of ``runs``, their link's key and their workloads, for fitting the staging
     ``what`` (rate or curve) to them. Raises InputError without one. Pure."""
-    from validate.link_fit import h2d_key
-
     ones = [r for r in runs if r.arm == "ordered" and r.sequences == 1]
     if not ones:
         raise InputError(f"the staging {what} from the one-sequence rows needs -nkvo rows at one sequence (got sequences "
@@ -70,15 +69,6 @@ def one_sequence_copy_bytes(model: ModelShape, cache_k: CacheType, cache_v: Cach
     wl = workload_of(model, cache_k, cache_v, run)
     g = decode_graph(wl, ComputeModel(), position=max(wl.contexts))
     return max((i.nbytes for sp in g.splits for i in sp.staged), default=0)
-
-
-def with_points(profile: dict[str, Any], key: str, points: Sequence[tuple[float, float]]) -> dict[str, Any]:
-    """A copy of the profile dict whose link ``key`` has the curve ``points`` ((MiB a copy, GB/s), ascending; its
-    latency kept). Pure."""
-    d = copy.deepcopy(profile)
-    for dev in d["devices"]:
-        dev["links"][key]["points"] = [[float(b), float(g)] for b, g in points]
-    return d
 
 
 def base_rate(profile: dict[str, Any], key: str, mib: float) -> float:

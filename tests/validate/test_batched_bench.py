@@ -235,7 +235,8 @@ def test_the_sizes_rule_fits_the_link_curve_at_the_one_sequence_rows_copy_sizes(
     shape cannot: ``one`` leaves each size several percent off), the term beside them, and the profile carries the
     curve."""
     from validate.batch_fit import fit_per_sequence
-    from validate.staging_fit import base_rate, one_sequence_copy_bytes, with_points
+    from validate.link_fit import with_points
+    from validate.staging_fit import base_rate, one_sequence_copy_bytes
 
     base, _ = read_profile_dict("h200-gen5x16")
     m, q = load_model("llama-3.1-8b"), cache_type("q8_0")
