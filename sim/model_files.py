@@ -212,18 +212,17 @@ def _from_hf_config(cfg: dict[str, Any], where: str) -> ModelShape:
     )
 
 
-def _gguf_reader(path: Path) -> Any:
-    """The file's ``GGUFReader`` (reads the header and the tensor list; blocks on the read); a bad file: ValueError."""
-    try:
-        from gguf import GGUFReader
-    except ImportError as exc:  # pragma: no cover - gguf is a dependency
-        raise ValueError("reading .gguf files needs the 'gguf' package") from exc
+def _gguf_header(path: Path) -> Any:
+    """The file's header (``sim.gguf_header``: metadata and tensor sizes, a tokenizer's strings skipped; blocks on the
+    read, ~0.1-0.2 s for a 128k-token vocabulary); a bad file: ValueError naming it."""
+    from sim.gguf_header import read_header
+
     if not path.is_file():
         raise ValueError(f"cannot read GGUF file {shown(path)}: no such file")
     note_input(path)
     try:
-        return GGUFReader(str(path), "r")
-    except Exception as exc:  # gguf raises ValueError/struct.error/OSError/MemoryError on bad files (an array of 2^60)
+        return read_header(path)
+    except Exception as exc:  # a bad file: ValueError, struct.error, OSError, MemoryError, UnicodeError
         reason = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise ValueError(f"cannot read GGUF file {shown(path)}: {reason}; allowed: a GGUF file llama.cpp can load") from exc
 
@@ -244,12 +243,29 @@ def _gguf_attention(field_value: Callable[[str], Any], kv: Any, arch: str, where
 
 
 def _from_gguf(path: Path) -> ModelShape:
-    reader = _gguf_reader(path)
+    """The shape in a GGUF file's header, read once per process for a file of the same size and modification time
+    (a plan names its model once per grid). Blocks on the first read."""
+    st = path.stat() if path.is_file() else None
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns) if st else None
+    got = _GGUF_SHAPES.get(key) if key else None
+    if got is None:
+        got = _read_gguf_shape(path)
+        if key:
+            _GGUF_SHAPES[key] = got
+    else:
+        note_input(path)
+    return got
+
+
+_GGUF_SHAPES: dict[tuple[str, int, int], ModelShape] = {}  # _from_gguf's shapes by (file, size, mtime)
+
+
+def _read_gguf_shape(path: Path) -> ModelShape:
+    header = _gguf_header(path)
     where = str(path)
 
     def field_value(key: str) -> Any:
-        f = reader.fields.get(key)
-        return None if f is None else f.contents()
+        return header.fields.get(key)
 
     arch = field_value("general.architecture")
     if not arch:
@@ -275,17 +291,17 @@ def _from_gguf(path: Path) -> ModelShape:
     ffn = count(max(ffn_v) if isinstance(ffn_v, list) else ffn_v, f"{arch}.feed_forward_length", where, "ffn")
     vocab = field_value(f"{arch}.vocab_size")
     if vocab is None:
-        tokens = reader.fields.get("tokenizer.ggml.tokens")
-        vocab = len(tokens.data) if tokens is not None else 32000
+        tokens = header.fields.get("tokenizer.ggml.tokens")
+        vocab = len(tokens) if tokens is not None else 32000
     vocab = count(vocab, f"{arch}.vocab_size", where, "vocab")
-    weight_bytes = int(sum(int(t.n_bytes) for t in reader.tensors))
+    weight_bytes = sum(t.n_bytes for t in header.tensors)
     if weight_bytes <= 0:
         raise ValueError(f"GGUF file {where!r} holds no tensors, so its weights' size is unknown; "
                          "give the whole file, or the model's config.json")
     return ModelShape(name=str(field_value("general.name") or path.stem), n_layers=n_layers, attn_layers=attn,
                       n_head=n_head, n_head_kv=n_head_kv, head_dim_k=head_k, head_dim_v=head_v, hidden=hidden, ffn=ffn,
                       vocab=vocab, weight_bytes=weight_bytes, source=f"GGUF header {path}",
-                      n_params=int(sum(int(t.n_elements) for t in reader.tensors)))
+                      n_params=sum(t.n_elements for t in header.tensors))
 
 
 #: Bits per weight of llama.cpp's weight types (the mixes' averages as llama.cpp's quantize reports them for a Llama).
