@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from kvpipe.plan_peak import ClosedForm, apply_peak, closed_form, copy_s, gpu_compute_s, peak_ring_bytes, peak_rows
+from kvpipe.plan_peak import ClosedForm, apply_peak, closed_form, copy_s, gpu_compute_s, gpu_computes_s, peak_ring_bytes, peak_rows
 from kvpipe.plan_report import render
 from kvpipe.plan_run import CHECK_N, DEFAULT_BUDGET_MIB, Figures, PlanRequest, Runner, points
 from kvpipe.plan_run import grid as grid_points
@@ -161,8 +161,10 @@ def plan(req: PlanRequest, runner: Runner | None = None, then: Callable[[dict[in
     if then is not None:  # (a context asked twice: its last, equal to its first)
         then({req.contexts[c]: dict(zip(depths[1:], ring[c, 1:].tolist(), strict=True)) for c in asked})
     best = _best_depths(gain[:, asked, 1:])  # each budget's and context's best depth and its gain, as arrays
-    out = [_uncapped(req, pts[c * first], gain[0, c], ring[c], window[c], tps[0, c], d)
-           for c, d in zip(asked, best[0][0].tolist(), strict=True)]
+    at = list(zip(asked, best[0][0].tolist(), strict=True))
+    computes = gpu_computes_s([(pts[c * first], int(window[c, d])) for c, d in at])  # each context's at its best depth
+    out = [_uncapped(req, pts[c * first], gain[0, c], ring[c], window[c], tps[0, c], d, s)
+           for (c, d), s in zip(at, computes, strict=True)]
     if not out:
         return out
     known = _Grid(pts, f, list(req.contexts), len(depths), budgets)  # the budgets' runs take what the grid answered
@@ -202,8 +204,9 @@ def _best_depths(gains: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _uncapped(req: PlanRequest, pt: Any, gain: np.ndarray, ring: np.ndarray, window: np.ndarray, tps: np.ndarray,
-              best: int) -> ContextPlan:
-    """One context's plan from its uncapped points (arrays over depth 0..max) and its best depth (:func:`_best_depths`)."""
+              best: int, compute_s: float) -> ContextPlan:
+    """One context's plan from its uncapped points (arrays over depth 0..max), its best depth (:func:`_best_depths`) and
+    the GPU compute of its window there (``gpu_compute_s(pt, window[best])``, seconds)."""
     context = pt.context
     gains = dict(zip(range(1, len(gain)), gain[1:].tolist(), strict=True))
     rings = dict(zip(range(1, len(ring)), ring[1:].tolist(), strict=True))
@@ -216,7 +219,7 @@ def _uncapped(req: PlanRequest, pt: Any, gain: np.ndarray, ring: np.ndarray, win
         gain_at_default_budget=0.0, default_budget_mib=req.default_budget_mib, default_declines=False,
         default_decline_rows=decline_rows(rings.get(best or 1, 0.0), last_w, req.default_budget_mib),
         gain_per_mib=uncapped / ring_best if best and ring_best else None,
-        copy_ms=copy_s(pt, w) * 1e3, compute_ms=gpu_compute_s(pt, w) * 1e3,
+        copy_ms=copy_s(pt, w) * 1e3, compute_ms=compute_s * 1e3,
         gain_by_depth=gains, ring_mib_by_depth=rings,
         extra={"uncapped_tokens_per_s": float(tps[best]), "ordered_tokens_per_s": float(tps[0])},
     )

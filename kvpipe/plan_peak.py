@@ -45,21 +45,56 @@ def gpu_compute_s(point: Point, window_rows: int) -> float:
     shared by every context whose window it is); kept per model, caches, pinning, machine, packing and window (all it
     reads: the contexts of a plan that share a window ask it once)."""
     from sim.evaluator.costs import point_costs
+
+    key = (*_compute_key(point), window_rows)
+    got = _COMPUTE_S.get(key)
+    if got is None:
+        costs = point_costs(_window_point(point, window_rows))[0]
+        got = sum(float(costs.values[c.compute]) for c in costs.layout.splits if c.kind == "gpu")
+        _keep_compute(key, got)
+    return got
+
+
+def gpu_computes_s(asked: list[tuple[Point, int]]) -> list[float]:
+    """:func:`gpu_compute_s` of each (point, window rows) of ``asked``, the same numbers and kept the same way: the
+    windows not kept yet are answered a key (model, caches, pinning, machine, packing) at a time, in the order asked,
+    by ``sim.evaluator.family_costs.first_step_gpu_compute_s`` (the windows a family's template gives, at once). Pure
+    but for the caches."""
+    from sim.evaluator.family_costs import first_step_gpu_compute_s
+
+    keys = [(*_compute_key(p), w) for p, w in asked]
+    todo: dict[tuple[Any, ...], dict[tuple[Any, ...], Point]] = {}  # per key but the window: each new window's point
+    for k, (p, w) in zip(keys, asked, strict=True):
+        if k not in _COMPUTE_S:
+            per_key = todo.setdefault(k[:-1], {})
+            if k not in per_key:
+                per_key[k] = _window_point(p, w)
+    for per_key in todo.values():
+        for k, got in zip(per_key, first_step_gpu_compute_s(list(per_key.values())), strict=True):
+            _keep_compute(k, got)
+    return [_COMPUTE_S[k] if k in _COMPUTE_S else gpu_compute_s(p, w) for k, (p, w) in zip(keys, asked, strict=True)]
+
+
+def _compute_key(point: Point) -> tuple[Any, ...]:
+    """What :func:`gpu_compute_s` reads of ``point`` but the window: model, caches, pinning, machine, packing."""
     from sim.replay_keys import number
 
     wl = point.workload
-    key = (number(wl.model), number(wl.cache_k), number(wl.cache_v), wl.pinned, number(point.hardware),
-           point.transport.pack_streams, window_rows)
-    got = _COMPUTE_S.get(key)
-    if got is None:
-        big = Workload(wl.model, wl.cache_k, wl.cache_v, (max(1, window_rows - 1),), tokens=1, pinned=wl.pinned)
-        one = Point(big, point.hardware, TransportConfig(depth=0, pack_streams=point.transport.pack_streams))
-        costs = point_costs(one)[0]
-        got = sum(float(costs.values[c.compute]) for c in costs.layout.splits if c.kind == "gpu")
-        if len(_COMPUTE_S) > 1 << 16:
-            _COMPUTE_S.clear()
-        _COMPUTE_S[key] = got
-    return got
+    return (number(wl.model), number(wl.cache_k), number(wl.cache_v), wl.pinned, number(point.hardware),
+            point.transport.pack_streams)
+
+
+def _window_point(point: Point, window_rows: int) -> Point:
+    """The one-token, ordered point whose first window is ``window_rows`` that :func:`gpu_compute_s` reads."""
+    wl = point.workload
+    big = Workload(wl.model, wl.cache_k, wl.cache_v, (max(1, window_rows - 1),), tokens=1, pinned=wl.pinned)
+    return Point(big, point.hardware, TransportConfig(depth=0, pack_streams=point.transport.pack_streams))
+
+
+def _keep_compute(key: tuple[Any, ...], got: float) -> None:
+    if len(_COMPUTE_S) > 1 << 16:
+        _COMPUTE_S.clear()
+    _COMPUTE_S[key] = got
 
 
 _COMPUTE_S: dict[tuple[Any, ...], float] = {}  # gpu_compute_s's answers

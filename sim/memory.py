@@ -91,12 +91,29 @@ def compute_buffer_bytes(wl: Workload) -> int:
     if wl.gpu_layer_start >= wl.model.n_layers:
         return 0
     m = wl.model
-    return N_UBATCH * 4 * (m.vocab + m.hidden) + N_UBATCH * wl.cells * 2
+    return N_UBATCH * 4 * (m.vocab + m.hidden) + N_UBATCH * cache_sizes(wl)[0] * 2
 
 
 def kv_layer_bytes(wl: Workload) -> int:
     """Bytes of one attention layer's K and V cache, every cell of every stream."""
-    return wl.cells * wl.row_bytes
+    cells, row_bytes = cache_sizes(wl)
+    return cells * row_bytes
+
+
+def cache_sizes(wl: Workload) -> tuple[int, int]:
+    """(``wl.cells``, ``wl.row_bytes``): the cache's rows per layer and bytes per row, kept per workload object (a
+    memory plan reads them of each candidate several times; the workload is frozen and the entry keeps it alive, so
+    its id is not reused). Pure."""
+    got = _CACHE_SIZES.get(id(wl))
+    if got is None or got[0] is not wl:
+        if len(_CACHE_SIZES) >= CACHE_SIZES_KEPT:
+            _CACHE_SIZES.clear()
+        got = _CACHE_SIZES[id(wl)] = (wl, wl.cells, wl.row_bytes)
+    return got[1], got[2]
+
+
+CACHE_SIZES_KEPT = 1 << 15  # workloads whose cache sizes are kept (a plan's contexts' candidates)
+_CACHE_SIZES: dict[int, tuple[Workload, int, int]] = {}
 
 
 def gpu_attention_layers(wl: Workload) -> int:

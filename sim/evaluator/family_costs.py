@@ -76,7 +76,29 @@ def _values(t: Template, ref: _costs._Block, rows: np.ndarray, row: np.ndarray) 
     """``costs._scaled(costs._template_block(t, ref, rows[m]), row[m]).values`` for every m, as rows of one matrix."""
     m = len(rows)
     vals = np.tile(t.values, (m, 1))
+    for col, secs in _computes(t, rows):
+        vals[:, col] = secs
+    for per_row, s_cols, b_cols in t._moving:
+        n = rows * per_row
+        u, inv = np.unique(n, return_inverse=True)
+        secs_u = np.array([one_call_seconds(t.h2d, x) for x in u.tolist()], dtype=np.float64)
+        vals[:, s_cols] = secs_u[inv.reshape(-1)][:, None]
+        vals[:, b_cols] = n[:, None]
+    for groups, r in ((ref.early, row), (ref.late, rows - row)):  # costs._scaled's order
+        for calls, s_cols, b_cols in groups:
+            acc: float | np.ndarray = 0
+            for n_call in calls:
+                acc = acc + _seconds(ref.link, n_call * r)
+            vals[:, s_cols] = np.broadcast_to(acc, (m,))[:, None]
+            vals[:, b_cols] = (sum(calls) * r)[:, None]
+    return vals
+
+
+def _computes(t: Template, rows: np.ndarray) -> list[tuple[int, float | np.ndarray]]:
+    """(column, seconds) of each GPU split's compute of the windows of ``rows`` rows, as ``Template.values_at`` sums it
+    (its order of operations; a later entry for a column wins, as written there). Pure."""
     c = t.compute
+    out: list[tuple[int, float | np.ndarray]] = []
     for col, n_layers, staged, resident, has_resident, head in t.computes:  # Template.values_at's order
         secs: float | np.ndarray = n_layers * t.layer_s
         if staged:
@@ -91,21 +113,47 @@ def _values(t: Template, ref: _costs._Block, rows: np.ndarray, row: np.ndarray) 
                 secs = secs + 0.0
         if head:
             secs = secs + c.head_s
-        vals[:, col] = secs
-    for per_row, s_cols, b_cols in t._moving:
-        n = rows * per_row
-        u, inv = np.unique(n, return_inverse=True)
-        secs_u = np.array([one_call_seconds(t.h2d, x) for x in u.tolist()], dtype=np.float64)
-        vals[:, s_cols] = secs_u[inv.reshape(-1)][:, None]
-        vals[:, b_cols] = n[:, None]
-    for groups, r in ((ref.early, row), (ref.late, rows - row)):  # costs._scaled's order
-        for calls, s_cols, b_cols in groups:
-            acc = 0
-            for n_call in calls:
-                acc = acc + _seconds(ref.link, n_call * r)
-            vals[:, s_cols] = np.broadcast_to(acc, (m,))[:, None]
-            vals[:, b_cols] = (sum(calls) * r)[:, None]
-    return vals
+        out.append((col, secs))
+    return out
+
+
+def first_step_gpu_compute_s(points: Sequence[Point]) -> list[float]:
+    """The GPU splits' compute (seconds, summed in split order) of the first decode step of each of ``points`` -- one
+    family's one-token lines (``cost_family`` equal, one sequence) -- as ``sum`` over ``point_costs(p)[0]``'s GPU
+    splits gives it. Where ``point_costs`` would answer a window from the family's confirmed template (no block of
+    that window kept, the step's row leaving early and late rows), the compute columns of every such window are
+    computed at once (:func:`_computes`, the template's arithmetic over arrays) and nothing is kept; every other point
+    (the family's template not yet trusted, a window kept, a step outside the template) goes through ``point_costs``
+    itself, in order, as it would one at a time. Pure but for ``point_costs``' caches."""
+    out: list[float] = [0.0] * len(points)
+    if not points:
+        return out
+    fam = cost_family(points[0])
+    resident = points[0].transport.arm == "resident"
+    _, row, rows = family_rows([p.workload for p in points])
+    row, rows = row[:, 0], rows[:, 0]
+    fits = ((row > 0) & (rows - row > 0)).tolist()
+    ws = rows.tolist()
+    j = 0
+    while j < len(points):
+        k = j
+        if not resident and _trusted(fam):
+            while k < len(points) and fits[k] and (fam, ws[k]) not in _costs._BLOCKS:
+                k += 1
+        if k == j:  # the one-at-a-time path
+            costs = point_costs(points[j])[0]
+            out[j] = sum(float(costs.values[c.compute]) for c in costs.layout.splits if c.kind == "gpu")
+            j += 1
+            continue
+        t, ref = _costs._TEMPLATES[fam][:2]  # type: ignore[index]
+        cols = dict(_computes(t, rows[j:k]))
+        acc: float | np.ndarray = 0
+        for c in ref.costs.layout.splits:
+            if c.kind == "gpu":
+                acc = acc + (cols[c.compute] if c.compute in cols else float(t.values[c.compute]))
+        out[j:k] = np.broadcast_to(np.asarray(acc, dtype=np.float64), (k - j,)).tolist()
+        j = k
+    return out
 
 
 def _attention(c: object, window_bytes: np.ndarray) -> np.ndarray:
