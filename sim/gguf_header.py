@@ -2,10 +2,10 @@
 
 The ``gguf`` package's ``GGUFReader`` builds a NumPy view for every element of every array, which on a Llama-3 file
 (128,256 tokens, 280,147 merges: ~3.2 M views) takes ~15 s before the first field can be read; a plan names its model
-once per grid, so a three-context plan of a real GGUF took 95 s. This reader walks the same layout with ``struct`` over
-a memory map, using the package's own tables (value types, the quantisation block sizes), and keeps of a string array
-only its length; ~0.1-0.2 s on that file (README "Dependencies"; docs/performance.md "Round 24"). ``tests/sim/test_gguf_header.py`` holds it to
-``GGUFReader`` field by field and tensor by tensor.
+once per grid, so a three-context plan of a real GGUF took 95 s. This reader walks the same layout with ``struct``
+over a memory map, using the package's own tables (value types, the quantisation block sizes), and keeps of a string
+array only its length: ~0.1-0.2 s on that file (README "Dependencies"; docs/performance.md "Round 24").
+``tests/sim/test_gguf_header.py`` holds it to ``GGUFReader`` field by field and tensor by tensor.
 """
 
 from __future__ import annotations

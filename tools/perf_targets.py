@@ -23,8 +23,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = ["plan", "--context", "128..524288/128", "--max-depth", "14", "--budget", "0,16,32,64,128,256,512,1024"]
@@ -98,30 +99,20 @@ def plan_table(repeats: int) -> str:
 
 
 def sweep_table(repeats: int) -> str:
-    """The sweep's pairs (default path, ``--exact``; order alternating) as a markdown table with each pair's ratio and
-    the largest row disagreement. Blocks the host."""
-    lines = ["| pair | load | default s | --exact s | ratio | largest row disagreement |", "|---:|---:|---:|---:|---:|---:|"]
-    ratios = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in range(repeats):
-            sides = [("default", []), ("exact", ["--exact"])]
-            got: dict[str, dict[str, float]] = {}
-            for name, extra in (sides if i % 2 == 0 else sides[::-1]):
-                out = Path(tmp) / f"{name}{i}"
-                got[name] = measure([*SWEEP, *extra, "--out", str(out)])
-            rows = [json.loads((Path(tmp) / f"{n}{i}" / "rows.json").read_text()) for n in ("default", "exact")]
-            ratio = got["exact"]["wall_s"] / got["default"]["wall_s"]
-            ratios.append(ratio)
-            lines.append(f"| {i + 1} | {got['default']['load']:.2f} | {got['default']['wall_s']:.3f} | "
-                         f"{got['exact']['wall_s']:.3f} | {ratio:.1f}x | {disagreement(*rows):.1e} |")
-    lines.append(f"| min / median ratio | | | | {min(ratios):.1f}x / {statistics.median(ratios):.1f}x | |")
-    return "\n".join(lines)
+    """The sweep's pairs as two processes each (``kvpipe sweep ...`` and ``... --exact``) as a markdown table. Blocks
+    the host."""
+
+    def side(exact: bool, out: Path) -> tuple[float, list[dict[str, Any]]]:
+        wall = measure([*SWEEP, *(["--exact"] if exact else []), "--out", str(out)])["wall_s"]
+        return wall, json.loads((out / "rows.json").read_text())
+
+    return _pair_table(repeats, side)
 
 
 def sweep_in_process(repeats: int) -> str:
     """The sweep's pairs in this one process, as Rounds 8-23 measured them: ``kvpipe.sweep.run_sweep`` on the grid's
-    points, default then ``exact=True`` (order alternating), the evaluator's and the planner's caches cleared before
-    each side, no interpreter start in either; a markdown table. Blocks the host."""
+    points, default and ``exact=True``, the evaluator's and the planner's caches cleared before each side, no
+    interpreter start in either; a markdown table. Blocks the host."""
     sys.path.insert(0, str(ROOT))
     from kvpipe.sweep import run_sweep
     from sim.evaluator import clear_caches
@@ -130,17 +121,26 @@ def sweep_in_process(repeats: int) -> str:
     grid = GridSpec(contexts=tuple((c,) for c in range(1024, 52225, 1024)), depths=(0, 1, 2, 3, 4),
                     budgets_mib=(0, 64, 128, 256))
     pts = points(grid)
+
+    def side(exact: bool, out: Path) -> tuple[float, list[dict[str, Any]]]:
+        clear_caches()
+        start = time.perf_counter()
+        res = run_sweep(pts, out_dir=out, progress=False, exact=exact)
+        return time.perf_counter() - start, [dict(r) for r in res.rows]
+
+    return _pair_table(repeats, side)
+
+
+def _pair_table(repeats: int, side: Callable[[bool, Path], tuple[float, list[dict[str, Any]]]]) -> str:
+    """``repeats`` pairs of ``side(exact, out folder) -> (wall s, rows)``, the default path first in odd pairs and
+    ``--exact`` first in even ones, with each pair's ratio and the rows' largest disagreement; a markdown table."""
     lines = ["| pair | load | default s | exact s | ratio | largest row disagreement |", "|---:|---:|---:|---:|---:|---:|"]
     ratios = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(repeats):
             load = os.getloadavg()[0]
-            got: dict[bool, tuple[float, list[dict[str, Any]]]] = {}
-            for exact in ((False, True) if i % 2 == 0 else (True, False)):
-                clear_caches()
-                start = time.perf_counter()
-                res = run_sweep(pts, out_dir=Path(tmp) / f"{exact}{i}", progress=False, exact=exact)
-                got[exact] = (time.perf_counter() - start, [dict(r) for r in res.rows])
+            got = {exact: side(exact, Path(tmp) / f"{'exact' if exact else 'default'}{i}")
+                   for exact in ((False, True) if i % 2 == 0 else (True, False))}
             ratio = got[True][0] / got[False][0]
             ratios.append(ratio)
             lines.append(f"| {i + 1} | {load:.2f} | {got[False][0]:.3f} | {got[True][0]:.3f} | {ratio:.1f}x | "
@@ -149,7 +149,7 @@ def sweep_in_process(repeats: int) -> str:
     return "\n".join(lines)
 
 
-def _one_line(message: str) -> None:
+def _one_line(message: str) -> NoReturn:
     print(f"perf_targets: {message}", file=sys.stderr)
     sys.exit(2)
 
