@@ -45,6 +45,7 @@ from kvpipe.row_store import JOURNAL, LOCK, MANIFEST, ROWS_CSV, ROWS_JSON, RowSt
 from kvpipe.sweep_work import (  # noqa: F401 - re-exported: a sweep's chunks
     EVALUATED_PER_CHUNK,
     SIMULATED,
+    Ahead,
     Chunk,
     check_on,
     chunks,
@@ -143,46 +144,66 @@ def run_sweep(
         todo = [k not in store for k in order]
         result = SweepResult(rows=[], resumed=len(order) - sum(todo))
         evaluated: list[tuple[Point, dict[str, Any]]] = []
+        place = {id(p): i for i, p in enumerate(unique)}  # grid order, not the order chunks finished: the same sample
+        ahead = Ahead() if check_n and not isinstance(ex, _Serial) else None
+
+        def sample_ahead() -> None:  # the check's simulations start while the rows are written (workers idle else)
+            if ahead is not None and evaluated:
+                from sim.evaluator.check import sample_indices
+
+                mine = sorted(evaluated, key=lambda pr: place[id(pr[0])])
+                ahead.submit(ex, [mine[i][0] for i in sample_indices([r for _, r in mine], check_n)], workers)
+
         try:
             workers = 1 if isinstance(ex, _Serial) else (jobs or os.cpu_count() or 1)
-            _collect(ex, chunks(unique, workers, todo, exact, evaluator), store, order, result, progress, evaluated)
+            _collect(ex, chunks(unique, workers, todo, exact, evaluator), store, order, result, progress, evaluated,
+                     sample_ahead)
         finally:
             store.close(order)
         if evaluated and check_n:
-            place = {id(p): i for i, p in enumerate(unique)}  # grid order, not the order chunks finished: the same sample
-            _check(ex, sorted(evaluated, key=lambda pr: place[id(pr[0])]), check_n, result, workers)
+            _check(ex, sorted(evaluated, key=lambda pr: place[id(pr[0])]), check_n, result, workers, ahead)
     result.rows = store.ordered(order) if out_dir else [store.rows[k] for k in order if k in store.rows]
     result.wall_s = time.perf_counter() - t0
     return result
 
 
-def _check(ex: Executor, evaluated: list[tuple[Point, dict[str, Any]]], n: int, result: SweepResult, workers: int) -> None:
-    """The sample check of the evaluator's rows (``kvpipe.sweep_work.check_on``), its simulations on ``ex`` (``workers``)."""
+def _check(ex: Executor, evaluated: list[tuple[Point, dict[str, Any]]], n: int, result: SweepResult, workers: int,
+           ahead: Ahead | None = None) -> None:
+    """The sample check of the evaluator's rows (``kvpipe.sweep_work.check_on``), its simulations on ``ex`` (``workers``;
+    ``ahead``: those submitted while the rows were written)."""
     result.check, result.checked, result.checked_exact = check_on(ex, [p for p, _ in evaluated], [r for _, r in evaluated],
-                                                                  n, workers)
+                                                                  n, workers, ahead)
 
 
 def _collect(ex: Executor, work: list[Chunk], store: RowStore, order: Sequence[Key], result: SweepResult,
-             progress: bool, evaluated: list[tuple[Point, dict[str, Any]]] | None = None) -> None:
+             progress: bool, evaluated: list[tuple[Point, dict[str, Any]]] | None = None,
+             all_evaluated: Callable[[], None] | None = None) -> None:
+    """Run ``work`` on ``ex`` into ``store`` as chunks finish; ``evaluated`` gets every evaluator row's (point, row), and
+    ``all_evaluated`` is called once the last evaluator chunk's rows are in ``evaluated``, before they are written.
+    Blocks."""
     from tqdm import tqdm
 
     total = sum(sum(c.todo) for c in work)
     runs: set[Key] = set()  # the simulations the rows came from: their coordinates but depth and budget, and simulated_as
+    left = sum(c.evaluate for c in work)  # evaluator chunks not finished
     with tqdm(total=total, desc="sweep", unit="pt", file=sys.stderr, disable=not progress or not total,
               dynamic_ncols=True) as bar:
         for chunk, rows in _results(ex, work):
             done = chunk.todo_points
+            mine = [(p, r) for p, r in zip(done, rows, strict=True) if not isinstance(r, str) and r.get("engine") == "evaluator"]
+            result.evaluated += len(mine)
+            if evaluated is not None:
+                evaluated += mine
+            left -= chunk.evaluate
+            if chunk.evaluate and not left and all_evaluated is not None:
+                all_evaluated()
             for p, r in zip(done, rows, strict=True):
                 if isinstance(r, str):
                     result.failed.append((key_of_point(p), r))
                 else:
                     store.add(r, order)
                     result.ran += 1
-                    if r.get("engine") == "evaluator":
-                        result.evaluated += 1
-                        if evaluated is not None:
-                            evaluated.append((p, r))
-                    else:
+                    if r.get("engine") != "evaluator":
                         runs.add(_run_of(r))
             bar.update(len(done))
     result.simulations = len(runs)

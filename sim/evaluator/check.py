@@ -161,6 +161,16 @@ def _exact(points: list[Point]) -> list[dict[str, Any]]:
     return [row(run_point(p, exact=True, checked=False)) for p in points]
 
 
+def sample_indices(rows: Sequence[dict[str, Any]], n: int, seed: int = 0) -> list[int]:
+    """The rows :func:`check_sample` re-simulates, in order: ``n`` of the evaluator's rows (``engine`` evaluator, or
+    none) drawn with ``seed`` (:func:`draw`) and every one at a change of best depth or decline
+    (:func:`boundary_points`). Pure."""
+    mine = [i for i, r in enumerate(rows) if r.get("engine", "evaluator") == "evaluator"]
+    chosen = {mine[j] for j in draw([str(rows[i].get("arm", "transport")) for i in mine], n, seed)}
+    chosen |= {mine[j] for j in boundary_points([rows[i] for i in mine])}
+    return sorted(chosen)
+
+
 Resimulate = Callable[[list[Point]], list[dict[str, Any]]]
 
 
@@ -176,12 +186,9 @@ def check_sample(points: Sequence[Point], rows: Sequence[dict[str, Any]], n: int
     workers). A row that differs from the evaluator's by more than ``tolerance`` is simulated again on the exact path
     (``exact``: every token; the same default), the ground truth, and that row decides: raises EvaluatorDisagreement
     where it too differs by more than ``tolerance``. Blocks for the simulations (a few ms to tens of ms each)."""
-    mine = [i for i, r in enumerate(rows) if r.get("engine", "evaluator") == "evaluator"]
-    if not mine:
+    order = sample_indices(rows, n, seed)
+    if not order:
         return 0.0
-    chosen = {mine[j] for j in draw([str(rows[i].get("arm", "transport")) for i in mine], n, seed)}
-    chosen |= {mine[j] for j in boundary_points([rows[i] for i in mine])}
-    order = sorted(chosen)
     wanted = (resimulate or _simulated)([points[i] for i in order])
     gaps = [row_disagreement(rows[i], want) for i, want in zip(order, wanted, strict=True)]
     again = [j for j, d in enumerate(gaps) if d > tolerance]
