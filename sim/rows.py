@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from backends.profile import ComputeModel, prediction_band, workload_entry
+from backends.profile import ComputeModel, HardwareProfile, prediction_band, workload_entry
 from sim.graph import cost_terms_ms
 from sim.memory import compute_buffer_bytes, held_before_ring, weights_on_devices
 from sim.placement import cpu_layers_cost
@@ -115,13 +115,30 @@ def mean(values: Sequence[float]) -> float:
 
 def interval_fields(point: Point, tokens_per_s: float) -> dict[str, Any]:
     """``tokens_per_s_interval`` ([low, high] t/s, or None) and ``interval``: the band's size and source, or why none."""
-    band = prediction_band(point.hardware, point.workload.model.name, point.workload.cache_k.name,
-                           point.workload.cache_v.name)
-    if band is None:
-        return {"tokens_per_s_interval": None, "interval": "uncalibrated: the profile has no calibration residuals for this "
-                f"model and cache type ({point.workload.model.name}, {point.workload.cache_k.name})"}
-    return {"tokens_per_s_interval": [tokens_per_s * (1 - band.relative), tokens_per_s * (1 + band.relative)],
-            "interval": f"+-{band.relative:.1%}: {band.source}"}
+    relative, text = _band(point.hardware, point.workload.model.name, point.workload.cache_k.name, point.workload.cache_v.name)
+    if relative is None:
+        return {"tokens_per_s_interval": None, "interval": text}
+    return {"tokens_per_s_interval": [tokens_per_s * (1 - relative), tokens_per_s * (1 + relative)], "interval": text}
+
+
+def _band(hw: HardwareProfile, model: str, cache_k: str, cache_v: str) -> tuple[float | None, str]:
+    """(the band's relative size or None, the row's ``interval`` text) of ``prediction_band``, kept per profile object
+    and types (a memory plan asks it of every candidate; a profile is frozen and the entry keeps it alive, so its id
+    is not reused). Pure."""
+    key = (id(hw), model, cache_k, cache_v)
+    got = _BANDS.get(key)
+    if got is None or got[0] is not hw:
+        band = prediction_band(hw, model, cache_k, cache_v)
+        text = (f"uncalibrated: the profile has no calibration residuals for this model and cache type ({model}, {cache_k})"
+                if band is None else f"+-{band.relative:.1%}: {band.source}")
+        if len(_BANDS) >= BANDS_KEPT:
+            _BANDS.clear()
+        got = _BANDS[key] = (hw, None if band is None else band.relative, text)
+    return got[1], got[2]
+
+
+BANDS_KEPT = 4096  # (profile, model, cache types) whose band is kept
+_BANDS: dict[tuple[int, str, str, str], tuple[HardwareProfile, float | None, str]] = {}
 
 
 def row(result: RunResult, model: str = "", hardware: str = "", cache_type: str = "") -> dict[str, Any]:
