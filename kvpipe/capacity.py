@@ -291,16 +291,17 @@ def weights_verdict(wl: Workload, limits: Limits, reserved: int) -> tuple[str, i
             f"layer; {UPSTREAM})"), ngl
 
 
-def plan_fit(req: Any) -> FitPlan:
+def plan_fit(req: Any, meanwhile: Callable[[FitPlan], None] | None = None) -> FitPlan:
     """The plan under the memory cap for ``req`` (a ``kvpipe.plan.PlanRequest``), its evaluated points held to the
-    simulator once at the end (``FitPlan.check``). Blocks for the evaluation and simulations. Raises
-    EvaluatorDisagreement."""
+    simulator once at the end (``FitPlan.check``). ``meanwhile``: given the plan, whole but for the check's figures,
+    while the check's simulations run (``kvpipe plan`` makes its text then); not called without a check. Blocks for
+    the evaluation and simulations. Raises EvaluatorDisagreement."""
     from kvpipe.executors import without_cycle_collection
     from kvpipe.plan_run import Runner
 
     with Runner(req) as runner, without_cycle_collection():  # one pool of workers for the plan and its check
         out = _plan_fit(req, runner)
-        out.check = runner.check(req.check_n)
+        out.check = runner.check(req.check_n, None if meanwhile is None else lambda: meanwhile(out))
     out.checked, out.checked_exact = runner.checked, runner.checked_exact
     return out
 

@@ -17,7 +17,13 @@ def _how(c: Choice, n_layers: int) -> str:
 
 
 def render_fit(fp: FitPlan, cache_type: str) -> str:
-    """The plan under the memory cap as text: the table per context, the largest contexts, the flags and their build."""
+    """The plan under the memory cap as text: the table per context, the largest contexts, the flags and their build,
+    the sample check."""
+    return "\n".join(part for part in (render_fit_head(fp, cache_type), render_fit_tail(fp)) if part)
+
+
+def render_fit_head(fp: FitPlan, cache_type: str) -> str:
+    """:func:`render_fit` but its last lines (:func:`render_fit_tail`): what the plan says before its check is done."""
     lim = fp.limits
     lines = [f"{fp.model} ({cache_type} KV) on {fp.hardware}: {lim.vram_bytes / GIB:.2f} GiB from {lim.vram_from}; "
              f"host {lim.host_bytes / GIB:.1f} GiB from {lim.host_from}"]
@@ -54,6 +60,12 @@ def render_fit(fp: FitPlan, cache_type: str) -> str:
             lines.append(f"  {f.context:>7,}  {fl}")
             lines.append(f"  {'':>7}  # {build}")
     lines.append("buffer~: llama.cpp's compute buffer, estimated (sim.memory); KV dev: KV cache on the device")
+    return "\n".join(lines)
+
+
+def render_fit_tail(fp: FitPlan) -> str:
+    """:func:`render_fit`'s last lines: the sample check, and how CPU layers were priced ("" if neither applies)."""
+    lines = []
     if fp.check[0] and not fp.check_n:
         lines.append(f"sample check: off (--check 0); {fp.check[0]:,} points from the evaluator, none re-simulated")
     elif fp.check[0]:

@@ -329,12 +329,14 @@ class Runner:
         """Points (already run) the check re-simulates whatever it draws: where the plan's answer changes."""
         self.marked |= {id(p) for p in pts}
 
-    def check(self, n: int) -> tuple[int, float]:
+    def check(self, n: int, meanwhile: Callable[[], None] | None = None) -> tuple[int, float]:
         """(the evaluator's points in the plan, the largest relative disagreement of the sample re-simulated on the
         simulator's default path, exact where the two differ):
         at least ``n`` of them drawn with a fixed seed (and at least ``ARM_N`` of each arm, ``sim.evaluator.check.draw``:
         the resident arm's points are the evaluator's too) plus every boundary (:func:`boundaries`). Raises
-        EvaluatorDisagreement above 1e-9. Blocks for the simulations (``--jobs`` workers)."""
+        EvaluatorDisagreement above 1e-9. ``meanwhile``: called (if the check runs) once the sample's rows are made,
+        while its simulations run on the workers (a plan's text is made then). Blocks for the simulations (``--jobs``
+        workers)."""
         from kvpipe.sweep_work import check_rows
         from sim.evaluator.check import draw
 
@@ -361,6 +363,8 @@ class Runner:
         rows = self._evaluated_rows(sample)
         same_as_rows(mine, rows)
         self.checked = sum(r is not None for r in rows)  # a chosen point that does not fit has no row to compare
+        if meanwhile is not None:
+            meanwhile()
         worst, self.checked_exact = check_rows(sample, rows, self.req.jobs, self._workers, self._ahead)
         return total, worst
 

@@ -74,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
     if args.n_gpu_layers is not None and args.n_gpu_layers < 1:
         raise UsageError(f"-ngl {args.n_gpu_layers} out of range; allowed: a whole number >= 1 (llama.cpp's -ngl; 99: every "
                          "layer)")
-    from kvpipe.capacity import plan_fit
-    from kvpipe.capacity_report import render_fit
+    from kvpipe.capacity import FitPlan, plan_fit
+    from kvpipe.capacity_report import render_fit_head, render_fit_tail
     from kvpipe.plan import PlanRequest, render
     from sim.workload import ALL_LAYERS
 
@@ -87,7 +87,13 @@ def run(args: argparse.Namespace) -> int:
                       build=args.build, min_tps=args.min_tps,
                       n_gpu_layers=ALL_LAYERS if args.n_gpu_layers is None else args.n_gpu_layers,
                       weights_type=args.weights_type or "", check_n=args.check)
-    fp = plan_fit(req)
+    made: dict[str, str] = {}  # the text, made while the check's simulations run (the check's lines after it)
+
+    def text(fp: FitPlan) -> None:
+        made["head"] = render_fit_head(fp, args.cache_type)
+        made["gains"] = render(fp.plans) if fp.plans else ""
+
+    fp = plan_fit(req, None if args.json else text)
     if args.plot:
         from kvpipe.capacity_plot import memory_plan
         from kvpipe.plots import save
@@ -105,8 +111,10 @@ def run(args: argparse.Namespace) -> int:
             out.append(d)
         print(json.dumps(out, indent=1))
         return 0
-    print(render_fit(fp, args.cache_type))
+    if "head" not in made:  # no check ran
+        text(fp)
+    print("\n".join(part for part in (made["head"], render_fit_tail(fp)) if part))
     if fp.plans:
         print()
-        print(render(fp.plans))
+        print(made["gains"])
     return 0
