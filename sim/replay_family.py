@@ -27,7 +27,7 @@ import numpy as np
 
 from sim.graph_parts import layout_of
 from sim.replay_keys import compute_number, config_class, free_number, interned, number
-from sim.replay_shapes import TEMPLATES, ShapeArrays, ShapeTemplate, placed_devices
+from sim.replay_shapes import TEMPLATES, ShapeArrays, ShapeTemplate, placed_memory
 from sim.run.point import Point, io_bytes_for
 from sim.workload import Workload, pad_rows
 
@@ -202,9 +202,9 @@ def _family(firsts: Sequence[Point], lis: list[int]) -> tuple[Any, ...]:
     sizes, first, inv = np.unique(cps, return_index=True, return_inverse=True)
     per_size = []  # what a line's cache size decides, read off its family's first line of that size
     for j in first.tolist():
-        dev, layout = placed_devices(firsts[lis[j]])[0], layout_of(wls[j])
-        per_size.append((dev.memory_total_bytes, dev.memory_used_bytes, io_bytes_for(wls[j]), layout.k_offset(kv) if kv else 0,
-                         layout.nbytes - layout.k_offset(0)))
+        (total0, *_), (used0, *_) = placed_memory(firsts[lis[j]])
+        layout = layout_of(wls[j])
+        per_size.append((total0, used0, io_bytes_for(wls[j]), layout.k_offset(kv) if kv else 0, layout.nbytes - layout.k_offset(0)))
     total, used, io, kv_bytes, host_cache = np.array(per_size, dtype=np.int64).reshape(len(sizes), 5)[inv.reshape(-1)].T
     return (np.array(lis, dtype=np.intp), total, used, align, io, rows,
             (t.device, need, full, len(t.per_row), t.gpu_devices, t.device_kv, kv_bytes, host_cache))
