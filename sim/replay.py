@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from sim.points import PointGrid, objects_of
-from sim.replay_groups import combined, first_appearance
 from sim.replay_family import EachLines, OneLine, line_arrays
+from sim.replay_groups import combined, first_appearance
 from sim.replay_keys import (
     clear_numbers,
     compute_number,

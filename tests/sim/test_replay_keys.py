@@ -96,7 +96,7 @@ def test_the_context_free_key_reads_every_field_it_keeps_once_and_by_its_declare
     from dataclasses import fields
 
     from sim import replay_keys as keys
-    from sim.workload import Workload
+    from sim.workload import Workload, cache_type, load_model
 
     kept = [f.name for f in fields(Workload) if f.name not in ("context", "tokens", "ctx_size")]
     values = list(keys._values_of.__reduce__()[1])
@@ -107,6 +107,11 @@ def test_the_context_free_key_reads_every_field_it_keeps_once_and_by_its_declare
     other = replace(wl, model=replace(wl.model, name=wl.model.name + "-x"))
     assert twin.model is not wl.model
     assert keys.free_number(twin, False) == keys.free_number(wl, False) != keys.free_number(other, False)
+    f16 = cache_type("f16")
+    assert wl.cache_k != f16 and wl.cache_v != f16
+    for changed in (replace(wl, cache_k=f16), replace(wl, cache_v=f16), replace(wl, model=load_model("llama-3.1-8b"))):
+        assert keys.free_number(changed, False) != keys.free_number(wl, False)
+        assert keys.free_number(changed, True) != keys.free_number(wl, True)
 
 
 def test_lines_are_numbered_as_by_the_workloads_themselves() -> None:
