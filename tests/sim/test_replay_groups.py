@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sim import replay, replay_groups
+from sim import replay, replay_family, replay_groups
 from sim.points import GridSpec, objects_of, point_grid, points
-from sim.replay_family import SHAPE_FIELDS, LineArrays
+from sim.replay_family import SHAPE_FIELDS, LineArrays, line_arrays
 from sim.replay_shapes import placed_memory
 from sim.run.point import Point, placed_hardware
 
@@ -199,3 +199,40 @@ def test_a_grids_plans_are_its_points_plans() -> None:
         for i in rng.integers(0, len(pts), size=12).tolist():  # each token's window rows: the point's own
             wl = pts[i].workload
             assert [int(got[f"rows{k}"][i]) for k in range(wl.tokens)] == [replay.window_rows_at(wl, k) for k in range(wl.tokens)]
+
+
+def test_families_sharing_cache_sizes_are_each_lines_own_graphs() -> None:
+    """Families alike but for ``--kv-gpu-layers`` over the same contexts, the same on another machine and another
+    model's, read in one batch once their templates are trusted (``line_arrays``: each cache size's memory, io buffer
+    and layout read once for all of them, ``sizes_key``) give every line the memory of its own placed profile
+    (``placed_devices``), its own io buffer and windows, and every token the shape read off the token's own graph."""
+    from sim.replay_shapes import ShapeArrays, placed_devices
+    from sim.run.point import graph_at, io_bytes_for
+    from sim.transport.deliveries import span_fn
+
+    contexts = tuple((c,) for c in range(4000, 4000 + 16 * 900, 900))
+    pts = points(GridSpec(contexts=contexts, kv_gpu_layers=(0, 1, 3), depths=(2,), tokens=2,
+                          hardware=("rtx4070-gen4x16", "h200-gen5x16")))
+    pts += points(GridSpec(models=("llama-3.1-8b",), contexts=contexts, kv_gpu_layers=(0, 2), depths=(2,), tokens=2))
+    pts += points(GridSpec(contexts=contexts, kv_offload=(False,), depths=(0,), tokens=2))
+    random.Random(2).shuffle(pts)
+    replay.clear_shapes()
+    for p in pts:  # the templates learnt and confirmed
+        replay._one_line(p)
+    _, firsts = replay._lines(pts)
+    la = line_arrays(firsts, replay._one_line)
+    assert all(replay_family._trusted(p) for p in firsts)
+    for li, p in enumerate(firsts):
+        devs, wl, cfg = placed_devices(p), p.workload, p.transport
+        assert la.total[li].tolist() == [d.memory_total_bytes for d in devs]
+        assert la.used[li].tolist() == [d.memory_used_bytes for d in devs]
+        assert la.io[li] == io_bytes_for(wl) and la.tokens[li] == wl.tokens
+        align = tuple(max(d.alignment_bytes, cfg.min_alignment_bytes) for d in devs)
+        spans = [span_fn(cfg.pack_streams, a) for a in align]
+        for k in range(wl.tokens):
+            assert la.rows[li, k] == replay.window_rows_at(wl, k)
+            shape = replay._Shape(*replay.graph_shape(graph_at(p, k), spans, (cfg.pack_streams, align)))
+            want = ShapeArrays({0: shape}, 1, la.total.shape[1], np.zeros(1, dtype=np.intp))
+            got = la.at(k, np.array([li], dtype=np.intp))
+            for f in SHAPE_FIELDS:
+                assert getattr(got, f).tolist() == getattr(want, f).tolist(), (li, k, f)
