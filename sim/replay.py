@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from sim.points import objects_of
+from sim.points import PointGrid, objects_of
 from sim.replay_family import EachLines, OneLine, line_arrays
+from sim.replay_groups import combined, first_appearance
 from sim.replay_keys import (
     clear_numbers,
     compute_number,
@@ -45,7 +46,7 @@ from sim.transport.planning import PLAN_FIELDS
 from sim.workload import Workload
 
 __all__ = ["PLAN_FIELDS", "Plans", "PointPlan", "TokenPlan", "config_but_depth_budget", "config_class", "context_free", "line_key",
-           "object_groups", "plan_point", "plan_points", "window_rows_at"]
+           "object_groups", "plan_point", "plan_points", "point_parts", "window_rows_at"]
 
 
 @dataclass(frozen=True)
@@ -190,33 +191,34 @@ def line_key(point: Point) -> Any:
     return point.workload, point.hardware, config_but_depth_budget(point.transport)
 
 
-def object_groups(points: Sequence[Point]) -> tuple[np.ndarray, list[int]]:
+def point_parts(points: Sequence[Point]) -> list[tuple[list[Any], np.ndarray]]:
+    """The points' workload, machine and config objects and each point's index of each (intp): a grid's
+    (``sim.points.PointGrid``) own lists as they are (an object no point uses among them changes no key read through
+    them), else ``sim.points.objects_of``. Pure."""
+    if isinstance(points, PointGrid):
+        return [(objs, np.asarray(at, dtype=np.intp).reshape(-1)) for objs, at in points.parts]
+    return [objects_of(points, k) for k in range(3)]
+
+
+def object_groups(points: Sequence[Point], parts: list[tuple[list[Any], np.ndarray]] | None = None
+                  ) -> tuple[np.ndarray, list[int]]:
     """Each point's group, numbered in order of first appearance, and each group's first index: points in one group
     share their workload and profile objects and their :func:`config_class` (so differ at most in depth and budget),
-    found from object ids as arrays, without hashing a workload (``points`` keeps the objects alive). Pure."""
-    n = len(points)
-    if not n:
+    found from object ids as arrays, without hashing a workload (``points`` keeps the objects alive; ``parts``: their
+    :func:`point_parts`, if known). Pure."""
+    if not len(points):
         return np.zeros(0, dtype=np.intp), []
-    code = np.zeros(n, dtype=np.int64)
-    for k in range(3):
-        objs, inv = objects_of(points, k)  # a grid's (``sim.points.PointGrid``) off its arrays, else by object id
-        count = len(objs)
-        if k == 2:  # a config's class, not the object: equal fields but depth and budget, one code
-            classes, inv = np.unique(np.array([config_class(c) for c in objs], dtype=np.int64)[inv], return_inverse=True)
-            count = len(classes)
-        _, code = np.unique(code * count + inv.reshape(-1), return_inverse=True)  # < n: no overflow
-        code = code.reshape(-1)
-    _, first, inv = np.unique(code, return_index=True, return_inverse=True)
-    order = np.argsort(first, kind="stable")  # groups by first appearance
-    number = np.empty(len(first), dtype=np.intp)
-    number[order] = np.arange(len(first))
-    return number[inv.reshape(-1)], first[order].tolist()
+    (ws, w), (hs, h), (cs, c) = point_parts(points) if parts is None else parts
+    classes, cls = np.unique(np.array([config_class(x) for x in cs], dtype=np.int64), return_inverse=True)
+    return first_appearance(combined([(w, len(ws)), (h, len(hs)), (cls.reshape(-1)[c], len(classes))]))
 
 
-def _lines(points: Sequence[Point]) -> tuple[np.ndarray, list[Point]]:
+def _lines(points: Sequence[Point], parts: list[tuple[list[Any], np.ndarray]] | None = None
+           ) -> tuple[np.ndarray, list[Point]]:
     """Each point's line number, and each line's first point. Points that share their workload and profile objects
-    (a grid's depths and budgets) are told apart without hashing them again (:func:`object_groups`)."""
-    group, firsts_of = object_groups(points)
+    (a grid's depths and budgets) are told apart without hashing them again (:func:`object_groups`; ``parts``: the
+    points' :func:`point_parts`, if known)."""
+    group, firsts_of = object_groups(points, parts)
     lines: dict[Any, int] = {}
     firsts: list[Point] = []
     line_of_group = np.empty(len(firsts_of), dtype=np.intp)
@@ -279,14 +281,15 @@ def plan_points(points: Sequence[Point], each_line: EachLines | None = None) -> 
     after they were read (a line read alone while ``sim.run.point.graph_at`` keeps its graphs; ``family`` True: a
     family's lines read at once)."""
     n = len(points)
-    line_of, firsts = _lines(points)
+    parts = point_parts(points) if n else None
+    line_of, firsts = _lines(points, parts)
     la = line_arrays(firsts, _one_line, each_line)
     n_dev = la.total.shape[1]
     ledger = planning.Ledger(la.total[line_of], la.used[line_of])
     align = la.align[line_of]
     align[align == 0] = 1
     io = la.io[line_of]
-    cfgs, cfg_of = objects_of(points, 2)
+    cfgs, cfg_of = parts[2] if parts is not None else objects_of(points, 2)
     pol = planning.Policy.of(cfgs)  # each config object once
     pol = planning.Policy(*(getattr(pol, f)[cfg_of] for f in planning.Policy.__dataclass_fields__))
     tokens = la.tokens[line_of]
@@ -298,7 +301,7 @@ def plan_points(points: Sequence[Point], each_line: EachLines | None = None) -> 
     for k in range(int(tokens.max(initial=0))):
         live = (tokens > k) & ledger.fits
         arr = la.at(k, line_of)
-        rows.append(la.rows[:, k][line_of])
+        rows.append(np.take(np.ascontiguousarray(la.rows[:, k]), line_of))
         gp = planning.GraphPlan.empty(n)
         for d in range(n_dev):  # the --kv-gpu-layers prefix is placed before any ring is sized (not on the resident arm)
             ledger.alloc(d, "resident", arr.kv_bytes, live & arr.kv[:, d] & ~pol.resident_arm &

@@ -20,14 +20,14 @@ Units: bytes.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from sim.graph_parts import layout_of
 from sim.replay_keys import compute_number, config_class, free_number, interned, number
-from sim.replay_shapes import TEMPLATES, ShapeArrays, ShapeTemplate, placed_devices
+from sim.replay_shapes import TEMPLATES, ShapeArrays, ShapeTemplate, placed_memory
 from sim.run.point import Point, io_bytes_for
 from sim.workload import Workload, pad_rows
 
@@ -65,8 +65,8 @@ class LineArrays:
     def at(self, k: int, line_of: np.ndarray) -> Any:
         """Token ``k``'s shapes over the points (``line_of``: each point's line), as ``ShapeArrays`` has them."""
         out = ShapeArrays.__new__(ShapeArrays)
-        for f in SHAPE_FIELDS:
-            setattr(out, f, getattr(self, f)[:, k][line_of])
+        for f in SHAPE_FIELDS:  # the token's column made contiguous, then taken (a strided fancy index is ~3x dearer)
+            setattr(out, f, np.take(np.ascontiguousarray(getattr(self, f)[:, k]), line_of, axis=0))
         return out
 
 
@@ -98,6 +98,7 @@ def line_arrays(firsts: Sequence[Point], one_line: Callable[[Point], OneLine], e
     n_tok = max((p.workload.tokens for p in firsts), default=0)
     alone: dict[int, OneLine] = {}
     done: list[tuple[Any, ...]] = []  # each family's lines read at once, as arrays (``_family``)
+    sized: dict[Any, tuple[Any, ...]] = {}  # what a cache size decides, shared by the families (``_family``)
     for lis in order:
         i = 0
         while i < len(lis) and not _trusted(firsts[lis[i]]):
@@ -106,7 +107,7 @@ def line_arrays(firsts: Sequence[Point], one_line: Callable[[Point], OneLine], e
                 each([lis[i]], [firsts[lis[i]]], False)
             i += 1
         if i < len(lis):
-            done.append(_family(firsts, lis[i:]))
+            done.append(_family(firsts, lis[i:], sized))
             if each is not None:
                 each(lis[i:], [firsts[li] for li in lis[i:]], True)
     n_dev = max([len(x[0]) for x in alone.values()] + [1])
@@ -178,7 +179,15 @@ def _span(pack: bool, align: int, nbytes: np.ndarray, reserve: np.ndarray | int)
     return -(-n // align) * align
 
 
-def _family(firsts: Sequence[Point], lis: list[int]) -> tuple[Any, ...]:
+def sizes_key(p: Point) -> tuple[int, int]:
+    """What a one-sequence line's placed memory, io buffer and cache layout read of it but the cache's size: its
+    workload at any context and ``--kv-gpu-layers`` count (none of the three reads either: ``held_before_ring``,
+    ``io_bytes_for``, ``layout_of``) and its machine, as numbers. Pure."""
+    wl = p.workload
+    return free_number(replace(wl, kv_gpu_layers=0) if wl.kv_gpu_layers else wl, False), number(p.hardware)
+
+
+def _family(firsts: Sequence[Point], lis: list[int], sized: dict[Any, tuple[Any, ...]]) -> tuple[Any, ...]:
     """The lines ``lis`` of one family whose shape template is trusted, read at once: (their numbers, total, used,
     align, io, window rows (line, token), (device, need, full (line, token), staged splits, GPU devices, resident
     prefix devices, its bytes, host cache bytes)), arrays over the lines where they differ."""
@@ -200,11 +209,15 @@ def _family(firsts: Sequence[Point], lis: list[int]) -> tuple[Any, ...]:
         need, full = np.maximum(need, off), np.maximum(full, f)
     kv = wl0.kv_gpu_layers
     sizes, first, inv = np.unique(cps, return_index=True, return_inverse=True)
-    per_size = []  # what a line's cache size decides, read off its family's first line of that size
-    for j in first.tolist():
-        dev, layout = placed_devices(firsts[lis[j]])[0], layout_of(wls[j])
-        per_size.append((dev.memory_total_bytes, dev.memory_used_bytes, io_bytes_for(wls[j]), layout.k_offset(kv) if kv else 0,
-                         layout.nbytes - layout.k_offset(0)))
+    per_size = []  # what a line's cache size decides, read off the first line of that size of any family alike
+    base = sizes_key(p0)
+    for j, size in zip(first.tolist(), sizes.tolist(), strict=True):
+        got = sized.get((base, size))
+        if got is None:
+            (total0, *_), (used0, *_) = placed_memory(firsts[lis[j]])
+            layout = layout_of(wls[j])
+            got = sized[base, size] = (total0, used0, io_bytes_for(wls[j]), layout, layout.nbytes - layout.k_offset(0))
+        per_size.append((*got[:3], got[3].k_offset(kv) if kv else 0, got[4]))
     total, used, io, kv_bytes, host_cache = np.array(per_size, dtype=np.int64).reshape(len(sizes), 5)[inv.reshape(-1)].T
     return (np.array(lis, dtype=np.intp), total, used, align, io, rows,
             (t.device, need, full, len(t.per_row), t.gpu_devices, t.device_kv, kv_bytes, host_cache))

@@ -15,7 +15,7 @@ import itertools
 import operator
 from collections.abc import Callable
 from dataclasses import fields, is_dataclass, replace
-from typing import Any
+from typing import Any, get_type_hints
 
 from sim.transport.config import TransportConfig
 from sim.workload import Workload
@@ -77,23 +77,7 @@ def _free_key(wl: Workload, cells: bool) -> tuple[Any, ...]:
     those it sets (``Workload.__post_init__`` only validates: no field is derived from another), and the size it sets."""
     if wl.n_parallel != 1:
         return ("self", number(wl))
-    return ("free", wl.cells if cells else 0, *(number(v) if _is_dataclass(v) else v for v in _rest_of(wl)))
-
-
-def _is_dataclass(v: Any) -> bool:
-    """``dataclasses.is_dataclass(v)``, kept per type (a class itself asked each time): a workload's ~25 fields are
-    asked per workload."""
-    t = type(v)
-    got = _DATACLASS_TYPES.get(t)
-    if got is None:
-        got = is_dataclass(v)
-        if isinstance(v, type):
-            return got
-        _DATACLASS_TYPES[t] = got
-    return got
-
-
-_DATACLASS_TYPES: dict[type, bool] = {}
+    return ("free", wl.cells if cells else 0, *map(number, _objects_of(wl)), *_values_of(wl))
 
 
 def compute_number(hw: Any) -> int:
@@ -115,7 +99,15 @@ def _compute(hw: Any) -> tuple[Any, ...]:
 
 
 _FREE_KEY = {c: functools.partial(_free_key, cells=c) for c in (False, True)}
-_rest_of = operator.attrgetter(*(f.name for f in fields(Workload) if f.name not in ("context", "tokens", "ctx_size")))
+_REST = [f.name for f in fields(Workload) if f.name not in ("context", "tokens", "ctx_size")]
+_HINTS = get_type_hints(Workload)
+#: The fields left in a context-free key, split by their declared type: a dataclass (model, cache types) as its
+#: :func:`number`, any other value as itself. Either way equal values give equal entries and different ones different
+#: entries (a number is its value's alone), whatever a field holds at run time: the key is exact by position.
+_OBJECT_FIELDS = [f for f in _REST if isinstance(_HINTS[f], type) and is_dataclass(_HINTS[f])]
+_values_of = operator.attrgetter(*(f for f in _REST if f not in _OBJECT_FIELDS))
+_objects_of = (operator.attrgetter(*_OBJECT_FIELDS) if len(_OBJECT_FIELDS) > 1  # a tuple (one name: its value alone)
+               else lambda wl: tuple(getattr(wl, f) for f in _OBJECT_FIELDS))
 _DERIVED: dict[tuple[int, str], tuple[Any, int]] = {}
 
 

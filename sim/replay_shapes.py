@@ -150,6 +150,17 @@ def placed_devices(point: Point) -> tuple[Any, ...]:
     return got[1]
 
 
+def placed_memory(point: Point) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Each device's total and used bytes in ``sim.run.point.placed_hardware(point)``, without making the profile (a
+    family's lines, read at once, read only these, once per cache size): a one-device profile with its memory use set
+    keeps it; else each device holds ``sim.memory.held_before_ring``, at most its total. Pure."""
+    devs = point.hardware.devices
+    if len(devs) == 1 and devs[0].memory_used_bytes > 0:
+        return (devs[0].memory_total_bytes,), (devs[0].memory_used_bytes,)
+    held = held_before_ring(point.workload, tuple(d.memory_reserved_bytes for d in devs))
+    return tuple(d.memory_total_bytes for d in devs), tuple(min(d.memory_total_bytes, h) for d, h in zip(devs, held, strict=True))
+
+
 class ShapeArrays:
     """One token's graph shapes of every line (``sim.replay._Shape``s by line number), as arrays over the points
     (``line_of``: each point's line). Each distinct shape object is read once (the lines of one window share theirs);

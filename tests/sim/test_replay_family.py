@@ -12,6 +12,7 @@ a cache size set), tokens, depths and budgets, ``--kv-gpu-layers``, the resident
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 from typing import Any
 
@@ -51,9 +52,9 @@ def _both(pts: list[Point], monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
     counts = [0, 0]
     real_family, real_values = replay_family._family, family_costs._values
 
-    def family(firsts: Any, lis: list[int]) -> Any:
+    def family(firsts: Any, lis: list[int], *rest: Any) -> Any:
         counts[0] += len(lis)
-        return real_family(firsts, lis)
+        return real_family(firsts, lis, *rest)
 
     def values(t: Any, ref: Any, rows: np.ndarray, row: np.ndarray) -> np.ndarray:
         counts[1] += len(rows)
@@ -152,3 +153,16 @@ def test_several_families_and_lines_alone_in_one_batch(monkeypatch: pytest.Monke
     clear_caches()
     with pytest.raises(ValueError, match="point 7 is outside the evaluator's envelope: pageable host cache"):
         evaluate_batch(mixed)
+
+
+def test_families_that_share_cache_sizes_are_their_lines_read_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Families alike but for ``--kv-gpu-layers`` over the same contexts, beside one of another model and the same
+    families on another machine, share each cache size's memory, io buffer and layout (``replay_family.sizes_key``):
+    read as families in one batch, every line is the line read alone."""
+    contexts = tuple((c,) for c in range(4000, 4000 + 24 * 700, 700))
+    pts = points(GridSpec(contexts=contexts, kv_gpu_layers=(0, 1, 3), depths=(0, 2), tokens=2,
+                          hardware=("rtx4070-gen4x16", "h200-gen5x16")))
+    pts += points(GridSpec(models=("llama-3.1-8b",), contexts=contexts, kv_gpu_layers=(0, 2), depths=(2,), tokens=2))
+    random.Random(7).shuffle(pts)
+    lines, _ = _both(pts, monkeypatch)
+    assert lines > len(pts) // 4

@@ -89,25 +89,29 @@ def test_a_workloads_context_free_number_is_its_context_free_workloads() -> None
         assert mine == truth and len(want) < len(wls)
 
 
-def test_the_dataclass_check_kept_per_type_is_dataclasses() -> None:
-    """``_is_dataclass`` (kept per type) answers as ``dataclasses.is_dataclass`` for instances and classes, in any order
-    (a class asked after an instance of it, and before)."""
-    from dataclasses import dataclass, is_dataclass
+def test_the_context_free_key_reads_every_field_it_keeps_once_and_by_its_declared_type() -> None:
+    """``_free_key`` reads each field but context, tokens and the cache's size exactly once: the dataclass-typed ones
+    (model, K and V cache types) as numbers, every other as its value; a workload whose model is swapped for an equal
+    copy keeps its number, one whose model differs in one field does not."""
+    from dataclasses import fields
 
-    from sim.replay_keys import _is_dataclass
-    from sim.workload import Workload
+    from sim import replay_keys as keys
+    from sim.workload import Workload, cache_type, load_model
 
-    @dataclass(frozen=True)
-    class A:
-        x: int = 0
-
-    class B:
-        pass
-
+    kept = [f.name for f in fields(Workload) if f.name not in ("context", "tokens", "ctx_size")]
+    values = list(keys._values_of.__reduce__()[1])
+    assert sorted(keys._OBJECT_FIELDS + values) == sorted(kept) and not set(keys._OBJECT_FIELDS) & set(values)
+    assert keys._OBJECT_FIELDS == ["model", "cache_k", "cache_v"]
     wl = points(GridSpec(contexts=((4096,),), depths=(0,)))[0].workload
-    values = [A, A(), B, B(), A(), 3, 2.5, None, (1, 2), frozenset(), "s", type, wl, Workload, wl.model, wl.cache_k, A, B()]
-    for order in (values, values[::-1], values * 2):
-        assert [_is_dataclass(v) for v in order] == [is_dataclass(v) for v in order]
+    twin = replace(wl, model=replace(wl.model))
+    other = replace(wl, model=replace(wl.model, name=wl.model.name + "-x"))
+    assert twin.model is not wl.model
+    assert keys.free_number(twin, False) == keys.free_number(wl, False) != keys.free_number(other, False)
+    f16 = cache_type("f16")
+    assert wl.cache_k != f16 and wl.cache_v != f16
+    for changed in (replace(wl, cache_k=f16), replace(wl, cache_v=f16), replace(wl, model=load_model("llama-3.1-8b"))):
+        assert keys.free_number(changed, False) != keys.free_number(wl, False)
+        assert keys.free_number(changed, True) != keys.free_number(wl, True)
 
 
 def test_lines_are_numbered_as_by_the_workloads_themselves() -> None:
