@@ -240,9 +240,10 @@ class _Machine:
             busy = ((self.t_grant[:, : self.T] <= start[:, None]) & (start[:, None] < self.t_end[:, : self.T])).any(axis=1)
             seconds = np.where(busy, seconds * self.slowdown, seconds)
         end = start + seconds
-        self.d_start[:, self.D], self.d_end[:, self.D] = start, end
-        self.D += 1
-        self._invalidate(start)
+        if self.slowdown != 1.0:  # (without a slowdown no H2D copy reads a D2H copy: nothing to re-decide)
+            self.d_start[:, self.D], self.d_end[:, self.D] = start, end
+            self.D += 1
+            self._invalidate(start)
         self.cons_done = end
 
     def launch(self, seconds: Arr, launches: int) -> None:
