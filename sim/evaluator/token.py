@@ -69,7 +69,8 @@ class _Machine:
         self.T = 0  # transfer copies issued
         self.first_open = 0  # the first transfer copy that may still change
         self.o_final = 0  # transfer copies before it ended before the host's clock in every lane
-        # consumer H2D copies: (issued, seconds, transfer copies issued before it, grant, end, placed before which)
+        # consumer H2D copies: (issued, seconds, transfer copies issued before it, grant, end, placed before which, the
+        # lowest and highest of those markers or None)
         self.c: list[list] = []
         self.c_open: list[int] = []
         # D2H copies (on the consumer stream, blocking)
@@ -101,27 +102,45 @@ class _Machine:
         """Place the open consumer copies issued before transfer copy ``o`` (all of them when ``chained`` is None;
         ``first``: only the copies issued from this one on)."""
         free_lanes = None if chained is None else ~chained
+        free_all = free_any = True  # (of ``free_lanes``, once read)
+        read = False
         for ci in self.c_open:
             c = self.c[ci]
             if c[2] > o or ci < first:
                 continue
-            place = c[5] < 0
-            if free_lanes is not None:
-                place &= free_lanes
-            if _all(place):  # every lane: the same values ``np.where`` would give, without it
+            lo, hi = self._marks(c)
+            if lo >= 0:  # placed in every lane: nothing to place
+                continue
+            if hi < 0:  # placed in no lane: the lanes to place are the free ones
+                if free_lanes is not None and not read:
+                    free_all, free_any, read = bool(_all(free_lanes)), bool(_any(free_lanes)), True
+                place, every, some = free_lanes, free_all, free_any
+            else:
+                place = c[5] < 0
+                if free_lanes is not None:
+                    place &= free_lanes
+                every, some = bool(_all(place)), bool(_any(place))
+            if every:  # every lane: the same values ``np.where`` would give, without it
                 g = np.maximum(c[0], free)
-                c[3], c[4], c[5] = g, g + c[1], self._at(o)
+                c[3], c[4], c[5], c[6] = g, g + c[1], self._at(o), (o, o)
                 free = c[4]
                 continue
-            if not _any(place):
+            if not some:
                 continue
             g = np.maximum(c[0], free)
             end = g + c[1]
             c[3] = np.where(place, g, c[3])
             c[4] = np.where(place, end, c[4])
-            c[5] = np.where(place, o, c[5])
+            c[5], c[6] = np.where(place, o, c[5]), None
             free = np.where(place, end, free)
         return free
+
+    @staticmethod
+    def _marks(c: list) -> tuple[int, int]:
+        """The lowest and highest of consumer copy ``c``'s placed-before markers (-1: not placed), kept with it."""
+        if c[6] is None:
+            c[6] = (int(_min(c[5])), int(_max(c[5])))
+        return c[6]
 
     def resolve(self) -> None:
         """Bring the H2D engine's schedule up to date with everything issued so far."""
@@ -134,7 +153,11 @@ class _Machine:
             return
         for ci in self.c_open:
             c = self.c[ci]
-            c[5] = np.where(c[5] >= o0, -1, c[5])
+            lo, hi = self._marks(c)
+            if lo >= o0:  # every lane's marker is reset
+                c[5], c[6] = self._at(-1), (-1, -1)
+            elif hi >= o0:
+                c[5], c[6] = np.where(c[5] >= o0, -1, c[5]), None
         free = self.t_end[:, o0 - 1].copy() if o0 > 0 else np.full(self.L, -INF)
         prev = free
         for o in range(o0, self.T):
@@ -214,7 +237,7 @@ class _Machine:
                 self._tail = None
             self.c_open = kept
         else:  # (a copy dropped was placed before a transfer copy in every lane: never in the tail)
-            self.c_open = [ci for ci in self.c_open if _max(self.c[ci][5]) >= self.o_final or _min(self.c[ci][5]) < 0]
+            self.c_open = [ci for ci in self.c_open if self._marks(self.c[ci])[1] >= self.o_final or self._marks(self.c[ci])[0] < 0]
 
     # ------------------------------------------------------------ host calls
 
@@ -226,7 +249,7 @@ class _Machine:
     def h2d_consumer(self, seconds: Arr) -> None:
         """Issue an H2D copy on the consumer stream."""
         self.h = self.h + self.host.copy_issue_s
-        self.c.append([self.h, seconds, self.T, self._never, self._never, self._at(-1)])
+        self.c.append([self.h, seconds, self.T, self._never, self._never, self._at(-1), (-1, -1)])
         self.c_open.append(len(self.c) - 1)
         self.pending.append(("copy", len(self.c) - 1))
 
