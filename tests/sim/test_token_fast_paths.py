@@ -70,23 +70,18 @@ def test_random_programs_of_many_lanes_give_the_reference_programs_fields(prog: 
 
 
 def test_a_transfer_copy_under_a_d2h_copy_is_slowed_as_the_reference_slows_it() -> None:
-    """Depth 2 over three staged splits: deliveries 1 and 2 queue on the H2D engine while the CPU split after staged
-    split 0 copies its rows down for 0.3 ms, so delivery 2 starts under that D2H copy, and staged split 2 waits for it."""
-    layout = layout_of((("gpu", 0, 0, 1), ("gpu", 0, 1, 1), ("cpu", 1, 0, 1), ("gpu", 0, 1, 1), ("gpu", 0, 1, 1)))
-    X = np.zeros((2, layout.width))
-    for c in layout.splits:
-        X[:, c.compute] = 1e-5
-        for s_col, b_col in c.ordered:
-            X[:, s_col], X[:, b_col] = 1e-3, 1 << 20
-        if c.windows:
-            X[:, c.early[0]], X[:, c.early[1]] = [2e-4, 3e-4], 1 << 22
-            X[:, c.late[0]], X[:, c.late[1]] = 1e-6, 4096
+    """Depth 3 over three staged splits after a CPU split: deliveries queue on the H2D engine while the CPU split
+    copies its rows down (0.01 ms) and the host stores them (0.1 ms), so one starts under the D2H copy (found by a
+    random search: without the D2H copy's record the program misses the slowdown, and the token ends 1 ms early)."""
+    layout = layout_of((("gpu", 0, 0, 1), ("cpu", 1, 0, 1), ("gpu", 0, 1, 1), ("gpu", 0, 1, 1), ("gpu", 0, 1, 1)))
+    X = np.array([[1e-06, 0.0001, 1e-05, 1 << 20, 1e-05, 1e-05, 1 << 20, 0.0001, 1 << 20, 0.0001, 1 << 20, 1e-06, 0.001,
+                   1 << 20, 0.001, 1 << 20, 1e-05, 1 << 20, 0.0002, 0.0002, 1 << 20, 5e-05, 1 << 20, 0.0002, 1 << 20]])
     host = HostCosts(1e-6, 1e-6, 1e-6, 1e-6, 0.0)
     answers = []
     for slowdown in (1.0, 2.0):
         dev = replace(DEVICE, duplex_slowdown=slowdown, dram_bytes_per_s=0.0)
-        want = ref_run_token(layout, X, RefSetup(2, 4, (False,) * 4), host, dev)
-        assert_same_fields(run_token(layout, X.copy(), Setup(2, 4, (False,) * 4), host, dev), want)
+        want = ref_run_token(layout, X, RefSetup(3, 5, (False,) * 5), host, dev)
+        assert_same_fields(run_token(layout, X.copy(), Setup(3, 5, (False,) * 5), host, dev), want)
         answers.append(want["total_s"])
     assert not np.array_equal(answers[0], answers[1])  # the case is exercised: the slowdown changed the token
 
