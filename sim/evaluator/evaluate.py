@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from backends.base import OutOfDeviceMemory
-from sim.evaluator.costs import TokenCosts, point_costs
+from sim.evaluator.costs import Layout, TokenCosts, point_costs
 from sim.evaluator.envelope import in_envelope
-from sim.evaluator.family_costs import family_costs
+from sim.evaluator.family_costs import FamilyRows, family_steps
 from sim.evaluator.token import Setup, run_token
 from sim.points import PointGrid
 from sim.replay import PLAN_FIELDS as _PLAN
@@ -158,14 +158,14 @@ def evaluate_batch(points: Sequence[Point], first: int = 0) -> Evaluation:
     """Plan and evaluate ``points`` (each inside the envelope: ``in_envelope``). Points that do not fit are kept
     (``plans.fits`` False; their lanes are a placeholder). Raises ValueError for a point outside the envelope
     (``first``: the index the messages count from). Blocks for the evaluation (CPU)."""
-    kept: dict[int, list[TokenCosts]] = {}
+    kept: dict[int, list[TokenCosts] | FamilyRows] = {}
     runs, warm = _as_run(points)
 
     def lines(lis: list[int], pts: list[Point], family: bool) -> None:  # read alone: while its graphs are kept
         reason = in_envelope(pts[0])  # a family's lines are alike in all it reads (``sim.replay_family.family_key``)
         if reason:
             raise ValueError(f"point {first + runs.index(pts[0])} is outside the evaluator's envelope: {reason}")
-        kept.update(zip(lis, family_costs(pts) if family else [point_costs(pts[0])], strict=True))
+        kept.update(zip(lis, family_steps(pts) if family else [point_costs(pts[0])], strict=True))
 
     plans = plan_points(runs, lines)
     costs = [kept[li] for li in range(len(plans.lines))]
@@ -192,7 +192,7 @@ def evaluate_batch(points: Sequence[Point], first: int = 0) -> Evaluation:
     return Evaluation(points, plans, lane, fields, warm)
 
 
-def _run_lanes(plans: Plans, costs_of: list[list[TokenCosts]], keys: np.ndarray, n_tok: int) -> dict[str, np.ndarray]:
+def _run_lanes(plans: Plans, costs_of: list[list[TokenCosts] | FamilyRows], keys: np.ndarray, n_tok: int) -> dict[str, np.ndarray]:
     """Each lane's GraphStats fields: the lanes of one graph shape, depth (slots) and machine run as one matrix, each
     lane with its own slots-used and boundary flags (``run_token``'s ``used``/``boundary``: a line's first token and
     its later ones together); its rows in lane order, the groups in order of their first lane. The lanes are grouped
@@ -203,10 +203,8 @@ def _run_lanes(plans: Plans, costs_of: list[list[TokenCosts]], keys: np.ndarray,
         return out
     code, rest = keys % (1 << 24), keys >> 24
     li, k = np.divmod(rest, n_tok)
-    lanes = [costs_of[a][b] for a, b in zip(li.tolist(), k.tolist(), strict=True)]
-    layouts: dict[int, Any] = {}
-    lay = np.fromiter((layouts.setdefault(id(c.layout), len(layouts)) for c in lanes), dtype=np.int64, count=len(lanes))
-    layout_of = list({id(c.layout): c.layout for c in lanes}.values())  # numbered as ``layouts``
+    src = _Sources(costs_of, li, k)
+    lay, layout_of = src.lay, src.layout_of
     machines: dict[int, int] = {}
     hw_of_line = np.array([machines.setdefault(id(p.hardware), len(machines)) for p in plans.lines], dtype=np.int64)
     hardware = list({id(p.hardware): p.hardware for p in plans.lines}.values())
@@ -229,13 +227,58 @@ def _run_lanes(plans: Plans, costs_of: list[list[TokenCosts]], keys: np.ndarray,
     for idx in parts:
         j0 = int(idx[0])
         hw, layout = hardware[int(hw_of_line[li[j0]])], layout_of[int(lay[j0])]
-        st = run_token(layout, np.stack([lanes[j].values for j in idx.tolist()]), _setup(int(frame[j0]), layout.staged),
-                       hw.host, hw.devices[0], used[idx], boundary[idx])
+        st = run_token(layout, src.values(idx, layout.width), _setup(int(frame[j0]), layout.staged), hw.host, hw.devices[0],
+                       used[idx], boundary[idx])
         for f in TIME_FIELDS:
             out[f][idx] = st[f]
         for f in (*BYTE_FIELDS, *COUNT_FIELDS):
             out[f][idx] = np.asarray(st[f]).astype(np.int64)
     return out
+
+
+class _Sources:
+    """Where each lane's numbers are: a row of a family's matrix (its line a ``FamilyRows``: read as arrays, per
+    line) or a TokenCosts of its own (read per lane); each lane's layout numbered (``lay``, ``layout_of``)."""
+
+    def __init__(self, costs_of: list[list[TokenCosts] | FamilyRows], li: np.ndarray, k: np.ndarray) -> None:
+        layouts: dict[int, int] = {}
+        self.layout_of: list[Layout] = []
+
+        def number(layout: Layout) -> int:
+            got = layouts.get(id(layout))
+            if got is None:
+                got = layouts[id(layout)] = len(self.layout_of)
+                self.layout_of.append(layout)
+            return got
+
+        mats: dict[int, int] = {}
+        self.mats: list[np.ndarray] = []
+        line = np.full((len(costs_of), 3), -1, dtype=np.int64)  # per line: its matrix, first row, layout (-1: its own)
+        for i, c in enumerate(costs_of):
+            if isinstance(c, FamilyRows):
+                m = mats.get(id(c.values))
+                if m is None:
+                    m = mats[id(c.values)] = len(self.mats)
+                    self.mats.append(c.values)
+                line[i] = m, c.first, number(c.layout)
+        self.mat, self.row, self.lay = line[li, 0], line[li, 1] + k, line[li, 2]
+        alone = np.flatnonzero(self.mat < 0)
+        self.own = [costs_of[a][b] for a, b in zip(li[alone].tolist(), k[alone].tolist(), strict=True)]
+        self.lay[alone] = np.fromiter((number(c.layout) for c in self.own), dtype=np.int64, count=len(self.own))
+        self.own_at = np.full(len(li), -1, dtype=np.int64)
+        self.own_at[alone] = np.arange(len(alone))
+
+    def values(self, idx: np.ndarray, width: int) -> np.ndarray:
+        """The lanes ``idx``' numbers (one layout, ``width`` columns), a row each, in order: copies of the same values."""
+        mat, row = self.mat[idx], self.row[idx]
+        ms = np.unique(mat).tolist()
+        if len(ms) == 1 and ms[0] >= 0:
+            return self.mats[ms[0]][row]
+        X = np.empty((len(idx), width))
+        for m in ms:
+            at = np.flatnonzero(mat == m)
+            X[at] = self.mats[m][row[at]] if m >= 0 else np.stack([self.own[j].values for j in self.own_at[idx[at]].tolist()])
+        return X
 
 
 @functools.lru_cache(maxsize=4096)

@@ -7,7 +7,8 @@ rows (``window_costs.Template.values_at``), then the deliveries' early and late 
 depth and budget) share the template, so :func:`family_costs` computes all their steps as one matrix: the same
 operations in the same order, over a column per step instead of a number -- IEEE additions, products and quotients,
 ``max``, and the link curve's seconds (its one transcendental, the log of an interpolated size, left to
-``LinkCurve.bandwidth`` itself per element; a small copy's seconds, ``one_call_seconds``, once per distinct size).
+``LinkCurve.bandwidth`` itself per element; a small copy's seconds, ``one_call_seconds``, as one call's, once per
+distinct size).
 A step's numbers are then the matrix's row, bit for bit those of ``point_costs`` (``tests/sim/test_replay_family.py``).
 Lines read before the family's template is trusted, the resident arm's, and lines with a step that leaves no early or
 no late rows are given by ``point_costs`` itself.
@@ -23,17 +24,40 @@ import numpy as np
 
 from backends.profile import LinkCurve
 from sim.evaluator import costs as _costs
-from sim.evaluator.costs import TokenCosts, cost_family, point_costs
-from sim.evaluator.window_costs import Template, one_call_seconds
+from sim.evaluator.costs import Layout, TokenCosts, cost_family, point_costs
+from sim.evaluator.window_costs import Template
 from sim.graph_parts import _filler
 from sim.replay_family import family_rows
 from sim.run.point import Point
 
 
+class FamilyRows:
+    """One line's steps as rows of its family's matrix (what :func:`family_steps` gives a line the template answers):
+    step ``k``'s numbers are ``values[first + k]``, laid out by ``layout``, its window ``window_rows[k]`` rows. Indexing
+    gives the step's :class:`TokenCosts` (``values`` a view of the row), as :func:`family_costs` lists them."""
+
+    __slots__ = ("layout", "values", "first", "window_rows")
+
+    def __init__(self, layout: Layout, values: np.ndarray, first: int, window_rows: list[int]) -> None:
+        self.layout, self.values, self.first, self.window_rows = layout, values, first, window_rows
+
+    def __len__(self) -> int:
+        return len(self.window_rows)
+
+    def __getitem__(self, k: int) -> TokenCosts:
+        return _new_costs(layout=self.layout, values=self.values[self.first + k], window_rows=self.window_rows[k])
+
+
 def family_costs(lines: Sequence[Point]) -> list[list[TokenCosts]]:
     """The numbers of every decode step of each line of one family (``lines``: each line's first point, in order; see
     ``sim.replay_family.family_key``), as :func:`costs.point_costs` gives them. Pure but for ``point_costs``' caches."""
-    out: list[list[TokenCosts] | None] = [None] * len(lines)
+    return [[c[k] for k in range(len(c))] if isinstance(c, FamilyRows) else c for c in family_steps(lines)]
+
+
+def family_steps(lines: Sequence[Point]) -> list[list[TokenCosts] | FamilyRows]:
+    """:func:`family_costs`, each line the template answers as :class:`FamilyRows` (no TokenCosts made): the same
+    numbers. Pure but for ``point_costs``' caches."""
+    out: list[list[TokenCosts] | FamilyRows | None] = [None] * len(lines)
     fam = cost_family(lines[0]) if lines else 0
     resident = bool(lines) and lines[0].transport.arm == "resident"
     i = 0
@@ -57,8 +81,7 @@ def family_costs(lines: Sequence[Point]) -> list[list[TokenCosts]]:
             flat = rows[at].reshape(-1).tolist()
             layout = ref.costs.layout
             for a, j in enumerate(at.tolist()):
-                out[rest[j]] = [_new_costs(layout=layout, values=vals[a * n_tok + k], window_rows=flat[a * n_tok + k])
-                                for k in range(n_tok)]
+                out[rest[j]] = FamilyRows(layout, vals, a * n_tok, flat[a * n_tok : (a + 1) * n_tok])
         for j in np.flatnonzero(~ok).tolist():
             out[rest[j]] = point_costs(lines[rest[j]])
     return out  # type: ignore[return-value]
@@ -81,8 +104,7 @@ def _values(t: Template, ref: _costs._Block, rows: np.ndarray, row: np.ndarray) 
     for per_row, s_cols, b_cols in t._moving:
         n = rows * per_row
         u, inv = np.unique(n, return_inverse=True)
-        secs_u = np.array([one_call_seconds(t.h2d, x) for x in u.tolist()], dtype=np.float64)
-        vals[:, s_cols] = secs_u[inv.reshape(-1)][:, None]
+        vals[:, s_cols] = _seconds(t.h2d, u)[inv.reshape(-1)][:, None]  # ``one_call_seconds`` of each: one call's
         vals[:, b_cols] = n[:, None]
     for groups, r in ((ref.early, row), (ref.late, rows - row)):  # costs._scaled's order
         for calls, s_cols, b_cols in groups:
