@@ -14,7 +14,6 @@ markdown tables; blocks the host for about half a minute (with ``--exact``, a mi
 
 from __future__ import annotations
 
-import argparse
 import collections
 import functools
 import os
@@ -24,11 +23,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "tools"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from perf_targets import parser  # noqa: E402 - the tools' folder is on the path only now
 
 CONTEXTS = tuple(range(128, 524289, 128))
 BUDGETS = (16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0)
@@ -121,20 +123,14 @@ def table(title: str, spent: dict[str, float], cores: int) -> str:
     return "\n".join(lines)
 
 
-def _one_line(message: str) -> NoReturn:
-    print(f"perf_floor: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser("perf_floor", __doc__)
     ap.add_argument("--exact", action="store_true", help="also the sweep's --exact path (a minute more)")
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="the cores the floor divides by (default: this "
                     "machine's)")
-    ap.error = _one_line  # type: ignore[method-assign]
     args = ap.parse_args(argv)
     if args.cores < 1:
-        _one_line(f"--cores {args.cores}; allowed: 1 or more")
+        ap.error(f"--cores {args.cores}; allowed: 1 or more")
     print(f"load {os.getloadavg()[0]:.2f}, {args.cores} cores\n", flush=True)
     spent, _ = plan_breakdown()
     print(table("kvpipe plan --context 128..524288/128 --max-depth 14 --budget 0,16,32,64,128,256,512,1024 (--jobs 1)",

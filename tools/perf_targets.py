@@ -149,18 +149,26 @@ def _pair_table(repeats: int, side: Callable[[bool, Path], tuple[float, list[dic
     return "\n".join(lines)
 
 
-def _one_line(message: str) -> NoReturn:
-    print(f"perf_targets: {message}", file=sys.stderr)
-    sys.exit(2)
+def parser(prog: str, doc: str) -> argparse.ArgumentParser:
+    """An argument parser for a measuring tool (``doc``: its module docstring, whose first paragraph describes it) whose
+    every error is one line, ``PROG: message`` on stderr, exit 2."""
+    ap = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    def one_line(message: str) -> NoReturn:
+        print(f"{prog}: {message}", file=sys.stderr)
+        sys.exit(2)
+
+    ap.error = one_line  # type: ignore[method-assign]
+    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser("perf_targets", __doc__)
     ap.add_argument("--repeats", type=int, default=3, help="runs of the plan, pairs of the sweep (default 3)")
     ap.add_argument("--only", choices=("plan", "sweep"), help="one of the two (default both)")
     ap.add_argument("--in-process", action="store_true",
                     help="the sweep's two paths in this process (run_sweep), as Rounds 8-23 measured the ratio")
-    ap.error = _one_line  # type: ignore[method-assign]
     args = ap.parse_args(argv)
     if args.repeats < 1:
         print(f"perf_targets: --repeats {args.repeats}; allowed: 1 or more", file=sys.stderr)
