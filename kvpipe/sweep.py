@@ -145,7 +145,8 @@ def run_sweep(
         result = SweepResult(rows=[], resumed=len(order) - sum(todo))
         evaluated: list[tuple[Point, dict[str, Any]]] = []
         place = {id(p): i for i, p in enumerate(unique)}  # grid order, not the order chunks finished: the same sample
-        ahead = Ahead() if check_n and not isinstance(ex, _Serial) else None
+        workers = 1 if isinstance(ex, _Serial) else (jobs or os.cpu_count() or 1)
+        ahead = Ahead() if check_n and not isinstance(ex, _Serial) else None  # (inline: it would simulate before writing)
 
         def sample_ahead() -> None:  # the check's simulations start while the rows are written (workers idle else)
             if ahead is not None and evaluated:
@@ -155,7 +156,6 @@ def run_sweep(
                 ahead.submit(ex, [mine[i][0] for i in sample_indices([r for _, r in mine], check_n)], workers)
 
         try:
-            workers = 1 if isinstance(ex, _Serial) else (jobs or os.cpu_count() or 1)
             _collect(ex, chunks(unique, workers, todo, exact, evaluator), store, order, result, progress, evaluated,
                      sample_ahead)
         finally:
