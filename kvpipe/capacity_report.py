@@ -16,10 +16,11 @@ def _how(c: Choice, n_layers: int) -> str:
     return how + (" (ring declined)" if c.declined else "") + (f", {c.kv_gpu_layers} KV layers on GPU" if c.kv_gpu_layers else "")
 
 
-def render_fit(fp: FitPlan, cache_type: str) -> str:
+def render_fit(fp: FitPlan, cache_type: str, head: str | None = None) -> str:
     """The plan under the memory cap as text: the table per context, the largest contexts, the flags and their build,
-    the sample check."""
-    return "\n".join(part for part in (render_fit_head(fp, cache_type), render_fit_tail(fp)) if part)
+    the sample check (``head``: :func:`render_fit_head` of ``fp``, made already)."""
+    head = render_fit_head(fp, cache_type) if head is None else head
+    return "\n".join(part for part in (head, render_fit_tail(fp)) if part)
 
 
 def render_fit_head(fp: FitPlan, cache_type: str) -> str:

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"-ngl {args.n_gpu_layers} out of range; allowed: a whole number >= 1 (llama.cpp's -ngl; 99: every "
                          "layer)")
     from kvpipe.capacity import FitPlan, plan_fit
-    from kvpipe.capacity_report import render_fit_head, render_fit_tail
+    from kvpipe.capacity_report import render_fit, render_fit_head
     from kvpipe.plan import PlanRequest, render
     from sim.workload import ALL_LAYERS
 
@@ -111,10 +111,8 @@ def run(args: argparse.Namespace) -> int:
             out.append(d)
         print(json.dumps(out, indent=1))
         return 0
-    if "head" not in made:  # no check ran
-        text(fp)
-    print("\n".join(part for part in (made["head"], render_fit_tail(fp)) if part))
+    print(render_fit(fp, args.cache_type, made.get("head")))  # (made now where no check ran)
     if fp.plans:
         print()
-        print(made["gains"])
+        print(made["gains"] if "gains" in made else render(fp.plans))
     return 0
